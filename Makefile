@@ -1,0 +1,37 @@
+# Two set-up commands: `make run` and `make test`. Both create .venv and install first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast test-slow install deploy bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0   # the CPU wheel on local disk; pin it before anything asks for torch
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/miles train --config configs/tiny-cpu.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
+
+deploy: $(STAMP)
+	$(BIN)/python -m flows.deploy
+
+bench: $(STAMP)
+	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf runs .pytest_cache

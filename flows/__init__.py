@@ -1,0 +1,1 @@
+"""Entry points: Prefect flows that compose the tasks, and the `miles` command."""

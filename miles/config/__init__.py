@@ -1,0 +1,136 @@
+"""One typed config for the whole system, split into one frozen section per subsystem.
+
+`parse_config(argv)` reads Miles-compatible flags and/or `--config FILE.yaml`; with no
+flags at all it gives the tiny CPU setup (the same values as `configs/tiny-cpu.yaml`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from miles.config.engine import EngineConfig
+from miles.config.fields import ConfigError, flag_name, is_secret_name
+from miles.config.orchestration import OrchestrationConfig
+from miles.config.parse import parse_sections
+from miles.config.profiling import ProfilingConfig
+from miles.config.rollout import RolloutConfig
+from miles.config.router import RouterConfig
+from miles.config.serve import EngineServeConfig, RouterServeConfig
+from miles.config.tracking import TrackingConfig
+from miles.config.train import TrainConfig
+
+__all__ = [
+    "ConfigError", "MilesConfig", "parse_config", "EngineConfig", "RouterConfig", "RolloutConfig",
+    "TrainConfig", "TrackingConfig", "ProfilingConfig", "OrchestrationConfig", "EngineServeConfig",
+    "RouterServeConfig", "parse_sections", "redacted_flat_dict",
+]
+
+REDACTED = "***"
+
+
+@dataclass(frozen=True)
+class MilesConfig:
+    """Everything a training run needs, one section per subsystem."""
+
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    router: RouterConfig = dataclasses.field(default_factory=RouterConfig)
+    tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
+    profiling: ProfilingConfig = dataclasses.field(default_factory=ProfilingConfig)
+    orchestration: OrchestrationConfig = dataclasses.field(default_factory=OrchestrationConfig)
+
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step; Miles derives it from the steps per rollout."""
+        if self.train.global_batch_size is not None:
+            return self.train.global_batch_size
+        return self.samples_per_rollout // self.train.num_steps_per_rollout
+
+    @property
+    def world_size(self) -> int:
+        return self.train.actor_num_nodes * self.train.actor_num_gpus_per_node
+
+    def validate(self) -> None:
+        """Checks that span sections; each section checks itself when built."""
+        samples, gbs = self.samples_per_rollout, self.global_batch_size
+        if self.train.global_batch_size is None and samples % self.train.num_steps_per_rollout:
+            raise ConfigError("--num-steps-per-rollout", f"must divide rollout-batch-size x n-samples-per-prompt "
+                              f"= {samples}, got {self.train.num_steps_per_rollout}")
+        if samples % gbs:
+            raise ConfigError("--global-batch-size", f"must divide rollout-batch-size x n-samples-per-prompt "
+                              f"= {samples}, got {gbs}")
+        if self.train.global_batch_size is not None and samples // gbs != self.train.num_steps_per_rollout \
+                and self.train.num_steps_per_rollout != 1:
+            raise ConfigError("--num-steps-per-rollout", f"{self.train.num_steps_per_rollout} disagrees with "
+                              f"--global-batch-size {gbs} ({samples // gbs} steps per rollout)")
+        per_rank = gbs // self.world_size if gbs % self.world_size == 0 else None
+        if per_rank is None:
+            raise ConfigError("--global-batch-size", f"{gbs} must be divisible by the number of training ranks "
+                              f"({self.world_size} = --actor-num-nodes x --actor-num-gpus-per-node)")
+        micro = min(self.train.micro_batch_size, per_rank)
+        if per_rank % micro:
+            raise ConfigError("--micro-batch-size", f"{self.train.micro_batch_size} must divide the per-rank "
+                              f"global batch ({gbs} / {self.world_size} ranks = {per_rank})")
+        if self.train.use_kl_loss and self.train.kl_loss_coef == 0.0:
+            raise ConfigError("--kl-loss-coef", "must be > 0 with --use-kl-loss")
+        if self.rollout.n_samples_per_prompt == 1 and self.train.advantage_estimator == "grpo":
+            raise ConfigError("--n-samples-per-prompt", "GRPO needs groups of at least 2 samples per prompt")
+
+    def sections(self) -> list[Any]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    def as_namespace(self) -> argparse.Namespace:
+        """Flat Miles-style `args` (args.rollout_batch_size, ...) for hooks written for Miles."""
+        flat = {}
+        for section in self.sections():
+            flat.update(dataclasses.asdict(section))
+        flat["global_batch_size"] = self.global_batch_size
+        return argparse.Namespace(**flat)
+
+    def replace(self, **flat: Any) -> "MilesConfig":
+        """A copy with some flat fields changed (e.g. replace(run_dir=...))."""
+        changed = {}
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            names = {sf.name for sf in dataclasses.fields(section)}
+            mine = {k: v for k, v in flat.items() if k in names}
+            if mine:
+                changed[f.name] = dataclasses.replace(section, **mine)
+        unknown = set(flat) - {k for s in self.sections() for k in (x.name for x in dataclasses.fields(s))}
+        if unknown:
+            raise ConfigError(flag_name(sorted(unknown)[0]), "unknown config field")
+        return dataclasses.replace(self, **changed)
+
+
+SECTIONS = [f.default_factory for f in dataclasses.fields(MilesConfig)]
+
+
+def parse_config(argv: list[str] | None = None, extra_sections: list[type] = (), prog: str = "miles train"):
+    """Parse a training run's flags. Returns a MilesConfig (and the extra sections, if asked)."""
+    parsed = parse_sections([*SECTIONS, *extra_sections], argv, prog=prog,
+                            description="GRPO post-training; with no flags, the tiny CPU run.")
+    names = [f.name for f in dataclasses.fields(MilesConfig)]
+    config = MilesConfig(**{name: parsed[cls] for name, cls in zip(names, SECTIONS)})
+    config.validate()
+    if extra_sections:
+        return config, [parsed[cls] for cls in extra_sections]
+    return config
+
+
+def redacted_flat_dict(config: MilesConfig) -> dict[str, Any]:
+    """The flattened config with every secret-looking value replaced, safe to log or store."""
+    out = {}
+    for section in config.sections():
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if value is not None and (f.metadata.get("secret") or is_secret_name(f.name)):
+                value = REDACTED
+            out[f.name] = value
+    return out

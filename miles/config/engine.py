@@ -1,0 +1,22 @@
+"""Settings of the inference engines: which kind, on what device, how they batch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles.config.fields import flag
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Inference engines: the embedded transformers engine or SGLang."""
+
+    engine: str = flag("embedded", "inference engine: the embedded CPU/GPU engine or a real SGLang server",
+                       choices=("embedded", "sglang"))
+    engine_device: str = flag("auto", "device of the embedded engine (auto: CUDA when present)",
+                              choices=("auto", "cpu", "cuda"))
+    engine_max_batch_size: int = flag(64, "most requests the embedded engine decodes together", minimum=1)
+    engine_max_queued_requests: int = flag(4096, "requests the engine queues before answering 503", minimum=1)
+    context_length: int | None = flag(None, "longest prompt + response in tokens (default: the model's)", minimum=1)
+    sglang_mem_fraction_static: float | None = flag(None, "SGLang --mem-fraction-static", minimum=0.0, maximum=1.0)
+    sglang_tp_size: int = flag(1, "SGLang tensor-parallel size per engine", minimum=1)
+    sglang_extra_args: list[str] = flag([], "extra arguments passed to python -m sglang.launch_server")

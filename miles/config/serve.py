@@ -1,0 +1,32 @@
+"""Settings of the standalone servers: `miles engine` and `miles router`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles.config.fields import ConfigError, flag
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class EngineServeConfig:
+    """Where `miles engine` serves which checkpoint."""
+
+    model: str | None = flag(None, "HF checkpoint directory to serve (default: the tiny base model, made if missing)",
+                             existing_path=True)
+    host: str = flag("127.0.0.1", "address to bind (loopback by default)")
+    port: int = flag(30000, "port to bind", minimum=0, maximum=65535)
+
+
+@dataclass(frozen=True)
+class RouterServeConfig:
+    """Where `miles router` listens and which workers it starts with."""
+
+    host: str = flag("127.0.0.1", "address to bind (loopback by default)")
+    port: int = flag(30100, "port to bind", minimum=0, maximum=65535)
+    worker_urls: list[str] = flag([], "engine URLs to register at start-up")
+
+    def validate(self) -> None:
+        for url in self.worker_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError("--worker-urls", f"{url!r} is not an http(s) URL")

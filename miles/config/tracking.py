@@ -1,0 +1,33 @@
+"""Settings of the trackers: stdout row, journal, wandb, MLflow, TensorBoard, custom loggers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles.config.fields import flag
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where metrics go."""
+
+    use_wandb: bool = flag(False, "log to Weights & Biases")
+    wandb_project: str = flag("miles", "wandb project")
+    wandb_group: str | None = flag(None, "wandb group")
+    wandb_team: str | None = flag(None, "wandb entity (team)")
+    wandb_mode: str | None = flag(None, "wandb mode (default: online with WANDB_API_KEY set, else offline)",
+                                  choices=("online", "offline", "disabled"))
+    wandb_dir: str | None = flag(None, "wandb local directory (default: RUN_DIR)")
+    wandb_run_id: str | None = flag(None, "wandb run id to continue")
+    wandb_key: str | None = flag(None, "wandb API key (prefer env WANDB_API_KEY); never stored", secret=True)
+    use_mlflow: bool = flag(False, "log to MLflow")
+    mlflow_tracking_uri: str | None = flag(None, "MLflow tracking URI (default: sqlite:///RUN_DIR/mlflow.db)")
+    mlflow_experiment_name: str = flag("miles", "MLflow experiment")
+    mlflow_run_name: str | None = flag(None, "MLflow run name")
+    mlflow_run_id: str | None = flag(None, "MLflow run id to continue")
+    use_tensorboard: bool = flag(False, "write TensorBoard scalars")
+    tensorboard_dir: str | None = flag(None, "TensorBoard / profiler trace directory (default: RUN_DIR/tensorboard)")
+    log_samples_interval: int | None = flag(10, "log a table of sample generations every N rollouts", minimum=1)
+    custom_rollout_log_function_path: str | None = flag(
+        None, "dotted path of fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool")
+    custom_eval_rollout_log_function_path: str | None = flag(
+        None, "dotted path of fn(rollout_id, args, data, extra_metrics) -> bool")

@@ -1,0 +1,44 @@
+"""Settings of the training side: backend, optimisation, loss, checkpoints."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles.config.fields import flag
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training backend, optimiser, loss terms and checkpoints."""
+
+    train_backend: str = flag("fsdp", "training backend", choices=("fsdp", "megatron"))
+    actor_num_nodes: int = flag(1, "training nodes", minimum=1)
+    actor_num_gpus_per_node: int = flag(1, "training ranks per node (on CPU: training processes)", minimum=1)
+    colocate: bool = flag(False, "engines and trainer share devices; weights sync in memory")
+    global_batch_size: int | None = flag(None, "samples per optimizer step (default: rollout batch / steps)",
+                                         minimum=1)
+    micro_batch_size: int = flag(64, "samples per forward/backward", minimum=1)
+    num_steps_per_rollout: int = flag(1, "optimizer steps per rollout", minimum=1)
+    lr: float = flag(2e-3, "learning rate", minimum=0.0)
+    min_lr: float = flag(0.0, "floor of the decayed learning rate", minimum=0.0)
+    lr_warmup_iters: int = flag(0, "optimizer steps of linear warm-up", minimum=0)
+    lr_decay_style: str = flag("constant", "learning-rate schedule after warm-up",
+                               choices=("constant", "linear", "cosine"))
+    lr_decay_iters: int | None = flag(None, "steps over which the LR decays (default: all steps)", minimum=1)
+    weight_decay: float = flag(0.0, "AdamW weight decay", minimum=0.0)
+    adam_beta1: float = flag(0.9, "AdamW beta1", minimum=0.0, maximum=1.0)
+    adam_beta2: float = flag(0.98, "AdamW beta2", minimum=0.0, maximum=1.0)
+    clip_grad: float = flag(1.0, "gradient-norm clipping threshold", minimum=0.0)
+    eps_clip: float = flag(0.2, "PPO clip range (low side)", minimum=0.0)
+    eps_clip_high: float | None = flag(None, "PPO clip range, high side (default: --eps-clip)", minimum=0.0)
+    advantage_estimator: str = flag("grpo", "advantage estimator", choices=("grpo", "reinforce_plus_plus"))
+    normalize_advantages_std: bool = flag(True, "divide GRPO advantages by the group std")
+    use_kl_loss: bool = flag(False, "add a KL loss against the reference model")
+    kl_loss_coef: float = flag(0.0, "weight of the KL loss", minimum=0.0)
+    kl_loss_type: str = flag("low_var_kl", "KL estimator", choices=("k1", "k2", "k3", "low_var_kl"))
+    entropy_coef: float = flag(0.0, "weight of the entropy bonus", minimum=0.0)
+    seed: int = flag(1234, "random seed for data order, sampling and init")
+    run_dir: str | None = flag(None, "run directory: checkpoints, journal, tracker files (default: runs/<time>)")
+    save: str | None = flag(None, "checkpoint directory (default: RUN_DIR/checkpoints)")
+    load: str | None = flag(None, "checkpoint directory to resume from (default: --save when it holds one)")
+    save_interval: int | None = flag(None, "checkpoint every N rollouts (none: only at the end)", minimum=1)
+    keep_checkpoints: int = flag(2, "checkpoints kept on disk", minimum=1)

@@ -1,0 +1,52 @@
+"""The default verifiable task: two-number addition, in Miles' JSONL data format.
+
+Each line is {"prompt": "37+58=", "label": "95"}; the exact-match reward checks the
+response against the label. Train and eval sets are disjoint and fixed by the seed.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_OPERAND = 99
+EVAL_SIZE = 256
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    label: str
+
+
+def all_problems() -> list[Problem]:
+    return [Problem(f"{a}+{b}=", str(a + b)) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
+
+
+def split_problems(seed: int = 0) -> tuple[list[Problem], list[Problem]]:
+    """(train, eval): a seeded shuffle, the last EVAL_SIZE held out."""
+    problems = all_problems()
+    random.Random(seed).shuffle(problems)
+    return problems[:-EVAL_SIZE], problems[-EVAL_SIZE:]
+
+
+def write_jsonl(problems: list[Problem], path: Path, input_key: str = "prompt", label_key: str = "label") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for p in problems:
+            f.write(json.dumps({input_key: p.prompt, label_key: p.label}) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def write_task_data(directory: Path, seed: int = 0) -> tuple[Path, Path]:
+    """Write train.jsonl and eval.jsonl into `directory` (if missing); return their paths."""
+    train, evals = split_problems(seed)
+    train_path, eval_path = directory / "train.jsonl", directory / "eval.jsonl"
+    if not train_path.exists():
+        write_jsonl(train, train_path)
+    if not eval_path.exists():
+        write_jsonl(evals, eval_path)
+    return train_path, eval_path

@@ -1,0 +1,1 @@
+"""Prefect tasks: thin, retryable wrappers around `miles` library calls."""
