@@ -1,0 +1,1 @@
+"""Rollout: the data source, sampling through the router, rewards and advantages."""
