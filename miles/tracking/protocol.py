@@ -1,0 +1,42 @@
+"""The contract between the training loop and tracking (the loop knows nothing else of it).
+
+Order per rollout: `log_rollout` (custom logger hook, after generation, before training),
+`record` (stdout row + journal line, live), and after each checkpoint `commit`, which
+hands everything recorded up to that rollout to the trackers. Trackers therefore only
+ever hold committed iterations: a retried or resumed chunk cannot double a point.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class RunTracker(Protocol):
+    def resume(self, committed_rollout_id: int | None, extra: dict[str, Any]) -> None:
+        """Continue a run from its checkpoint: drop journal lines past `committed_rollout_id`
+        (they will be redone), reattach tracker runs whose ids are in `extra`."""
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What the checkpoint must store for `resume` (e.g. wandb/MLflow run ids)."""
+
+    def log_rollout(self, rollout_id: int, args: Any, samples: list, extra_metrics: dict, rollout_time: float) -> None:
+        """Miles' custom rollout logger hook, then default rollout logging unless it returned True."""
+
+    def log_eval(self, rollout_id: int, args: Any, data: dict, extra_metrics: dict) -> None:
+        """Miles' custom eval logger hook, likewise."""
+
+    def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
+        """One iteration's metrics (with `train/step`, `rollout/step`, `eval/step`): stdout row + journal."""
+
+    def commit(self, rollout_id: int) -> None:
+        """Everything recorded up to and including `rollout_id` is checkpointed: deliver it."""
+
+    def close(self) -> None:
+        """Flush, finish tracker runs, write the run report."""
+
+
+def open_tracking(config: Any, run_dir: Path) -> RunTracker:
+    """The tracker for a run, as configured (journal and stdout always on)."""
+    from miles.tracking.run_tracker import build_run_tracker
+
+    return build_run_tracker(config, Path(run_dir))
