@@ -1,0 +1,105 @@
+"""`miles doctor`: check the installation and the services a run will need, before a run."""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+import httpx
+
+# Versions the project is pinned to; a mismatch works sometimes and is worth a warning.
+PINNED = {"torch": "2.13.0", "prefect": "3.9.1", "prefect-ray": "0.6.0", "ray": "2.60.0",
+          "mlflow": "3.17.2", "wandb": "0.31.0", "megatron-core": "0.16.1"}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    required: bool = True
+
+
+def check_packages() -> list[Check]:
+    checks = []
+    for package, pinned in PINNED.items():
+        try:
+            found = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            checks.append(Check(package, False, "not installed (run: make install)"))
+            continue
+        same = found.split("+")[0] == pinned
+        checks.append(Check(package, same, found if same else f"{found}, pinned {pinned}", required=False))
+    return checks
+
+
+def check_devices() -> list[Check]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    detail = f"{torch.cuda.device_count()} CUDA device(s)" if cuda else f"CPU only, {os.cpu_count()} cores"
+    checks = [Check("devices", True, detail)]
+    try:
+        importlib.metadata.version("sglang")
+        sglang = Check("sglang", cuda, "installed" + ("" if cuda else " but no GPU: use --engine embedded"),
+                       required=False)
+    except importlib.metadata.PackageNotFoundError:
+        sglang = Check("sglang", True, "not installed: --engine embedded only (pip install '.[gpu]' on GPUs)",
+                       required=False)
+    return checks + [sglang]
+
+
+def check_url(name: str, url: str | None, path: str, unset: str) -> Check:
+    if not url:
+        return Check(name, True, unset, required=False)
+    try:
+        response = httpx.get(url.rstrip("/") + path, timeout=5.0)
+        return Check(name, response.status_code < 500, f"{url}: HTTP {response.status_code}")
+    except httpx.HTTPError as exc:
+        return Check(name, False, f"{url} unreachable: {type(exc).__name__}")
+
+
+def check_disk(path: str = ".") -> Check:
+    free_gb = shutil.disk_usage(path).free / 2**30
+    return Check("disk", free_gb > 2, f"{free_gb:.1f} GiB free in {os.path.abspath(path)}")
+
+
+def check_base_model() -> Check:
+    from miles.tiny.warmstart import base_model_dir
+
+    path = base_model_dir()
+    made = (path / "warmstart.json").exists()
+    return Check("tiny base model", True, str(path) if made else "not made yet (made on first run, ~30 s)",
+                 required=False)
+
+
+def run_checks(mlflow_uri: str | None) -> list[Check]:
+    prefect = os.environ.get("PREFECT_API_URL")
+    return [
+        Check("python", sys.version_info[:2] == (3, 11), sys.version.split()[0]),
+        *check_packages(),
+        *check_devices(),
+        check_disk(),
+        check_base_model(),
+        check_url("prefect api", prefect, "/health", "PREFECT_API_URL unset: `miles train` starts a local server"),
+        check_url("mlflow", mlflow_uri if mlflow_uri and mlflow_uri.startswith("http") else None, "/health",
+                  "file/SQLite store in the run directory"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="miles doctor", description=__doc__)
+    parser.add_argument("--mlflow-tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="MLflow server to check (default: env MLFLOW_TRACKING_URI)")
+    args = parser.parse_args(argv)
+    checks = run_checks(args.mlflow_tracking_uri)
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
+        print(f"{mark}  {c.name:<{width}}  {c.detail}")
+    failed = [c.name for c in checks if c.required and not c.ok]
+    print("all required checks passed" if not failed else f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
