@@ -1,0 +1,33 @@
+"""Retries, backoff and timeout from the orchestration flags, applied to any task."""
+from __future__ import annotations
+
+from typing import TypeVar
+
+from prefect import Task
+from prefect.cache_policies import NO_CACHE
+
+from miles.config import ConfigError, OrchestrationConfig
+
+T = TypeVar("T", bound=Task)
+
+
+def retry_delays(orchestration: OrchestrationConfig) -> list[float]:
+    """Exponential backoff: the first delay, then doubling, one entry per retry."""
+    return [orchestration.task_retry_delay * 2**i for i in range(orchestration.task_retries)]
+
+
+def retry_unless_bad_input(task, task_run, state) -> bool:
+    """A bad flag or path stays bad: retrying it would only delay the error."""
+    return not isinstance(state.data, ConfigError)
+
+
+def configured(task: T, orchestration: OrchestrationConfig, retries: bool = True) -> T:
+    """`task` with the run's retries, backoff and timeout. No result caching: every run of a
+    task does its work again (a chunk resumes from its checkpoint, never from a cache)."""
+    return task.with_options(
+        retries=orchestration.task_retries if retries else 0,
+        retry_delay_seconds=retry_delays(orchestration) if retries else 0,
+        timeout_seconds=orchestration.task_timeout,
+        retry_condition_fn=retry_unless_bad_input,
+        cache_policy=NO_CACHE,
+    )

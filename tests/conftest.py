@@ -1,0 +1,33 @@
+"""Session-wide fixtures: one real Prefect server (SQLite, loopback) shared by every test that asks."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """A `prefect server start` subprocess on a free loopback port with a temp PREFECT_HOME.
+
+    PREFECT_API_URL points at it for this process (settings context and env, so subprocesses
+    and Ray workers see it too); teardown kills the server by PID."""
+    from flows.prefect_server import start_server
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    server = start_server(home, port=None, timeout=180.0, ui=False)
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+    os.environ["PREFECT_API_URL"] = server.api_url
+    os.environ["PREFECT_HOME"] = str(home / "client")
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_HOME: str(home / "client")}):
+            yield server
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
