@@ -1,0 +1,219 @@
+"""The Router: one object owning the worker pool, the proxy, the health loop and the admin API.
+
+Proxied requests go straight to the raw ASGI proxy; only the router's own endpoints pass
+through FastAPI, so its routing and validation cost nothing on the hot path.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import os
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from miles.config import ConfigError, RouterConfig
+from miles.router import metrics
+from miles.router.health import HealthChecker
+from miles.router.proxy import Proxy
+from miles.router.stats import RouterStats, StatsSnapshot
+from miles.router.upstream import UpstreamPool
+from miles.router.workers import WorkerError, WorkerPool
+
+TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
+ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/list_workers", "/workers", "/router_health", "/metrics",
+                         "/router_stats", "/update_weight_version"})
+
+
+class AdminError(Exception):
+    """Bad input to an admin endpoint; becomes a 4xx JSON answer naming the problem."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def resolve_admin_token(config: RouterConfig) -> str | None:
+    """The admin token from the flag, else from the environment."""
+    return config.router_admin_token or os.environ.get(TOKEN_ENV) or None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, admin_token: str | None) -> None:
+    """Refuse to serve the admin endpoints beyond loopback without a token."""
+    if not is_loopback(host) and not admin_token:
+        raise ConfigError("--router-admin-token", f"required when binding to {host} (not loopback): set the flag "
+                          f"or {TOKEN_ENV} so /add_worker and /remove_worker are not open to the network")
+
+
+class Router:
+    """ASGI app: `Router(config)(scope, receive, send)`; plain methods for everything the endpoints do."""
+
+    def __init__(self, config: RouterConfig, worker_urls=(), admin_token: str | None = None):
+        self.config = config
+        self._admin_token = admin_token if admin_token is not None else resolve_admin_token(config)
+        self.pool = WorkerPool(config.router_policy, config.miles_router_health_check_failure_threshold,
+                               config.router_readmit_successes)
+        self.upstream = UpstreamPool(connect_timeout=min(config.router_request_timeout, 10.0))
+        self.stats = RouterStats()
+        self.proxy = Proxy(self.pool, self.upstream, self.stats, max_retries=config.router_max_retries,
+                           retry_backoff=config.router_retry_backoff, request_timeout=config.router_request_timeout)
+        self.health = HealthChecker(self.pool, self.upstream, config.rollout_health_check_interval,
+                                    config.rollout_health_check_timeout)
+        for url in worker_urls:
+            self.pool.add(url)
+        self.admin = self._admin_app()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in ADMIN_PATHS:
+            await self.proxy(scope, receive, send)
+        else:
+            await self.admin(scope, receive, send)
+
+    @asynccontextmanager
+    async def lifespan(self, _app):
+        task = None if self.config.disable_rollout_health_check else asyncio.create_task(self.health.run())
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            self.upstream.close()
+
+    # what the endpoints do
+    def add_worker(self, url: Any) -> dict:
+        try:
+            self.pool.add(url)
+        except WorkerError as exc:
+            raise AdminError(409 if "already registered" in str(exc) else 400, str(exc)) from None
+        return {"status": "success", "worker_urls": {w.url: w.inflight for w in self.pool.workers}}
+
+    def remove_worker(self, url: Any) -> dict:
+        try:
+            worker = self.pool.remove(url)
+        except WorkerError as exc:
+            raise AdminError(404, str(exc)) from None
+        self.upstream.forget(worker.endpoint)
+        return {"status": "success", "worker_urls": self.pool.urls}
+
+    def list_workers(self) -> dict:
+        return {"urls": self.pool.urls}
+
+    def describe_workers(self) -> dict:
+        return {"weight_version": self.pool.weight_version, "policy": self.pool.policy,
+                "workers": [w.describe() for w in self.pool.workers]}
+
+    def update_weight_version(self, version: Any) -> dict:
+        if version is None or isinstance(version, (dict, list, bool)) or str(version) == "":
+            raise AdminError(400, f"weight_version must be a non-empty string or number, got {version!r}")
+        self.pool.set_weight_version(str(version))
+        return {"status": "success", "weight_version": self.pool.weight_version}
+
+    def router_health(self) -> dict:
+        healthy = len(self.pool.healthy)
+        return {"status": "ok" if healthy else "no_healthy_worker", "healthy_workers": healthy,
+                "quarantined_workers": len(self.pool.urls) - healthy, "weight_version": self.pool.weight_version}
+
+    def snapshot(self, reset: bool = True) -> StatsSnapshot:
+        """Figures since the previous snapshot (the trainer calls this once per iteration)."""
+        healthy = len(self.pool.healthy)
+        return self.stats.snapshot(healthy, len(self.pool.urls) - healthy,
+                                   sum(w.inflight for w in self.pool.workers), reset=reset)
+
+    def check_admin(self, headers) -> None:
+        if not self._admin_token:
+            return
+        given = headers.get("x-admin-token") or ""
+        auth = headers.get("authorization") or ""
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        if not hmac.compare_digest(given.encode(), self._admin_token.encode()):
+            raise AdminError(401, "admin token missing or wrong (send Authorization: Bearer <token>)")
+
+    # HTTP surface
+    def _admin_app(self) -> FastAPI:
+        app = FastAPI(title="miles router", lifespan=self.lifespan, docs_url=None, redoc_url=None,
+                      openapi_url=None)
+
+        @app.exception_handler(AdminError)
+        async def admin_error(_request: Request, exc: AdminError):
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+        @app.post("/add_worker")
+        async def add_worker(request: Request):
+            self.check_admin(request.headers)
+            return self.add_worker(await _url_param(request))
+
+        @app.post("/remove_worker")
+        async def remove_worker(request: Request):
+            self.check_admin(request.headers)
+            return self.remove_worker(await _url_param(request))
+
+        @app.post("/update_weight_version")
+        async def update_weight_version(request: Request):
+            self.check_admin(request.headers)
+            payload = await _json_object(request)
+            if "weight_version" not in payload:
+                raise AdminError(400, 'body must be {"weight_version": "..."}')
+            return self.update_weight_version(payload["weight_version"])
+
+        # async on purpose: sync endpoints would run in a thread pool, racing the event loop on the pool state
+        @app.get("/list_workers")
+        async def list_workers():
+            return self.list_workers()
+
+        @app.get("/workers")
+        async def workers():
+            return self.describe_workers()
+
+        @app.get("/router_health")
+        async def router_health():
+            return self.router_health()
+
+        @app.get("/router_stats")
+        async def router_stats(reset: bool = True):
+            return self.snapshot(reset=reset).as_metrics()
+
+        @app.get("/metrics")
+        async def prometheus_metrics():
+            return Response(metrics.render(self.pool, self.stats), media_type=metrics.CONTENT_TYPE)
+
+        return app
+
+
+async def _json_object(request: Request) -> dict:
+    body = await request.body()
+    if not body.strip():
+        return {}
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise AdminError(400, f"body is not valid JSON: {body[:80]!r}") from None
+    if not isinstance(payload, dict):
+        raise AdminError(400, f"body must be a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+async def _url_param(request: Request) -> Any:
+    """The worker URL from `?url=` (or `?worker_url=`), else from the JSON body's `url`/`worker_url`."""
+    url = request.query_params.get("url") or request.query_params.get("worker_url")
+    if url:
+        return url
+    payload = await _json_object(request)
+    url = payload.get("url") or payload.get("worker_url")
+    if url is None:
+        raise AdminError(400, "worker url is required (use ?url=... or a JSON body {\"url\": ...})")
+    return url

@@ -1,0 +1,25 @@
+"""`miles router`: serve the router in the foreground until interrupted."""
+from __future__ import annotations
+
+import logging
+
+from miles.config import RouterConfig, RouterServeConfig, parse_sections
+from miles.router.app import Router, check_bind, resolve_admin_token
+from miles.router.server import bind_socket, serve_forever
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse_sections([RouterServeConfig, RouterConfig], argv, prog="miles router",
+                            description="Route SGLang-style requests across engines, with health checks and failover.")
+    serve, config = parsed[RouterServeConfig], parsed[RouterConfig]
+    check_bind(serve.host, resolve_admin_token(config))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    router = Router(config, serve.worker_urls)
+    sock = bind_socket(serve.host, serve.port)
+    port = sock.getsockname()[1]
+    host = f"[{serve.host}]" if ":" in serve.host else serve.host
+    # The one line a parent process reads to learn the port (with --port 0); the token is never printed.
+    print(f"miles router listening on http://{host}:{port} (policy {config.router_policy}, "
+          f"{len(serve.worker_urls)} workers)", flush=True)
+    serve_forever(router, sock)
+    return 0

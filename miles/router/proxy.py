@@ -1,0 +1,216 @@
+"""The proxy hot path as a raw ASGI handler: pick a worker, forward, pass the answer back as it arrives.
+
+Failover happens only before the first byte reaches the client: a connection error, a
+timeout or a 5xx is retried on another worker after a bounded, jittered backoff; a 4xx
+is the client's problem and passes through untouched. Bodies are never parsed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from miles.router.stats import RouterStats
+from miles.router.upstream import Connection, UpstreamError, UpstreamPool
+from miles.router.workers import Worker, WorkerPool
+
+log = logging.getLogger(__name__)
+
+# Never forwarded: they describe one hop, or the proxy sets them itself.
+REQUEST_SKIP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
+                          b"trailer", b"upgrade", b"host", b"content-length", b"expect", b"proxy-authorization"})
+RESPONSE_SKIP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
+                           b"trailer", b"upgrade"})
+# A response up to this size with a known length is read whole before the client sees a byte, so a
+# worker dying mid-body can still be failed over; anything larger or unframed (SSE) is streamed.
+SMALL_BODY = 256 * 1024
+MAX_BACKOFF_S = 2.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt on one worker ended."""
+
+    delivered: bool        # the client got a response (nothing more to try)
+    failed: bool = False   # ... and it counts as a failure (5xx, or cut mid-stream)
+    error: str | None = None
+
+
+DELIVERED_OK = Outcome(delivered=True)
+DELIVERED_FAILED = Outcome(delivered=True, failed=True)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was read."""
+
+
+class Proxy:
+    """Forwards every request it is given to a worker chosen by the pool."""
+
+    def __init__(self, pool: WorkerPool, upstream: UpstreamPool, stats: RouterStats, *, max_retries: int,
+                 retry_backoff: float, request_timeout: float, rng: random.Random | None = None):
+        self.pool = pool
+        self.upstream = upstream
+        self.stats = stats
+        self.max_retries = max_retries
+        self.retry_backoff = retry_backoff
+        self.request_timeout = request_timeout
+        self.rng = rng or random.Random()
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (1-based): exponential, capped, jittered +-50%."""
+        return min(self.retry_backoff * 2 ** (retry - 1), MAX_BACKOFF_S) * self.rng.uniform(0.5, 1.5)
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            body = await read_body(receive)
+        except ClientGone:
+            return
+        head = request_head(scope)
+        start = time.perf_counter()
+        tried: list[Worker] = []
+        retries = 0
+        error: str | None = None
+        while True:
+            worker = self.pool.choose(tried)
+            if worker is None:
+                self.stats.record_no_worker()
+                await send_json(send, 503, {"error": self.no_worker_message(), "last_error": error})
+                return
+            attempt_start = time.perf_counter()
+            worker.inflight += 1
+            try:
+                outcome = await self.attempt(worker, head, body, scope, receive, send,
+                                             may_retry=retries < self.max_retries)
+            finally:
+                worker.inflight -= 1
+            now = time.perf_counter()
+            worker.observe(now - attempt_start, outcome.failed or not outcome.delivered)
+            if outcome.delivered:
+                self.stats.record(now - start, outcome.failed, retries)
+                return
+            error = f"{worker.url}: {outcome.error}"
+            if retries >= self.max_retries:
+                self.stats.record(now - start, True, retries)
+                await send_json(send, 502, {"error": f"no worker answered after {retries + 1} attempts",
+                                            "last_error": error})
+                return
+            tried.append(worker)
+            retries += 1
+            await asyncio.sleep(self.backoff(retries))
+
+    def no_worker_message(self) -> str:
+        registered = len(self.pool.urls)
+        if not registered:
+            return "no healthy worker: none registered (POST /add_worker)"
+        return f"no healthy worker: all {registered} registered workers are quarantined"
+
+    async def attempt(self, worker: Worker, head: bytes, body: bytes, scope, receive, send,
+                      may_retry: bool) -> Outcome:
+        endpoint = worker.endpoint
+        request = b"%sHost: %s\r\nContent-Length: %d\r\n\r\n%s" % (head, endpoint.host_header, len(body), body)
+        for _ in range(2):  # a second go only when a pooled connection turned out to be closed
+            try:
+                conn = await self.upstream.acquire(endpoint)
+            except UpstreamError as exc:
+                return Outcome(delivered=False, error=str(exc))
+            try:
+                await conn.send(request, self.request_timeout)
+                break
+            except UpstreamError as exc:
+                self.upstream.release(endpoint, conn)
+                if not exc.reused:
+                    return Outcome(delivered=False, error=str(exc))
+        else:
+            return Outcome(delivered=False, error="worker keeps closing connections")
+        try:
+            return await self.relay(conn, send, receive, may_retry)
+        finally:
+            self.upstream.release(endpoint, conn)
+
+    async def relay(self, conn: Connection, send, receive, may_retry: bool) -> Outcome:
+        status = conn.status
+        if status >= 500 and may_retry:
+            return Outcome(delivered=False, error=f"answered HTTP {status}")
+        headers = [(name, value) for name, value in conn.headers if name not in RESPONSE_SKIP]
+        failed = status >= 500
+        if conn.framed and _content_length(conn.headers) <= SMALL_BODY:
+            try:
+                parts = []
+                while (chunk := await conn.read()) is not None:
+                    parts.append(chunk)
+            except UpstreamError as exc:
+                return Outcome(delivered=False, error=str(exc))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": parts[0] if len(parts) == 1 else b"".join(parts)})
+            return DELIVERED_FAILED if failed else DELIVERED_OK
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        watcher = asyncio.ensure_future(_abort_on_disconnect(receive, conn))
+        try:
+            while (chunk := await conn.read()) is not None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError as exc:
+            if watcher.done():
+                return DELIVERED_OK  # the client left; not the worker's fault
+            log.warning("stream from worker broke after the response started: %s", exc)
+            raise
+        finally:
+            watcher.cancel()
+        await send({"type": "http.response.body", "body": b""})
+        return DELIVERED_FAILED if failed else DELIVERED_OK
+
+
+async def _abort_on_disconnect(receive, conn: Connection) -> None:
+    """While a stream is relayed, stop reading from the worker as soon as the client goes away."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            conn.abort()
+            return
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int:
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value)
+    return 0  # 204/304/1xx: no body
+
+
+async def read_body(receive) -> bytes:
+    """The whole request body; kept because a failover resends it to another worker."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return body
+    parts = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+def request_head(scope) -> bytes:
+    """Request line and forwarded headers, ending before Host/Content-Length (added per worker)."""
+    target = scope.get("raw_path") or scope["path"].encode()
+    if scope.get("query_string"):
+        target += b"?" + scope["query_string"]
+    lines = [b"%s %s HTTP/1.1\r\n" % (scope["method"].encode(), target)]
+    for name, value in scope["headers"]:
+        if name not in REQUEST_SKIP:
+            lines.append(b"%s: %s\r\n" % (name, value))
+    return b"".join(lines)
+
+
+async def send_json(send, status: int, payload: dict) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,176 @@
+"""The router's workers: their state, quarantine and readmission rules, and the choice of one per request.
+
+Pure bookkeeping with no I/O, so every rule is testable without a server: the health loop
+and the proxy report what they saw and ask this module what to do.
+"""
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from miles.router.upstream import Endpoint
+
+POLICIES = ("least-inflight", "round-robin", "power-of-two")
+# Prometheus buckets for the per-worker request duration (seconds).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class WorkerError(ValueError):
+    """A bad worker URL, a duplicate, or an unknown worker; the message names it."""
+
+
+def check_worker_url(url: object) -> str:
+    if not isinstance(url, str) or not url:
+        raise WorkerError(f"worker url must be a non-empty string, got {url!r}")
+    if not url.startswith(("http://", "https://")):
+        raise WorkerError(f"worker url {url!r} is not an http(s) URL")
+    if url.startswith("https://"):
+        raise WorkerError(f"worker url {url!r}: the router talks plain http to engines")
+    try:
+        Endpoint.from_url(url)
+    except ValueError as exc:
+        raise WorkerError(str(exc)) from None
+    return url.rstrip("/")
+
+
+@dataclass(eq=False)
+class Worker:
+    """One engine behind the router and what the router knows about it."""
+
+    url: str
+    endpoint: Endpoint
+    healthy: bool = True
+    inflight: int = 0
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    weight_version: str | None = None
+    requests: int = 0
+    errors: int = 0
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum: float = 0.0
+
+    def observe(self, seconds: float, failed: bool) -> None:
+        self.requests += 1
+        if failed:
+            self.errors += 1
+        self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum += seconds
+
+    def describe(self) -> dict:
+        return {"url": self.url, "state": "healthy" if self.healthy else "quarantined", "inflight": self.inflight,
+                "consecutive_failures": self.consecutive_failures, "weight_version": self.weight_version,
+                "requests": self.requests, "errors": self.errors}
+
+
+@dataclass(frozen=True)
+class HealthVerdict:
+    """What one health check changed for a worker."""
+
+    quarantined: bool = False
+    readmitted: bool = False
+
+
+class WorkerPool:
+    """Registered workers, the current weight version, and the selection policy."""
+
+    def __init__(self, policy: str = "least-inflight", failure_threshold: int = 3, readmit_successes: int = 2,
+                 rng: random.Random | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        self.policy = policy
+        self.failure_threshold = failure_threshold
+        self.readmit_successes = readmit_successes
+        self.weight_version: str | None = None
+        self.rng = rng or random.Random()
+        self._workers: dict[str, Worker] = {}
+        self._healthy: list[Worker] = []  # cached: the hot path reads it on every request
+        self._rr = 0
+
+    # registry
+    def add(self, url: str) -> Worker:
+        url = check_worker_url(url)
+        if url in self._workers:
+            raise WorkerError(f"worker {url} is already registered")
+        worker = Worker(url, Endpoint.from_url(url))
+        self._workers[url] = worker
+        self._refresh()
+        return worker
+
+    def remove(self, url: str) -> Worker:
+        key = url.rstrip("/") if isinstance(url, str) else url
+        worker = self._workers.pop(key, None)
+        if worker is None:
+            raise WorkerError(f"worker {url!r} is not registered")
+        self._refresh()
+        return worker
+
+    def get(self, url: str) -> Worker | None:
+        return self._workers.get(url)
+
+    @property
+    def workers(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._workers)
+
+    @property
+    def healthy(self) -> list[Worker]:
+        return self._healthy
+
+    def _refresh(self) -> None:
+        self._healthy = [w for w in self._workers.values() if w.healthy]
+
+    # selection
+    def choose(self, exclude: Iterable[Worker] = ()) -> Worker | None:
+        """A healthy worker by the policy, avoiding `exclude` when another is available; None if none is healthy."""
+        candidates = self._healthy
+        if exclude:
+            others = [w for w in candidates if w not in exclude]
+            candidates = others or candidates
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return candidates[0]
+        if self.policy == "least-inflight":
+            return min(candidates, key=_inflight)
+        if self.policy == "round-robin":
+            self._rr += 1
+            return candidates[self._rr % len(candidates)]
+        a, b = self.rng.sample(candidates, 2)
+        return a if a.inflight <= b.inflight else b
+
+    # health
+    def set_weight_version(self, version: str) -> None:
+        self.weight_version = str(version)
+
+    def record_check(self, worker: Worker, ok: bool, weight_version: str | None = None) -> HealthVerdict:
+        """Apply one health check result: quarantine after `failure_threshold` failures in a row; readmit after
+        `readmit_successes` good checks in a row, and only at the current weight version (when one is known)."""
+        if weight_version is not None:
+            worker.weight_version = str(weight_version)
+        if not ok:
+            worker.consecutive_successes = 0
+            worker.consecutive_failures += 1
+            if worker.healthy and worker.consecutive_failures >= self.failure_threshold:
+                worker.healthy = False
+                self._refresh()
+                return HealthVerdict(quarantined=True)
+            return HealthVerdict()
+        worker.consecutive_failures = 0
+        worker.consecutive_successes += 1
+        if worker.healthy:
+            return HealthVerdict()
+        current = self.weight_version is None or worker.weight_version == self.weight_version
+        if current and worker.consecutive_successes >= self.readmit_successes:
+            worker.healthy = True
+            self._refresh()
+            return HealthVerdict(readmitted=True)
+        return HealthVerdict()
+
+
+def _inflight(worker: Worker) -> int:
+    return worker.inflight
