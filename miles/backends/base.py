@@ -1,0 +1,71 @@
+"""The interface every training backend's per-rank actor offers, and the data it exchanges.
+
+The trainer (driver) knows only this: it hands each rank a `RankBatch`, gets back a
+`RankTrainResult` of metric *sums*, and asks the ranks to save, load and export weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class RankBatch:
+    """One rank's share of a rollout, already split into optimizer steps."""
+
+    tokens: list[list[int]]  # prompt + response ids per sample
+    response_lengths: list[int]
+    advantages: list[float]  # one per sample, broadcast to its response tokens
+    rollout_log_probs: list[list[float]]  # engine log-prob per response token
+    step_sizes: list[int]  # this rank's samples in each optimizer step (sum = len(tokens))
+    global_step_sizes: list[int]  # all ranks' samples in each step: the loss normaliser
+    rollout_id: int = 0
+
+
+@dataclass
+class RankTrainResult:
+    """Sums over this rank's samples; the driver adds ranks up and divides by sample counts."""
+
+    sums: dict[str, float]  # e.g. "train/pg_loss" summed over samples (each a per-sample token mean)
+    step_values: dict[str, list[float]]  # per optimizer step, identical on all ranks: grad_norm, lr
+    num_samples: int
+    num_tokens: int  # prompt + response tokens trained on (per optimizer pass)
+    log_probs_time: float
+    ref_log_probs_time: float
+    actor_train_time: float
+
+
+@dataclass
+class ActorInfo:
+    rank: int
+    world_size: int
+    weight_version: int
+    optimizer_steps: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TrainActor(Protocol):
+    """One training rank. All methods except `info` are collective: call them on every rank."""
+
+    def init(self, model_path: str, master_addr: str, master_port: int) -> ActorInfo: ...
+
+    def train(self, batch: RankBatch) -> RankTrainResult: ...
+
+    def set_weight_version(self, version: int) -> None: ...
+
+    def save(self, directory: str) -> list[str]:
+        """Write model (HF layout), optimizer, scheduler and this rank's RNG; return files written."""
+
+    def load(self, directory: str) -> ActorInfo: ...
+
+    def load_base(self, model_path: str) -> ActorInfo: ...
+
+    def export_weights(self, directory: str | None) -> dict | None:
+        """Full weights: written as an HF checkpoint into `directory` by rank 0, or returned
+        (rank 0 only) when `directory` is None."""
+
+    def weights_digest(self) -> str: ...
+
+    def info(self) -> ActorInfo: ...
+
+    def shutdown(self) -> None: ...

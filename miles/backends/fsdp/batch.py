@@ -1,0 +1,56 @@
+"""Turning a rank's samples into padded tensors, one micro-batch at a time.
+
+Position t of the logits predicts token t+1, so every per-token tensor here is (B, T-1)
+and a sample's response occupies positions [prompt_len - 1, prompt_len - 1 + response_len).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from miles.backends.base import RankBatch
+
+
+@dataclass
+class MicroBatch:
+    step: int  # which optimizer step it belongs to
+    input_ids: torch.Tensor  # (B, T) right-padded
+    attention_mask: torch.Tensor  # (B, T)
+    response_mask: torch.Tensor  # (B, T-1) 1.0 on positions that predict a response token
+    advantages: torch.Tensor  # (B, T-1) the sample's advantage on its response positions
+    rollout_log_probs: torch.Tensor  # (B, T-1) engine log-probs on response positions
+    num_tokens: int  # real (unpadded) tokens
+
+
+def collate(batch: RankBatch, rows: list[int], step: int, pad_id: int, device: torch.device) -> MicroBatch:
+    width = max(len(batch.tokens[i]) for i in rows)
+    b = len(rows)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    resp = torch.zeros((b, width - 1))
+    adv = torch.zeros((b, width - 1))
+    rlp = torch.zeros((b, width - 1))
+    for r, i in enumerate(rows):
+        tokens, n_resp = batch.tokens[i], batch.response_lengths[i]
+        ids[r, : len(tokens)] = torch.tensor(tokens)
+        attn[r, : len(tokens)] = 1
+        start = len(tokens) - n_resp - 1
+        resp[r, start: start + n_resp] = 1.0
+        adv[r, start: start + n_resp] = batch.advantages[i]
+        if batch.rollout_log_probs[i]:
+            rlp[r, start: start + n_resp] = torch.tensor(batch.rollout_log_probs[i])
+    num_tokens = int(attn.sum())
+    return MicroBatch(step, ids.to(device), attn.to(device), resp.to(device), adv.to(device), rlp.to(device),
+                      num_tokens)
+
+
+def micro_batches(batch: RankBatch, micro_batch_size: int, pad_id: int, device: torch.device) -> list[MicroBatch]:
+    """Each optimizer step's samples, in order, cut into micro-batches of at most `micro_batch_size`."""
+    out, start = [], 0
+    for step, size in enumerate(batch.step_sizes):
+        for a in range(start, start + size, micro_batch_size):
+            rows = list(range(a, min(a + micro_batch_size, start + size)))
+            out.append(collate(batch, rows, step, pad_id, device))
+        start += size
+    return out

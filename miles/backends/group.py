@@ -1,0 +1,75 @@
+"""The training ranks as Ray actors: created (optionally named, in namespace "miles") or re-attached."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import ray
+
+from miles.backends import actor_class
+from miles.backends.base import RankBatch, RankTrainResult
+
+log = logging.getLogger(__name__)
+NAMESPACE = "miles"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _named(prefix: str, world_size: int) -> list[Any] | None:
+    """The existing actors `<prefix>-rank<k>` if all are there, else None."""
+    handles = []
+    for rank in range(world_size):
+        try:
+            handles.append(ray.get_actor(f"{prefix}-rank{rank}", namespace=NAMESPACE))
+        except ValueError:
+            return None
+    return handles
+
+
+class ActorGroup:
+    """`world_size` ranks; `attached` says they already existed (a retried task found them)."""
+
+    def __init__(self, config, model_path: str, name_prefix: str | None = None):
+        self.config = config
+        self.world_size = config.world_size
+        existing = _named(name_prefix, self.world_size) if name_prefix else None
+        self.attached = existing is not None
+        if existing is not None:
+            self.actors = existing
+            ray.get([a.info.remote() for a in self.actors])  # they answer: alive
+            log.info("attached to %d existing training actors %s-rank*", self.world_size, name_prefix)
+            return
+        cls = ray.remote(actor_class(config.train.train_backend))
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= self.world_size else 0
+        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        self.actors = []
+        for rank in range(self.world_size):
+            options: dict[str, Any] = dict(num_cpus=0, num_gpus=gpus, max_concurrency=1)
+            if name_prefix:
+                # Detached so a failed Prefect task's worker exiting does not take the ranks with it.
+                options.update(name=f"{name_prefix}-rank{rank}", namespace=NAMESPACE, lifetime="detached")
+            self.actors.append(cls.options(**options).remote(config, rank, self.world_size, threads))
+        port = free_port()
+        ray.get([a.init.remote(model_path, "127.0.0.1", port) for a in self.actors])
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """Run a collective method on every rank; results in rank order."""
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def train(self, batches: list[RankBatch]) -> list[RankTrainResult]:
+        return ray.get([a.train.remote(b) for a, b in zip(self.actors, batches)])
+
+    def stop(self) -> None:
+        """Leave the process group on every rank, then end the actors (no abort at exit)."""
+        try:
+            self.call("shutdown")
+        finally:
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            self.actors = []

@@ -1,0 +1,49 @@
+"""Splitting a rollout across ranks and optimizer steps, and adding the ranks' results back up."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles.backends.base import RankBatch, RankTrainResult
+from miles.rollout.sample import Sample
+
+
+def split_for_ranks(samples: list[Sample], advantages: list[float], global_batch_size: int, world_size: int,
+                    rollout_id: int) -> list[RankBatch]:
+    """Step s trains on samples [s*gbs, (s+1)*gbs); rank k takes the k-th contiguous slice of it."""
+    if len(samples) % global_batch_size:
+        raise ValueError(f"{len(samples)} samples do not split into global batches of {global_batch_size}")
+    per_rank = global_batch_size // world_size
+    steps = len(samples) // global_batch_size
+    batches = []
+    for rank in range(world_size):
+        rows = [s * global_batch_size + rank * per_rank + i for s in range(steps) for i in range(per_rank)]
+        batches.append(RankBatch(
+            tokens=[samples[i].tokens for i in rows],
+            response_lengths=[samples[i].response_length for i in rows],
+            advantages=[advantages[i] for i in rows],
+            rollout_log_probs=[samples[i].rollout_log_probs for i in rows],
+            step_sizes=[per_rank] * steps,
+            global_step_sizes=[global_batch_size] * steps,
+            rollout_id=rollout_id,
+        ))
+    return batches
+
+
+@dataclass
+class TrainSummary:
+    metrics: dict[str, float]  # train/* and the rollout/* log-prob metrics
+    num_tokens: int  # tokens trained on, all ranks
+    log_probs_time: float  # slowest rank
+    ref_log_probs_time: float
+    actor_train_time: float
+
+
+def combine(results: list[RankTrainResult]) -> TrainSummary:
+    """Per-sample means over all ranks; per-step values (grad_norm, lr) averaged over steps."""
+    total = sum(r.num_samples for r in results)
+    keys = sorted({k for r in results for k in r.sums})
+    metrics = {k: sum(r.sums.get(k, 0.0) for r in results) / total for k in keys}
+    for key, values in results[0].step_values.items():
+        metrics[key] = sum(values) / len(values)
+    return TrainSummary(metrics, sum(r.num_tokens for r in results), max(r.log_probs_time for r in results),
+                        max(r.ref_log_probs_time for r in results), max(r.actor_train_time for r in results))

@@ -1,0 +1,158 @@
+"""Atomic, verifiable checkpoints: staged in a hidden directory, sealed by a manifest of checksums, renamed.
+
+Layout: SAVE/iter_0000012/ holds the backend's files (model.safetensors in HF layout,
+optimizer.pt, scheduler.pt, rng_rank*.pt), trainer_state.json and, written last,
+manifest.json (sha256 and size of every other file). A directory is only ever seen
+under its final name complete, and `latest_good` re-hashes before trusting one, so a
+crash mid-write or a corrupted file is reported and the previous good checkpoint used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+STATE = "trainer_state.json"
+PREFIX = "iter_"
+STAGING_PREFIX = ".staging-"
+
+
+@dataclass
+class TrainerState:
+    """What the driver needs to continue: the next rollout comes after `rollout_id`."""
+
+    rollout_id: int
+    weight_version: int
+    data_cursor: dict[str, int]
+    world_size: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Rejected:
+    path: Path
+    reason: str
+
+
+@dataclass
+class CheckpointScan:
+    """The newest checkpoint that verified (or None) and every newer one that did not."""
+
+    path: Path | None
+    state: TrainerState | None
+    rejected: list[Rejected]
+
+
+def checkpoint_name(rollout_id: int) -> str:
+    return f"{PREFIX}{rollout_id:07d}"
+
+
+def staging_dir(save_dir: Path, rollout_id: int) -> Path:
+    path = save_dir / f"{STAGING_PREFIX}{checkpoint_name(rollout_id)}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def seal(staged: Path, save_dir: Path, state: TrainerState, keep: int) -> Path:
+    """Write the state and manifest into `staged`, flush, rename to its final name, prune old ones."""
+    (staged / STATE).write_text(json.dumps(state.__dict__, indent=2, sort_keys=True))
+    files = sorted(p for p in staged.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest = {"format": 1, "rollout_id": state.rollout_id,
+                "files": {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}}
+    for p in files:
+        _fsync_file(p)
+    (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    _fsync_file(staged / MANIFEST)
+    final = save_dir / checkpoint_name(state.rollout_id)
+    if final.exists():  # a retried chunk re-saves the same iteration: replace it whole
+        shutil.rmtree(final)
+    os.rename(staged, final)
+    _fsync_dir(save_dir)
+    prune(save_dir, keep)
+    return final
+
+
+def verify(path: Path) -> str | None:
+    """None when the checkpoint is complete and intact, else why not."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return "no manifest.json (half-written)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        return f"unreadable manifest.json: {exc}"
+    if STATE not in files:
+        return f"manifest does not list {STATE}"
+    for name, meta in files.items():
+        p = path / name
+        if not p.is_file():
+            return f"missing file {name}"
+        if p.stat().st_size != meta["bytes"]:
+            return f"{name} has {p.stat().st_size} bytes, manifest says {meta['bytes']}"
+        if _sha256(p) != meta["sha256"]:
+            return f"{name} checksum mismatch"
+    return None
+
+
+def read_state(path: Path) -> TrainerState:
+    return TrainerState(**json.loads((path / STATE).read_text()))
+
+
+def candidates(save_dir: Path) -> list[Path]:
+    """Checkpoint directories, newest first (staging directories are never candidates)."""
+    if not save_dir.is_dir():
+        return []
+    found = [p for p in save_dir.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+             and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
+
+
+def latest_good(save_dir: Path) -> CheckpointScan:
+    rejected = []
+    for path in candidates(save_dir):
+        reason = verify(path)
+        if reason is None:
+            return CheckpointScan(path, read_state(path), rejected)
+        log.warning("checkpoint %s is not usable (%s); trying an older one", path, reason)
+        rejected.append(Rejected(path, reason))
+    return CheckpointScan(None, None, rejected)
+
+
+def prune(save_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` good checkpoints; drop older ones and stale staging directories."""
+    good = [p for p in candidates(save_dir) if (p / MANIFEST).is_file()]
+    for old in good[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in save_dir.glob(f"{STAGING_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)

@@ -1,0 +1,75 @@
+"""Prompt data: a JSONL file read into records and handed out in seeded, resumable batches.
+
+The cursor (epoch, offset) is all the state there is, so a checkpoint that stores it
+hands out exactly the same prompts after a resume as an uninterrupted run would.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt: str
+    label: str | None
+
+
+def read_prompts(path: str | Path, input_key: str, label_key: str, flag: str = "--prompt-data") -> list[Prompt]:
+    """Every line of a JSONL file as a Prompt; a missing key or bad line names the file and line."""
+    from miles.config import ConfigError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(flag, f"file does not exist: {path}")
+    prompts = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(flag, f"{path}:{lineno} is not JSON: {exc}") from None
+        if input_key not in record:
+            raise ConfigError("--input-key", f"{path}:{lineno} has no key {input_key!r} (keys: {sorted(record)})")
+        label = record.get(label_key)
+        prompts.append(Prompt(str(record[input_key]), None if label is None else str(label)))
+    if not prompts:
+        raise ConfigError(flag, f"{path} holds no prompts")
+    return prompts
+
+
+class DataSource:
+    """Hands out prompts in a fresh seeded order each epoch; state_dict() is the cursor."""
+
+    def __init__(self, prompts: list[Prompt], seed: int, shuffle: bool = True):
+        self.prompts = prompts
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.offset = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(self.seed * 100_003 + epoch).shuffle(order)
+        return order
+
+    def next_batch(self, size: int) -> list[Prompt]:
+        batch = []
+        while len(batch) < size:
+            order = self._order(self.epoch)
+            take = order[self.offset: self.offset + size - len(batch)]
+            batch += [self.prompts[i] for i in take]
+            self.offset += len(take)
+            if self.offset >= len(order):
+                self.epoch, self.offset = self.epoch + 1, 0
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

@@ -1,0 +1,61 @@
+"""Evaluation: sample each eval prompt `--n-samples-per-eval-prompt` times; mean reward, pass@k."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles.rollout.data import Prompt, read_prompts
+from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.metrics import pass_rates
+from miles.rollout.rewards import RewardModel
+from miles.rollout.sample import Sample
+
+DEFAULT_EVAL_NAME = "arithmetic"
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    name: str
+    prompts: list[Prompt]
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]  # eval/<name>, eval/<name>-pass@k, ...
+    samples: dict[str, list[Sample]]
+
+
+def load_eval_sets(rollout_config, default_path: Path | None) -> list[EvalSet]:
+    """NAME PATH pairs of --eval-prompt-data, else the default arithmetic eval set."""
+    pairs = list(zip(rollout_config.eval_prompt_data[0::2], rollout_config.eval_prompt_data[1::2]))
+    if not pairs and default_path is not None:
+        pairs = [(DEFAULT_EVAL_NAME, str(default_path))]
+    sets = []
+    for name, path in pairs:
+        prompts = read_prompts(path, rollout_config.input_key, rollout_config.label_key, "--eval-prompt-data")
+        sets.append(EvalSet(name, prompts[: rollout_config.eval_max_prompts]))
+    return sets
+
+
+def evaluate(url: str, eval_sets: list[EvalSet], tokenizer, reward: RewardModel, rollout_config, *, seed: int,
+             step: int) -> EvalResult:
+    """Eval metrics of the weights the engines serve now. Seeds do not depend on `step`, so
+    evals at different steps differ only by the policy, not by the draw."""
+    cfg = rollout_config
+    params = SamplingParams(cfg.eval_temperature, cfg.rollout_top_p, cfg.rollout_top_k, cfg.rollout_max_response_len)
+    metrics, kept = {}, {}
+    for eval_set in eval_sets:
+        samples = generate_groups(url, eval_set.prompts, cfg.n_samples_per_eval_prompt, tokenizer, params,
+                                  seed=seed, stream=f"eval-{eval_set.name}", rollout_id=0,
+                                  concurrency=cfg.sglang_server_concurrency,
+                                  apply_chat_template=cfg.apply_chat_template)
+        reward.score(samples)
+        n, name = len(samples), eval_set.name
+        metrics[f"eval/{name}"] = sum(s.reward for s in samples) / n
+        metrics[f"eval/{name}-truncated_ratio"] = sum(s.truncated for s in samples) / n
+        metrics[f"eval/{name}/response_len/mean"] = sum(s.response_length for s in samples) / n
+        for key, value in pass_rates(samples, cfg.n_samples_per_eval_prompt).items():
+            metrics[f"eval/{name}-{key}"] = value
+        kept[name] = samples
+    metrics["eval/step"] = float(step)
+    return EvalResult(metrics, kept)

@@ -1,0 +1,53 @@
+"""The inference side of a plain run: `--rollout-num-engines` embedded engines and the router in front."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+@dataclass
+class Services:
+    rollout_url: str  # where /generate goes: the router, or the only engine
+    engine_urls: list[str]
+    _stops: list[Callable[[], Any]] = field(default_factory=list, repr=False)
+
+    def stop(self) -> None:
+        """Stop the router first (no traffic), then every engine; report the first failure."""
+        errors = []
+        for stop in reversed(self._stops):
+            try:
+                stop()
+            except Exception as exc:  # keep stopping the rest; re-raised below
+                errors.append(exc)
+        self._stops.clear()
+        if errors:
+            raise errors[0]
+
+
+def start_services(config, run_dir: Path, model_dir: Path | None = None, use_router: bool = True) -> Services:
+    """Launch the engines on the base model (or `model_dir`), then the router when there are several
+    or `use_router`; everything binds to loopback."""
+    from miles.engines.launch import launch_engine
+    from miles.trainer import resolve_paths
+
+    model_dir = model_dir or resolve_paths(config)[0]
+    services = Services(rollout_url="", engine_urls=[])
+    e = config.engine
+    try:
+        for _ in range(config.rollout.rollout_num_engines):
+            handle = launch_engine(model_dir, host="127.0.0.1", engine=e.engine, device=e.engine_device,
+                                   config=e)
+            services._stops.append(handle.stop)
+            services.engine_urls.append(handle.url)
+        services.rollout_url = services.engine_urls[0]
+        if use_router:
+            from miles.router import start_router
+
+            router = start_router(config.router, host="127.0.0.1", worker_urls=services.engine_urls)
+            services._stops.append(router.stop)
+            services.rollout_url = router.url
+    except BaseException:
+        services.stop()
+        raise
+    return services

@@ -1,0 +1,82 @@
+"""`python -m miles.train [flags]`: the whole GRPO loop in one process, no Prefect (Miles' train.py).
+
+With no flags it trains the tiny CPU policy on the arithmetic task: engines and router
+start on loopback, the FSDP ranks run as Ray actors, and RUN_DIR gets checkpoints and
+metrics.jsonl. The Prefect flow runs the same `RLTrainer` in retryable chunks instead.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miles.config import MilesConfig, parse_config
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    first_rollout_id: int  # 0 for a fresh run, later when resumed
+    last_rollout_id: int
+    checkpoint: Path | None
+    base_eval: dict[str, float] = field(default_factory=dict)  # eval of the starting weights (fresh runs)
+    final_metrics: dict[str, float] = field(default_factory=dict)  # the last iteration's row
+    seconds: float = 0.0
+
+
+def default_run_dir(config: MilesConfig) -> Path:
+    return Path(config.train.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+
+
+def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
+    from miles.services import start_services
+    from miles.trainer import RLTrainer
+
+    start = time.time()
+    run_dir = default_run_dir(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    services = start_services(config, run_dir, use_router=use_router)
+    trainer = None
+    try:
+        trainer = RLTrainer(config, run_dir, services.rollout_url, services.engine_urls)
+        first = trainer.resume()
+        base_eval = {}
+        if first == 0 and trainer.eval_sets:
+            base_eval = trainer.evaluate(-1).metrics
+            print("[trainer] base eval " + " ".join(f"{k}={v:.3f}" for k, v in base_eval.items()), flush=True)
+        result, saved = None, None
+        for rollout_id in range(first, config.rollout.num_rollout):
+            result = trainer.run_iteration(rollout_id)
+            interval = config.train.save_interval
+            if (interval and (rollout_id + 1) % interval == 0) or rollout_id == config.rollout.num_rollout - 1:
+                saved = trainer.save_checkpoint(rollout_id)
+        return RunSummary(run_dir, first, config.rollout.num_rollout - 1, saved, base_eval,
+                          result.metrics if result else {}, time.time() - start)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        services.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(argv, prog="python -m miles.train")
+    summary = train(config)
+    final = summary.final_metrics
+    evals = {k: v for k, v in final.items() if k.startswith("eval/") and k != "eval/step"}
+    print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"
+          f", checkpoint {summary.checkpoint}", flush=True)
+    for key, value in evals.items():
+        base = summary.base_eval.get(key)
+        print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    from miles.config import ConfigError
+
+    try:
+        sys.exit(main())
+    except ConfigError as exc:
+        print(f"python -m miles.train: error: {exc}", file=sys.stderr)
+        sys.exit(2)
