@@ -1,0 +1,83 @@
+"""Finish a run: close the trainer (trackers finish, report written) and publish the artifacts."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+from miles.config import MilesConfig
+from tasks.logs import library_logs_to_prefect
+from tasks.training import Services, open_trainer
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What a finished run leaves behind and where to look at it."""
+
+    run_dir: str
+    iterations: int
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    red_flags: list[str] = field(default_factory=list)
+
+
+def read_journal(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def mlflow_link(config: MilesConfig, run_dir: Path) -> str | None:
+    """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store."""
+    tracking = config.tracking
+    if not tracking.use_mlflow:
+        return None
+    import mlflow
+
+    uri = tracking.mlflow_tracking_uri or f"sqlite:///{run_dir / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(tracking.mlflow_experiment_name)
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=50)
+    mine = [r for r in runs if r.info.run_name in (tracking.mlflow_run_name, run_dir.name)] or runs[:1]
+    if not mine:
+        return None
+    base = uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{mine[0].info.run_id}"
+
+
+def trace_dir(config: MilesConfig, run_dir: Path) -> Path:
+    return Path(config.tracking.tensorboard_dir or run_dir / "tensorboard")
+
+
+def red_flags_markdown(flags: list[str]) -> str:
+    if not flags:
+        return "## Health\n\nNo red flags."
+    return "## Health: red flags\n\n" + "\n".join(f"- {flag}" for flag in flags)
+
+
+@task(name="finish_run", log_prints=True)
+def finish_run(config: MilesConfig, run_dir: str, services: Services) -> RunReport:
+    """Tracker finish and report through the trainer, then the table, link and health artifacts."""
+    path = Path(run_dir)
+    with library_logs_to_prefect():
+        trainer = open_trainer(config, run_dir, services)
+        trainer.close()
+    journal = read_journal(path)
+    final = {k: v for k, v in (journal[-1] if journal else {}).items() if isinstance(v, (int, float))}
+    create_table_artifact(key="grpo-final-metrics", table=[{"metric": k, "value": v} for k, v in sorted(final.items())],
+                          description=f"final metrics of {run_dir}")
+    links = {}
+    if (mlflow_url := mlflow_link(config, path)) is not None:
+        links["mlflow-run"] = mlflow_url
+    traces = trace_dir(config, path)
+    if traces.exists():
+        links["traces"] = traces.resolve().as_uri()
+    for key, url in links.items():
+        create_link_artifact(key=f"grpo-{key}", link=url, description=f"{key} of {run_dir}")
+    red_flags: list[str] = []  # filled by the health watch when it lands
+    create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(red_flags), description="health red flags")
+    return RunReport(run_dir=run_dir, iterations=len(journal), final_metrics=final, links=links, red_flags=red_flags)

@@ -1,0 +1,78 @@
+"""Training tasks: a chunk of rollout iterations (resume, run, checkpoint) and the profiling window."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from uuid import UUID
+
+from prefect import task
+from prefect.artifacts import update_progress_artifact
+
+from miles.config import MilesConfig
+from tasks.chunks import Chunk
+from tasks.faults import maybe_fire
+from tasks.logs import library_logs_to_prefect
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the training chunks talk to, and the name prefix of the run's Ray actors."""
+
+    prefix: str
+    router_url: str
+    engine_urls: list[str] = field(default_factory=list)
+
+    @property
+    def trainer_prefix(self) -> str:
+        return f"{self.prefix}-train"
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """A finished chunk: where it resumed, what it ran, and the last iteration's metrics."""
+
+    first: int
+    stop: int
+    resumed_at: int
+    iterations_run: int
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def open_trainer(config: MilesConfig, run_dir: str, services: Services):
+    from miles.trainer import RLTrainer
+
+    return RLTrainer(config, Path(run_dir), rollout_url=services.router_url, engine_urls=services.engine_urls,
+                     actor_name_prefix=services.trainer_prefix)
+
+
+def run_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Services,
+              progress_id: UUID | None) -> ChunkResult:
+    """Resume from the latest checkpoint, run the chunk's remaining rollouts, checkpoint at its end."""
+    with library_logs_to_prefect():
+        trainer = open_trainer(config, run_dir, services)
+        resumed_at = trainer.resume()
+        todo = range(max(resumed_at, chunk.first), chunk.stop)
+        metrics: dict[str, float] = {}
+        for rollout_id in todo:
+            maybe_fire(config.orchestration.inject_fault, rollout_id, Path(run_dir))
+            metrics = dict(trainer.run_iteration(rollout_id).metrics)
+            if progress_id is not None:
+                update_progress_artifact(progress_id, 100.0 * (rollout_id + 1) / config.rollout.num_rollout)
+        if todo:
+            trainer.save_checkpoint(chunk.stop - 1)
+        return ChunkResult(chunk.first, chunk.stop, resumed_at, len(todo), metrics)
+
+
+@task(name="train_chunk", task_run_name="train_chunk[{chunk.first}-{chunk.stop}]", log_prints=True)
+def train_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Services,
+                progress_id: UUID | None = None) -> ChunkResult:
+    """Rollouts chunk.first .. chunk.stop-1; a retry resumes from the chunk's last checkpoint."""
+    return run_chunk(config, run_dir, chunk, services, progress_id)
+
+
+@task(name="profile_window", task_run_name="profile_window[{chunk.first}-{chunk.stop}]", log_prints=True)
+def profile_window(config: MilesConfig, run_dir: str, chunk: Chunk, services: Services,
+                   progress_id: UUID | None = None) -> ChunkResult:
+    """Exactly the profiled rollouts (--profile-step-start .. --profile-step-end), as their own task:
+    the trainer opens the profiler for these ids; the task keeps the window visible and retryable."""
+    return run_chunk(config, run_dir, chunk, services, progress_id)
