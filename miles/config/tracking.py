@@ -31,3 +31,7 @@ class TrackingConfig:
         None, "dotted path of fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool")
     custom_eval_rollout_log_function_path: str | None = flag(
         None, "dotted path of fn(rollout_id, args, data, extra_metrics) -> bool")
+    tracking_retry_interval: float = flag(2.0, "seconds between retries of a failed tracker (its points stay spooled)",
+                                          minimum=0.05)
+    tracking_close_timeout: float = flag(30.0, "seconds the end of a run waits for a failed tracker to come back "
+                                               "before leaving its points to `miles replay-spool`", minimum=0.0)

@@ -32,7 +32,16 @@ class RunTracker(Protocol):
         """Everything recorded up to and including `rollout_id` is checkpointed: deliver it."""
 
     def close(self) -> None:
-        """Flush, finish tracker runs, write the run report."""
+        """Write the run report, deliver what is committed, upload artifacts, finish tracker runs
+        (uncommitted iterations are not delivered: they will be redone on resume)."""
+
+
+def validate_tracking_config(config: Any) -> None:
+    """Fail before any work on what tracking can check up front (custom logger paths and
+    signatures); raises ConfigError naming the flag."""
+    from miles.tracking.hooks import validate_tracking_config as validate
+
+    validate(config)
 
 
 def open_tracking(config: Any, run_dir: Path) -> RunTracker:

@@ -1,0 +1,64 @@
+"""The run report: one PNG of the "What to watch" signals, with the page's red-flag lines."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles.tracking.journal import JournalLine
+from miles.tracking.names import step_key
+
+REPORT_NAME = "report.png"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    keys: tuple[str, ...]
+    hline: float | None = None  # a threshold from the "What to watch" table
+    hline_label: str = ""
+
+
+def panels(clip_grad: float) -> list[Panel]:
+    return [
+        Panel("loss", ("train/loss",)),
+        Panel("raw_reward", ("rollout/raw_reward",)),
+        Panel("kl_loss (--use-kl-loss)", ("train/kl_loss",)),
+        Panel("train_rollout_logprob_abs_diff", ("train/train_rollout_logprob_abs_diff",)),
+        Panel("entropy_loss", ("train/entropy_loss",)),
+        Panel("grad_norm", ("train/grad_norm",), clip_grad, f"clip_grad={clip_grad:g}"),
+        Panel("rollout_time vs train_time (s)", ("perf/rollout_time", "perf/train_time")),
+        Panel("pg_clipfrac", ("train/pg_clipfrac",), 0.2, "0.2 (healthy below)"),
+    ]
+
+
+def series(lines: list[JournalLine], key: str) -> tuple[list[float], list[float]]:
+    points = [(ln.metrics.get(step_key(key), ln.rollout_id), ln.metrics[key]) for ln in lines if key in ln.metrics]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def write_report(lines: list[JournalLine], path: Path, clip_grad: float = 1.0, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; also safe off the main thread
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(16, 8), constrained_layout=True)
+    axes = fig.subplots(2, 4).flatten()
+    for ax, panel in zip(axes, panels(clip_grad)):
+        ax.set_title(panel.title, fontsize=10)
+        plotted = False
+        for key in panel.keys:
+            xs, ys = series(lines, key)
+            if xs:
+                ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=key)
+                ax.set_xlabel(step_key(key))
+                plotted = True
+        if not plotted:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+            continue
+        if panel.hline is not None:
+            ax.axhline(panel.hline, color="red", linestyle="--", linewidth=1, label=panel.hline_label)
+        ax.legend(fontsize=7)
+    fig.suptitle(title or "What to watch")
+    fig.savefig(path, dpi=80)
+    return path

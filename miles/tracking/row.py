@@ -1,0 +1,27 @@
+"""The per-iteration stdout row, in the three-line shape of the Miles page."""
+from __future__ import annotations
+
+PREFIX = "[trainer] "
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def _secs(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}s"
+
+
+def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], show_kl: bool) -> str:
+    """`[trainer] iter 12/3000 | loss=0.412 reward=0.61 kl=0.018` then the timing and
+    optimiser lines, their `|` under the first one; a missing metric prints as n/a."""
+    get = metrics.get
+    head = f"{PREFIX}iter {rollout_id}/{num_rollout} "
+    first = f"loss={_num(get('train/loss'), '.3f')} reward={_num(get('rollout/raw_reward'), '.2f')}"
+    if show_kl:
+        first += f" kl={_num(get('train/kl_loss'), '.3f')}"
+    second = (f"rollout={_secs(get('perf/rollout_time'))} train={_secs(get('perf/train_time'))} "
+              f"p2p={_secs(get('perf/update_weights_time'))}  (total {_secs(get('perf/step_time'))})")
+    third = f"grad_norm={_num(get('train/grad_norm'), '.2f')} lr={_num(get('train/lr'), '.1e')}"
+    pad = " " * len(head)
+    return f"{head}| {first}\n{pad}| {second}\n{pad}| {third}"

@@ -1,0 +1,94 @@
+"""The sink protocol every tracker backend implements, the null sink, and the factory.
+
+A sink knows how to put journal lines into one tracker; it does not know about commit
+points, retries or spooling (the delivery worker owns those). A `SinkSpec` is plain JSON
+so `miles replay-spool` can rebuild the same sink later from `RUN_DIR/tracking/state.json`.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from miles.tracking.journal import JournalLine
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Consecutive committed journal lines; `samples` maps a line's position in `lines` to the
+    sample-generation table of its rollout (attached to the rollout's first line)."""
+
+    lines: list[JournalLine]
+    samples: dict[int, Path] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    kind: str  # "wandb" | "mlflow" | "tensorboard"
+    options: dict[str, Any]  # JSON-safe, secret-free constructor options (run ids included once known)
+
+
+class Sink(Protocol):
+    name: str
+
+    def open(self) -> None:
+        """Start the tracker run, or reattach the one named in the spec."""
+
+    def spec(self) -> SinkSpec:
+        """How to rebuild this sink (after `open`, with its run id)."""
+
+    def durable_cursor(self, recorded: int) -> int:
+        """How many journal lines the tracker really holds, given the `recorded` cursor
+        (a sink that can count its own store corrects a cursor a crash left behind)."""
+
+    def deliver(self, delivery: Delivery) -> None:
+        """Write the lines; raise on failure (the worker keeps them for a retry)."""
+
+    def upload(self, files: list[Path]) -> None:
+        """Store run artifacts (files or directories)."""
+
+    def close(self) -> None:
+        """Finish the tracker run."""
+
+
+class NullSink:
+    """Stands in for a tracker that is off."""
+
+    name = "null"
+
+    def open(self) -> None:
+        pass
+
+    def spec(self) -> SinkSpec:
+        return SinkSpec("null", {})
+
+    def durable_cursor(self, recorded: int) -> int:
+        return recorded
+
+    def deliver(self, delivery: Delivery) -> None:
+        pass
+
+    def upload(self, files: list[Path]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# kind -> "module:Class"; imported only when used, so a run without MLflow never imports it
+SINK_CLASSES = {
+    "wandb": "miles.tracking.sinks.wandb_sink:WandbSink",
+    "mlflow": "miles.tracking.sinks.mlflow_sink:MlflowSink",
+    "tensorboard": "miles.tracking.sinks.tensorboard_sink:TensorBoardSink",
+    "null": "miles.tracking.sinks.base:NullSink",
+}
+
+
+def build_sink(spec: SinkSpec, params: dict[str, Any]) -> Sink:
+    """The sink a spec describes; `params` is the public (redacted) flat config."""
+    if spec.kind not in SINK_CLASSES:
+        raise ValueError(f"unknown tracker kind {spec.kind!r}; known: {', '.join(SINK_CLASSES)}")
+    module, cls = SINK_CLASSES[spec.kind].split(":")
+    sink_cls = getattr(importlib.import_module(module), cls)
+    return sink_cls() if spec.kind == "null" else sink_cls(params=params, **spec.options)

@@ -1,0 +1,89 @@
+"""MLflow as a sink: one run in an experiment, the public config as params, metrics per step axis.
+
+Every point carries the journal line's own timestamp, so a line delivered twice (after a
+crash between delivery and cursor save) is the same (key, step, timestamp, value) and
+MLflow's SQL store drops the duplicate instead of doubling the point.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from miles.tracking.names import step_of
+from miles.tracking.sinks.base import Delivery, SinkSpec
+
+# a dead tracking server must fail a call in seconds, not block the delivery worker in
+# MLflow's default minutes of retries; the worker does its own retrying
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+
+MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
+MAX_PARAMS_PER_BATCH = 100
+MAX_PARAM_LEN = 6000
+
+
+def default_tracking_uri(run_dir: Path) -> str:
+    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+
+
+class MlflowSink:
+    name = "mlflow"
+
+    def __init__(self, params: dict[str, Any], tracking_uri: str, experiment: str, run_id: str | None = None,
+                 run_name: str | None = None, artifact_dir: str | None = None):
+        self.params, self.tracking_uri, self.experiment = params, tracking_uri, experiment
+        self.run_id, self.run_name, self.artifact_dir = run_id, run_name, artifact_dir
+        self.client = None
+
+    def spec(self) -> SinkSpec:
+        return SinkSpec("mlflow", dict(tracking_uri=self.tracking_uri, experiment=self.experiment,
+                                       run_id=self.run_id, run_name=self.run_name, artifact_dir=self.artifact_dir))
+
+    def open(self) -> None:
+        from mlflow.entities import Param, RunStatus
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        if self.run_id is not None:
+            run = self.client.get_run(self.run_id)  # raises if the id is unknown to this server
+            if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
+                self.client.update_run(self.run_id, status="RUNNING")
+            return
+        experiment = self.client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            # a file-backed store keeps artifacts in the run dir, not ./mlruns of whatever cwd
+            location = Path(self.artifact_dir).resolve().as_uri() if self.artifact_dir else None
+            experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
+        else:
+            experiment_id = experiment.experiment_id
+        run = self.client.create_run(experiment_id, run_name=self.run_name)
+        params = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in sorted(self.params.items())]
+        for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(run.info.run_id, params=params[i:i + MAX_PARAMS_PER_BATCH])
+        self.run_id = run.info.run_id
+
+    def durable_cursor(self, recorded: int) -> int:
+        return recorded  # redelivery is harmless (see the module docstring)
+
+    def deliver(self, delivery: Delivery) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [Metric(key, value, int(line.time * 1000), step_of(key, line.metrics, line.rollout_id))
+                   for line in delivery.lines for key, value in line.metrics.items()]
+        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+        for path in delivery.samples.values():
+            self.client.log_artifact(self.run_id, str(path), "samples")
+
+    def upload(self, files: list[Path]) -> None:
+        for path in files:
+            if path.is_dir():
+                self.client.log_artifacts(self.run_id, str(path), path.name)
+            elif path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+
+    def close(self) -> None:
+        if self.client is not None and self.run_id is not None:
+            self.client.set_terminated(self.run_id)

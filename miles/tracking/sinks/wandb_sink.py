@@ -1,0 +1,105 @@
+"""wandb as a sink: offline unless an API key is available, `define_metric` step axes per namespace.
+
+The key is read from `WANDB_API_KEY` (or `--wandb-key`, handed to wandb's settings and
+never to its config). wandb's own metadata capture (argv, environment, git, code) is
+off, since argv may carry `--wandb-key`.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+from miles.tracking.names import STEP_KEYS
+from miles.tracking.sinks.base import Delivery, SinkSpec
+from miles.tracking.wandb_files import offline_history_rows
+
+# the .wandb file is flushed this often; a crash loses at most this much, which
+# `durable_cursor` then finds missing and redelivers
+FLUSH_INTERVAL_S = 1.0
+AXES = {"train/*": "train/step", "rollout/*": "rollout/step", "perf/*": "rollout/step",
+        "multi_turn/*": "rollout/step", "passrate/*": "rollout/step", "eval/*": "eval/step"}
+SAMPLES_KEY = "rollout/samples"
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(4)  # wandb run ids are short [a-z0-9] strings
+
+
+def resolve_mode(mode: str | None, api_key: str | None) -> str:
+    if mode:
+        return mode
+    return "online" if api_key or os.environ.get("WANDB_API_KEY") else "offline"
+
+
+class WandbSink:
+    name = "wandb"
+
+    def __init__(self, params: dict[str, Any], run_id: str, directory: str, mode: str, project: str,
+                 group: str | None = None, entity: str | None = None, run_name: str | None = None,
+                 api_key: str | None = None):
+        self.params, self.run_id, self.directory, self.mode = params, run_id, directory, mode
+        self.project, self.group, self.entity, self.run_name = project, group, entity, run_name
+        self.api_key = api_key  # not in spec(): a replay reads WANDB_API_KEY instead
+        self.run = None
+
+    def spec(self) -> SinkSpec:
+        return SinkSpec("wandb", dict(run_id=self.run_id, directory=self.directory, mode=self.mode,
+                                      project=self.project, group=self.group, entity=self.entity,
+                                      run_name=self.run_name))
+
+    def open(self) -> None:
+        import wandb
+
+        Path(self.directory).mkdir(parents=True, exist_ok=True)
+        settings = wandb.Settings(console="off", silent=True, x_disable_meta=True, disable_git=True,
+                                  save_code=False, x_disable_stats=True,
+                                  x_transaction_log_flush_interval=FLUSH_INTERVAL_S,
+                                  **({"api_key": self.api_key} if self.api_key else {}))
+        self.run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=self.run_name,
+                              id=self.run_id, resume="allow", mode=self.mode, dir=self.directory,
+                              config=self.params, settings=settings, reinit="create_new")
+        for key in STEP_KEYS:
+            self.run.define_metric(key)
+        for pattern, axis in AXES.items():
+            self.run.define_metric(pattern, step_metric=axis)
+
+    def durable_cursor(self, recorded: int) -> int:
+        if self.mode != "offline":
+            return recorded
+        # offline files are the store: one history row per journal line, in journal order
+        return offline_history_rows(Path(self.directory), self.run_id)
+
+    def deliver(self, delivery: Delivery) -> None:
+        for i, line in enumerate(delivery.lines):
+            row: dict[str, Any] = dict(line.metrics)
+            if i in delivery.samples:
+                row[SAMPLES_KEY] = self._table(delivery.samples[i])
+            self.run.log(row)
+
+    def _table(self, path: Path):
+        import json
+
+        import wandb
+
+        rows = [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
+        columns = ["rollout_id", "prompt", "response", "label", "reward", "raw_reward", "response_length", "status"]
+        return wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+
+    def upload(self, files: list[Path]) -> None:
+        # copied into the run's files dir, which wandb syncs at finish (run.save would symlink
+        # and warn, and a symlink to a file still being written is not an artifact)
+        for path in files:
+            target = Path(self.run.dir) / path.name
+            if path.is_dir():
+                shutil.copytree(path, target, dirs_exist_ok=True)
+            elif path.is_file():
+                shutil.copy2(path, target)
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
