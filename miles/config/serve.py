@@ -16,6 +16,10 @@ class EngineServeConfig:
                              existing_path=True)
     host: str = flag("127.0.0.1", "address to bind (loopback by default)")
     port: int = flag(30000, "port to bind", minimum=0, maximum=65535)
+    weight_version: str = flag("default", "weight version the engine reports until the first weight update "
+                                          "(SGLang's --weight-version)")
+    log_level: str = flag("warning", "log level of the engine's HTTP server",
+                          choices=("critical", "error", "warning", "info", "debug"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,85 @@
+"""Read new weights (a checkpoint directory or safetensors bytes) and check they fit the served model.
+
+Checking happens before anything is copied, so a bad update leaves the served weights
+untouched; the scheduler then swaps the checked tensors in between two batches.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import load_file
+
+# Config keys that must agree for two checkpoints to be the same architecture.
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "vocab_size", "intermediate_size")
+
+
+class WeightUpdateError(ValueError):
+    """A weight update the engine refuses; the message says which path, tensor or shape is wrong."""
+
+
+def read_checkpoint_dir(model_dir: str | Path, served_config) -> dict[str, torch.Tensor]:
+    """All tensors of an HF safetensors checkpoint, after checking its config.json matches the served one."""
+    path = Path(model_dir).expanduser()
+    if not path.is_dir():
+        raise WeightUpdateError(f"model_path does not exist or is not a directory: {model_dir}")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise WeightUpdateError(f"{model_dir} has no config.json; it is not a Hugging Face checkpoint directory")
+    new = json.loads(config_path.read_text())
+    served = served_config.to_dict()
+    if new.get("architectures") != served.get("architectures"):
+        raise WeightUpdateError(f"{model_dir} is a {new.get('architectures')} checkpoint; the engine serves "
+                                f"{served.get('architectures')}")
+    for key in SHAPE_KEYS:
+        if key in served and new.get(key) != served[key]:
+            raise WeightUpdateError(f"{model_dir}: config {key}={new.get(key)!r} does not match the served "
+                                    f"model's {served[key]!r}")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise WeightUpdateError(f"{model_dir} holds no *.safetensors weight files")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(f))
+    return tensors
+
+
+def read_safetensors_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    if not data:
+        raise WeightUpdateError("the request body is empty; send the named tensors serialized with safetensors")
+    try:
+        return load_safetensors_bytes(data)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise WeightUpdateError(f"the request body is not a safetensors blob: {exc}") from None
+
+
+def check_tensors(named: dict[str, torch.Tensor], model: torch.nn.Module, require_all: bool) -> None:
+    """Every name must be a parameter of `model` with the same shape; with `require_all`, every
+    parameter must be given (under any of its tied names)."""
+    live = model.state_dict()
+    for name, tensor in named.items():
+        if name not in live:
+            raise WeightUpdateError(f"tensor {name!r} is not a parameter of the served model")
+        if tuple(tensor.shape) != tuple(live[name].shape):
+            raise WeightUpdateError(f"tensor {name!r} has shape {tuple(tensor.shape)}; the served model's is "
+                                    f"{tuple(live[name].shape)}")
+        if not (tensor.is_floating_point() or tensor.dtype == live[name].dtype):
+            raise WeightUpdateError(f"tensor {name!r} has dtype {tensor.dtype}; expected floating point")
+    if require_all:
+        missing = [names[0] for names in _tied_groups(model) if not any(n in named for n in names)]
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise WeightUpdateError(f"the checkpoint lacks {len(missing)} parameter(s) of the served model: {shown}")
+
+
+def _tied_groups(model: torch.nn.Module) -> list[list[str]]:
+    """Parameter names grouped by the tensor they share (tied embeddings are one group)."""
+    groups: dict[int, list[str]] = defaultdict(list)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups[id(param)].append(name)
+    return list(groups.values())

@@ -1,0 +1,68 @@
+"""`miles engine`: serve a checkpoint over SGLang's HTTP API with the embedded engine, or start real SGLang.
+
+    miles engine --model DIR --host 127.0.0.1 --port 30000 [--engine-max-batch-size 64]
+    miles engine --engine sglang --model DIR --sglang-tp-size 2      # needs a GPU and the [gpu] extra
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from miles.config import ConfigError, EngineConfig, EngineServeConfig, parse_sections
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse_sections([EngineServeConfig, EngineConfig], argv, prog="miles engine",
+                            description=__doc__.strip().splitlines()[0])
+    serve, engine = parsed[EngineServeConfig], parsed[EngineConfig]
+    if engine.engine == "sglang":
+        return _run_sglang(serve, engine)
+    return _run_embedded(serve, engine)
+
+
+def _model_dir(serve: EngineServeConfig) -> str:
+    if serve.model:
+        return serve.model
+    from miles.tiny.warmstart import ensure_base_model
+
+    return str(ensure_base_model(progress=False))
+
+
+def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
+    from miles.engines import sglang_launcher
+
+    if serve.model is None:
+        raise ConfigError("--model", "--engine sglang needs --model (an HF checkpoint directory or hub id)")
+    try:
+        sglang_launcher.check_available()
+    except sglang_launcher.SGLangUnavailable as exc:
+        print(f"miles engine: error: {exc}", file=sys.stderr)
+        return 2
+    command = sglang_launcher.build_command(serve.model, serve.host, serve.port, engine, serve.weight_version)
+    print(f"miles engine: starting {command}", file=sys.stderr, flush=True)
+    sglang_launcher.exec_sglang(command)
+    return 0  # not reached: exec replaced the process
+
+
+def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
+    import uvicorn
+
+    from miles.engines.model_runner import ModelRunner
+    from miles.engines.server import EngineServer
+
+    logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model_dir = _model_dir(serve)
+    runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length)
+    server = EngineServer(runner, engine, weight_version=serve.weight_version)
+    print(f"miles engine: serving {model_dir} on http://{serve.host}:{serve.port} ({runner.device}, "
+          f"max batch {engine.engine_max_batch_size})", file=sys.stderr, flush=True)
+    uvicorn.run(server.app, host=serve.host, port=serve.port, log_level=serve.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ConfigError as exc:
+        print(f"miles engine: error: {exc}", file=sys.stderr)
+        sys.exit(2)

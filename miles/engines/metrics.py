@@ -1,0 +1,62 @@
+"""The engine's Prometheus metrics, named as SGLang names them, in a registry owned by one server.
+
+A per-server registry (not the process-global one) lets several engines live in one
+process (tests) without their counters adding up.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TOKEN_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class EngineMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+
+        def gauge(name: str, text: str) -> Gauge:
+            return Gauge(name, text, labels, registry=self.registry).labels(model_name)
+
+        def counter(name: str, text: str) -> Counter:
+            # prometheus_client appends `_total` to counter names when exposing them.
+            return Counter(name, text, labels, registry=self.registry).labels(model_name)
+
+        def histogram(name: str, text: str, buckets) -> Histogram:
+            return Histogram(name, text, labels, buckets=buckets, registry=self.registry).labels(model_name)
+
+        self.num_running_reqs = gauge("sglang:num_running_reqs", "The number of running requests.")
+        self.num_queue_reqs = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s) of the last batch.")
+        self.prompt_tokens = counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("sglang:generation_tokens", "Number of generation tokens processed.")
+        self.num_requests = counter("sglang:num_requests", "Number of requests processed.")
+        self.num_aborted_requests = counter("sglang:num_aborted_requests", "Number of requests aborted.")
+        self.e2e_request_latency = histogram("sglang:e2e_request_latency_seconds",
+                                             "Histogram of End-to-end request latency in seconds", LATENCY_BUCKETS)
+        self.time_to_first_token = histogram("sglang:time_to_first_token_seconds",
+                                             "Histogram of time to first token in seconds.", LATENCY_BUCKETS)
+        self.time_per_output_token = histogram("sglang:time_per_output_token_seconds",
+                                               "Histogram of time per output token in seconds.",
+                                               TOKEN_LATENCY_BUCKETS)
+        # Not an SGLang metric: how many requests each batch decoded together (the batching evidence).
+        self.batch_size = histogram("sglang:batch_size", "Requests decoded together per batch (embedded engine).",
+                                    BATCH_BUCKETS)
+
+    def record_finish(self, request, finish_type: str, latency: float) -> None:
+        self.num_requests.inc()
+        if finish_type == "abort":
+            self.num_aborted_requests.inc()
+        self.e2e_request_latency.observe(latency)
+        n = len(request.output_ids)
+        if n > 1 and request.first_token_at is not None:
+            decode_time = latency - (request.first_token_at - request.created)
+            self.time_per_output_token.observe(decode_time / (n - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,101 @@
+"""Hold the served HF checkpoint on its device and run batched prefill and decode steps with a KV cache.
+
+The runner knows nothing about requests or HTTP: it takes token ids and masks, gives
+logits, and swaps in new weights when the scheduler says it is safe.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--engine-device cuda was asked for but no CUDA device is available")
+    return torch.device(device)
+
+
+@dataclass
+class StepState:
+    """A running batch on the device: (B, T) attention mask, (B, 1) next positions, the KV cache."""
+
+    attention_mask: torch.Tensor
+    next_positions: torch.Tensor
+    cache: DynamicCache
+
+    def keep_rows(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, device=self.attention_mask.device)
+        self.attention_mask = self.attention_mask[index]
+        self.next_positions = self.next_positions[index]
+        for layer in self.cache.layers:
+            layer.batch_select_indices(index)
+
+
+class ModelRunner:
+    def __init__(self, model_path: str | Path, device: str = "auto", context_length: int | None = None):
+        self.device = pick_device(device)
+        # fp32 on CPU so log-probs match a trainer's fp32 recomputation; the checkpoint's dtype on GPU.
+        self.dtype = torch.float32 if self.device.type == "cpu" else "auto"
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
+        self.dtype = next(self.model.parameters()).dtype
+        self.config = self.model.config
+        self.context_length = context_length or _model_context_length(self.config, self.tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_ids = _eos_ids(self.config, self.tokenizer)
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, StepState]:
+        """Left-pad the prompts into one batch, run it, return the last-position logits (B, V)."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # real tokens count from 0 under left padding
+        cache = DynamicCache(config=self.config)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                         logits_to_keep=1)
+        state = StepState(attention_mask=mask, next_positions=positions[:, -1:] + 1, cache=cache)
+        return out.logits[:, -1], state
+
+    @torch.no_grad()
+    def decode(self, tokens: list[int], state: StepState) -> torch.Tensor:
+        """Feed one new token per row; returns the next logits (B, V)."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        ones = torch.ones((len(tokens), 1), dtype=torch.long, device=self.device)
+        state.attention_mask = torch.cat([state.attention_mask, ones], dim=1)
+        out = self.model(input_ids=ids, attention_mask=state.attention_mask, position_ids=state.next_positions,
+                         cache=state.cache, use_cache=True)
+        state.next_positions = state.next_positions + 1
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def load_weights(self, named: dict[str, torch.Tensor]) -> None:
+        """Copy already-checked tensors into the live parameters (call only between batches)."""
+        live = self.model.state_dict()
+        for name, tensor in named.items():
+            live[name].copy_(tensor.to(device=live[name].device, dtype=live[name].dtype))
+
+
+def _model_context_length(config, tokenizer) -> int:
+    for name in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return int(tokenizer.model_max_length)
+
+
+def _eos_ids(config, tokenizer) -> tuple[int, ...]:
+    eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos]
+    return tuple(int(i) for i in ids if i is not None)
+

@@ -1,0 +1,236 @@
+"""Parse and check SGLang `/generate` requests into typed values; every bad field is a 400 naming it.
+
+Sampling fields follow SGLang's `SamplingParams`. Fields SGLang knows but this engine
+does not implement (penalties, regex, ...) are refused unless they hold their neutral
+value, so a rollout never silently samples from a different distribution than asked.
+Unknown fields are ignored, as SGLang's HTTP server ignores unknown request keys.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+
+# SGLang sampling fields we accept only at their neutral value.
+NEUTRAL_ONLY = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
+                "n": 1, "regex": None, "json_schema": None, "ebnf": None}
+# SGLang sampling fields that only shape text output and are accepted as they are.
+ACCEPTED_AS_IS = ("spaces_between_special_tokens", "custom_params", "stream_interval", "logit_bias")
+
+
+class RequestError(Exception):
+    """A request the engine refuses; `status` is the HTTP code (4xx, or 503 when the queue is full)."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+
+    def body(self) -> dict:
+        kind = "ServiceUnavailableError" if self.status == 503 else "BadRequestError"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status},
+                "object": "error", "message": self.message}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0): no top-k truncation
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    min_new_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerateItem:
+    """One prompt of a (possibly batched) /generate call."""
+
+    rid: str
+    text: str | None
+    input_ids: list[int] | None
+    params: SamplingParams
+    return_logprob: bool
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    items: list[GenerateItem]
+    is_batch: bool
+    stream: bool
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"sampling_params.{name} must be a number, got {value!r}", param=name)
+    return float(value)
+
+
+def _integer(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"sampling_params.{name} must be an integer, got {value!r}", param=name)
+    return value
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise RequestError(f"sampling_params.{name} must be true or false, got {value!r}", param=name)
+    return value
+
+
+def _stop_strings(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise RequestError(f"sampling_params.stop must be a non-empty string or a list of them, got {value!r}",
+                           param="stop")
+    return tuple(items)
+
+
+def _token_ids(name: str, value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                              for t in value):
+        raise RequestError(f"sampling_params.{name} must be a list of token ids, got {value!r}", param=name)
+    return tuple(value)
+
+
+def parse_sampling_params(raw: Any) -> SamplingParams:
+    """Check SGLang sampling params (a dict or null) and fill in SGLang's defaults."""
+    if raw is None:
+        return SamplingParams()
+    if not isinstance(raw, dict):
+        raise RequestError(f"sampling_params must be an object, got {raw!r}", param="sampling_params")
+    for name, neutral in NEUTRAL_ONLY.items():
+        if raw.get(name, neutral) not in (neutral, None):
+            raise RequestError(f"sampling_params.{name}={raw[name]!r} is not supported by the embedded engine "
+                               f"(only {neutral!r})", param=name)
+    out: dict[str, Any] = {}
+    if raw.get("temperature") is not None:
+        out["temperature"] = _number("temperature", raw["temperature"])
+        if out["temperature"] < 0:
+            raise RequestError(f"sampling_params.temperature must be >= 0, got {raw['temperature']}",
+                               param="temperature")
+    if raw.get("top_p") is not None:
+        out["top_p"] = _number("top_p", raw["top_p"])
+        if not 0.0 < out["top_p"] <= 1.0:
+            raise RequestError(f"sampling_params.top_p must be in (0, 1], got {raw['top_p']}", param="top_p")
+    if raw.get("top_k") is not None:
+        out["top_k"] = _integer("top_k", raw["top_k"])
+        if out["top_k"] < -1:
+            raise RequestError(f"sampling_params.top_k must be -1 (off) or >= 1, got {raw['top_k']}",
+                               param="top_k")
+    for name in ("max_new_tokens", "min_new_tokens"):
+        if raw.get(name) is not None:
+            out[name] = _integer(name, raw[name])
+            if out[name] < 0:
+                raise RequestError(f"sampling_params.{name} must be >= 0, got {raw[name]}", param=name)
+    seed = raw.get("seed", raw.get("sampling_seed"))
+    if seed is not None:
+        out["seed"] = _integer("seed", seed)
+    for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
+        if raw.get(name) is not None:
+            out[name] = _boolean(name, raw[name])
+    out["stop"] = _stop_strings(raw.get("stop"))
+    out["stop_token_ids"] = _token_ids("stop_token_ids", raw.get("stop_token_ids"))
+    return SamplingParams(**out)
+
+
+def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list[Any]:
+    """SGLang lets batched calls give one value for all prompts or a list with one per prompt."""
+    if is_batch and isinstance(value, list):
+        if len(value) != n:
+            raise RequestError(f"{name} has {len(value)} entries for {n} prompts", param=name)
+        return value
+    return [value] * n
+
+
+def _prompts(body: dict) -> tuple[list[str | list[int]], bool]:
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise RequestError("give exactly one of `text` or `input_ids`", param="text")
+    if text is not None:
+        if isinstance(text, str):
+            return [text], False
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            return list(text), True
+        raise RequestError(f"text must be a string or a non-empty list of strings, got {text!r}", param="text")
+    if isinstance(ids, list) and ids and all(_is_id(t) for t in ids):
+        return [list(ids)], False
+    if isinstance(ids, list) and ids and all(isinstance(r, list) and r and all(_is_id(t) for t in r) for r in ids):
+        return [list(r) for r in ids], True
+    raise RequestError("input_ids must be a non-empty list of token ids or a list of such lists",
+                       param="input_ids")
+
+
+def _is_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+
+
+def parse_generate(body: Any) -> GenerateCall:
+    """A /generate body (already JSON-decoded) as typed items, or RequestError."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    prompts, is_batch = _prompts(body)
+    n = len(prompts)
+    params = [parse_sampling_params(p) for p in _per_item(body.get("sampling_params"), n, "sampling_params",
+                                                          is_batch)]
+    logprobs = _per_item(body.get("return_logprob", False), n, "return_logprob", is_batch)
+    rids = _per_item(body.get("rid"), n, "rid", is_batch)
+    if not is_batch and rids[0] is not None and not isinstance(rids[0], str):
+        raise RequestError(f"rid must be a string, got {rids[0]!r}", param="rid")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(f"stream must be true or false, got {stream!r}", param="stream")
+    if stream and is_batch:
+        raise RequestError("stream is supported for single prompts only", param="stream")
+    items = []
+    for prompt, p, lp, rid in zip(prompts, params, logprobs, rids):
+        if not isinstance(lp, bool):
+            raise RequestError(f"return_logprob must be true or false, got {lp!r}", param="return_logprob")
+        if rid is not None and not isinstance(rid, str):
+            raise RequestError(f"rid must be a string, got {rid!r}", param="rid")
+        items.append(GenerateItem(rid=rid or uuid.uuid4().hex, text=prompt if isinstance(prompt, str) else None,
+                                  input_ids=prompt if isinstance(prompt, list) else None, params=p,
+                                  return_logprob=lp))
+    return GenerateCall(items=items, is_batch=is_batch, stream=stream)
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    type: str  # "stop" | "length" | "abort"
+    matched: int | str | None = None
+    message: str | None = None
+
+    def as_dict(self) -> dict:
+        out: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.message:
+            out["message"] = self.message
+        return out
+
+
+@dataclass
+class GenerationResult:
+    """What the scheduler hands back for one request; the server turns it into SGLang's JSON."""
+
+    rid: str
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    weight_version: str = "default"
+    e2e_latency: float = 0.0

@@ -1,0 +1,314 @@
+"""The embedded engine's HTTP server: SGLang's native API (/generate, health, weights, metrics) over a scheduler.
+
+`EngineServer` owns the FastAPI app, the model runner and the scheduler thread; the
+OpenAI-compatible routes live in `openai_api` and use the same request path. Unknown
+request fields are ignored, as SGLang does; known fields of the wrong type are a 400.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from miles.config.engine import EngineConfig
+from miles.engines import checkpoint
+from miles.engines.detokenize import final_text
+from miles.engines.http import read_json, sse
+from miles.engines.metrics import EngineMetrics
+from miles.engines.model_runner import ModelRunner
+from miles.engines.openai_api import add_openai_routes
+from miles.engines.protocol import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
+from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
+
+log = logging.getLogger(__name__)
+HEALTH_GENERATE_TIMEOUT_S = 60.0
+
+
+class RequestChannel:
+    """The server side of one submitted request: scheduler events arrive on an asyncio queue."""
+
+    def __init__(self, scheduler: Scheduler, rid: str):
+        self.scheduler = scheduler
+        self.rid = rid
+        self.queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self.sink = lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    async def events(self) -> AsyncIterator[TokenEvent | FinishEvent]:
+        finished = False
+        try:
+            while not finished:
+                event = await self.queue.get()
+                finished = isinstance(event, FinishEvent)
+                yield event
+        finally:
+            if not finished:  # the client went away: stop spending compute on it
+                self.scheduler.abort(self.rid)
+
+    async def result(self) -> GenerationResult:
+        async for event in self.events():
+            if isinstance(event, FinishEvent):
+                return event.result
+        raise RuntimeError("request ended without a result")  # events() always ends on a FinishEvent
+
+
+class EngineServer:
+    def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default"):
+        self.runner = runner
+        self.config = config
+        self.tokenizer = runner.tokenizer  # used on the event loop thread only
+        self.metrics = EngineMetrics(model_name=runner.model_path)
+        self.scheduler = Scheduler(runner, self.metrics, config.engine_max_batch_size,
+                                   config.engine_max_queued_requests, weight_version)
+        self.started_at = time.time()
+        self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
+        self.app.add_exception_handler(RequestError, self._request_error)
+        self._add_routes()
+        add_openai_routes(self)
+
+    @asynccontextmanager
+    async def _lifespan(self, app: FastAPI):
+        self.scheduler.start()
+        try:
+            yield
+        finally:
+            self.scheduler.stop()
+
+    @staticmethod
+    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    # ---- the request path shared by /generate and the OpenAI routes ------------------------------------
+    def prompt_ids(self, text: str | None, input_ids: list[int] | None) -> list[int]:
+        ids = list(input_ids) if input_ids is not None else self.tokenizer.encode(text, add_special_tokens=True)
+        if not ids:
+            raise RequestError("the prompt is empty", param="text")
+        vocab = self.runner.config.vocab_size
+        bad = next((t for t in ids if t >= vocab), None)
+        if bad is not None:
+            raise RequestError(f"input_ids holds token id {bad}, outside the vocabulary (size {vocab})",
+                               param="input_ids")
+        return ids
+
+    def check_length(self, prompt_len: int, params: SamplingParams) -> None:
+        limit = self.runner.context_length
+        if prompt_len >= limit:
+            raise RequestError(f"The input ({prompt_len} tokens) is longer than the model's context length "
+                               f"({limit} tokens).", param="text")
+        if prompt_len + params.max_new_tokens > limit:
+            raise RequestError(f"Requested token count exceeds the model's maximum context length of {limit} "
+                               f"tokens. You requested a total of {prompt_len + params.max_new_tokens} tokens: "
+                               f"{prompt_len} tokens from the input and {params.max_new_tokens} tokens for the "
+                               f"completion (max_new_tokens).", param="max_new_tokens")
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, rid: str, stream: bool = False) -> RequestChannel:
+        self.check_length(len(prompt_ids), params)
+        channel = RequestChannel(self.scheduler, rid)
+        self.scheduler.submit(EngineRequest(rid=rid, prompt_ids=prompt_ids, params=params, sink=channel.sink,
+                                            stream=stream))
+        return channel
+
+    def submit_all(self, requests: list[tuple[list[int], SamplingParams, str]]) -> list[RequestChannel]:
+        """Submit several requests; if one is refused (queue full), abort the ones already queued."""
+        channels: list[RequestChannel] = []
+        try:
+            for ids, params, rid in requests:
+                channels.append(self.submit(ids, params, rid))
+        except RequestError:
+            for channel in channels:
+                self.scheduler.abort(channel.rid)
+            raise
+        return channels
+
+    def render_generate(self, item: GenerateItem, result: GenerationResult) -> dict:
+        """SGLang's /generate response for one finished (or, streaming, partial) request."""
+        meta: dict[str, Any] = {
+            "id": result.rid,
+            "finish_reason": result.finish_reason.as_dict() if result.finish_reason else None,
+            "prompt_tokens": len(result.prompt_ids),
+            "completion_tokens": len(result.output_ids),
+            "cached_tokens": 0,
+            "e2e_latency": round(result.e2e_latency, 6),
+            "weight_version": result.weight_version,
+        }
+        if item.return_logprob:
+            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in
+                                             zip(result.output_logprobs, result.output_ids)]
+        text = final_text(self.tokenizer, result.output_ids, item.params, result.finish_reason)
+        return {"text": text, "output_ids": list(result.output_ids), "meta_info": meta}
+
+    # ---- routes -------------------------------------------------------------------------------------------
+    def _add_routes(self) -> None:
+        app = self.app
+        app.post("/generate")(self.generate)
+        for method in (app.get, app.post):
+            method("/health")(self.health)
+            method("/health_generate")(self.health_generate)
+            method("/flush_cache")(self.flush_cache)
+        app.get("/get_model_info")(self.get_model_info)
+        app.get("/get_server_info")(self.get_server_info)
+        app.get("/get_weight_version")(self.get_weight_version)
+        app.post("/abort_request")(self.abort_request)
+        app.post("/pause_generation")(self.pause_generation)
+        app.post("/continue_generation")(self.continue_generation)
+        app.post("/update_weights_from_disk")(self.update_weights_from_disk)
+        app.post("/update_weights_from_tensor")(self.update_weights_from_tensor)
+        app.get("/metrics")(self.prometheus_metrics)
+
+    async def generate(self, request: Request):
+        call = parse_generate(await read_json(request))
+        prompts = [self.prompt_ids(item.text, item.input_ids) for item in call.items]
+        if call.stream:
+            return self._stream_generate(call.items[0], prompts[0])
+        for ids, item in zip(prompts, call.items):
+            self.check_length(len(ids), item.params)  # refuse the whole batch before any of it runs
+        channels = self.submit_all([(ids, item.params, item.rid) for ids, item in zip(prompts, call.items)])
+        results = await asyncio.gather(*(c.result() for c in channels))
+        bodies = [self.render_generate(item, r) for item, r in zip(call.items, results)]
+        return bodies if call.is_batch else bodies[0]
+
+    def _stream_generate(self, item: GenerateItem, prompt_ids: list[int]) -> StreamingResponse:
+        channel = self.submit(prompt_ids, item.params, item.rid, stream=True)
+
+        async def chunks():
+            partial = GenerationResult(rid=item.rid, prompt_ids=prompt_ids,
+                                       weight_version=self.scheduler.weight_version)
+            async for event in channel.events():
+                if isinstance(event, TokenEvent):
+                    partial.output_ids.append(event.token_id)
+                    partial.output_logprobs.append(event.logprob)
+                    yield sse(self.render_generate(item, partial))
+                else:
+                    yield sse(self.render_generate(item, event.result))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    async def health(self):
+        return {}
+
+    async def health_generate(self):
+        ids = self.tokenizer.encode("1", add_special_tokens=False) or [0]
+        params = SamplingParams(temperature=0.0, max_new_tokens=1)
+        try:
+            channel = self.submit(ids, params, rid=f"health-{time.monotonic_ns()}")
+            result = await asyncio.wait_for(channel.result(), HEALTH_GENERATE_TIMEOUT_S)
+        except (RequestError, asyncio.TimeoutError) as exc:
+            return JSONResponse({"healthy": False, "message": f"generation check failed: {exc!r}"}, 503)
+        if result.finish_reason is None or result.finish_reason.type == "abort":
+            return JSONResponse({"healthy": False, "message": "the generation check was aborted"}, 503)
+        return {"healthy": True, "weight_version": result.weight_version}
+
+    async def flush_cache(self):
+        # The embedded engine keeps no prefix cache between batches: there is nothing to flush.
+        return {"success": True, "message": "Cache flushed."}
+
+    async def get_model_info(self):
+        return {"model_path": self.runner.model_path, "tokenizer_path": self.runner.model_path,
+                "is_generation": True, "preferred_sampling_params": None,
+                "weight_version": self.scheduler.weight_version,
+                "architectures": self.runner.config.architectures, "model_type": self.runner.config.model_type,
+                "has_image_understanding": False, "has_audio_understanding": False}
+
+    async def get_server_info(self):
+        stats = asdict(self.scheduler.stats())
+        return {
+            "engine": "embedded",
+            "model_path": self.runner.model_path,
+            "tokenizer_path": self.runner.model_path,
+            "device": str(self.runner.device),
+            "dtype": str(self.runner.dtype).removeprefix("torch."),
+            "weight_version": self.scheduler.weight_version,
+            "context_length": self.runner.context_length,
+            "max_batch_size": self.config.engine_max_batch_size,
+            "max_running_requests": self.config.engine_max_batch_size,
+            "max_queued_requests": self.config.engine_max_queued_requests,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            **stats,
+            "internal_states": [{"last_gen_throughput": self.metrics.gen_throughput._value.get()}],
+        }
+
+    async def get_weight_version(self):
+        return {"weight_version": self.scheduler.weight_version}
+
+    async def abort_request(self, request: Request):
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        rid, abort_all = body.get("rid"), body.get("abort_all", False)
+        if not isinstance(abort_all, bool):
+            raise RequestError(f"abort_all must be true or false, got {abort_all!r}", param="abort_all")
+        if not abort_all and not (isinstance(rid, str) and rid):
+            raise RequestError("give the `rid` of the request to abort, or \"abort_all\": true", param="rid")
+        found = self.scheduler.abort(None if abort_all else rid)
+        return {"success": True, "aborted": found}
+
+    async def pause_generation(self):
+        self.scheduler.set_paused(True)
+        return {"success": True, "message": "Generation paused; queued requests wait."}
+
+    async def continue_generation(self):
+        self.scheduler.set_paused(False)
+        return {"success": True, "message": "Generation continued."}
+
+    async def update_weights_from_disk(self, request: Request):
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            return weight_failure("give \"model_path\": the checkpoint directory to load")
+        version = body.get("weight_version")
+        if version is not None and not isinstance(version, str):
+            return weight_failure(f"weight_version must be a string, got {version!r}")
+        path = body["model_path"]
+        try:
+            named = await run_in_threadpool(self._read_checked_dir, path)
+        except checkpoint.WeightUpdateError as exc:
+            return weight_failure(str(exc))
+        await self._swap(named, version, model_path=path)
+        return {"success": True, "message": f"Succeeded to update model weights from {path}.",
+                "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
+
+    async def update_weights_from_tensor(self, request: Request):
+        version = request.query_params.get("weight_version") or request.headers.get("x-weight-version")
+        data = await request.body()
+        try:
+            named = await run_in_threadpool(self._read_checked_bytes, data)
+        except checkpoint.WeightUpdateError as exc:
+            return weight_failure(str(exc))
+        await self._swap(named, version)
+        return {"success": True, "message": f"Succeeded to update {len(named)} tensors in memory.",
+                "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
+
+    def _read_checked_dir(self, path: str):
+        named = checkpoint.read_checkpoint_dir(path, self.runner.config)
+        checkpoint.check_tensors(named, self.runner.model, require_all=True)
+        return named
+
+    def _read_checked_bytes(self, data: bytes):
+        named = checkpoint.read_safetensors_bytes(data)
+        checkpoint.check_tensors(named, self.runner.model, require_all=False)  # a trainer may send a subset
+        return named
+
+    async def _swap(self, named, version: str | None, model_path: str | None = None) -> None:
+        def apply():
+            self.runner.load_weights(named)
+            if model_path is not None:
+                self.runner.model_path = model_path
+            if version is not None:
+                self.scheduler.weight_version = version
+
+        await asyncio.wrap_future(self.scheduler.call_between_batches(apply))
+
+    async def prometheus_metrics(self):
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+def weight_failure(message: str) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=400)
+
