@@ -43,7 +43,7 @@ def bind_socket(host: str, port: int | None) -> socket.socket:
 def uvicorn_server(router: Router) -> uvicorn.Server:
     config = uvicorn.Config(router, loop="none", http=HTTP_IMPL, lifespan="on", access_log=False,
                             log_level="warning", server_header=False, date_header=False,
-                            timeout_keep_alive=75, backlog=2048)
+                            timeout_keep_alive=75, backlog=2048, proxy_headers=False)
     return uvicorn.Server(config)
 
 

@@ -71,6 +71,7 @@ class Connection(asyncio.Protocol):
         self.framed = False  # body length known from the headers (else it ends when the worker closes)
         self.head_done = False
         self.done = False
+        self.keep_alive = False
         self.error: UpstreamError | None = None
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
@@ -119,6 +120,8 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        # httptools forgets keep-alive once the message is over, so it is read here.
+        self.keep_alive = self.parser.should_keep_alive()
         self.done = True
         if self.timer is not None:
             self.timer.cancel()
@@ -184,7 +187,7 @@ class Connection(asyncio.Protocol):
         return self.done
 
     def reusable(self) -> bool:
-        return self.done and not self.closed and self.error is None and self.parser.should_keep_alive()
+        return self.done and self.keep_alive and not self.closed and self.error is None
 
 
 class UpstreamPool:
