@@ -1,6 +1,7 @@
 """Training tasks: a chunk of rollout iterations (resume, run, checkpoint) and the profiling window."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
@@ -47,20 +48,38 @@ def open_trainer(config: MilesConfig, run_dir: str, services: Services):
 
 def run_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Services,
               progress_id: UUID | None) -> ChunkResult:
-    """Resume from the latest checkpoint, run the chunk's remaining rollouts, checkpoint at its end."""
+    """Resume from the latest checkpoint, run the chunk's remaining rollouts, checkpoint at its end.
+
+    The ranks outlive the chunk (named actors); the trackers do not: they are closed at the end
+    of every attempt, so the next chunk (maybe in another worker process) reopens the same runs
+    from the run dir's tracking state and nothing is held open by a process that may be reused."""
     with library_logs_to_prefect():
         trainer = open_trainer(config, run_dir, services)
-        resumed_at = trainer.resume()
-        todo = range(max(resumed_at, chunk.first), chunk.stop)
-        metrics: dict[str, float] = {}
-        for rollout_id in todo:
-            maybe_fire(config.orchestration.inject_fault, rollout_id, Path(run_dir))
-            metrics = dict(trainer.run_iteration(rollout_id).metrics)
-            if progress_id is not None:
-                update_progress_artifact(progress_id, 100.0 * (rollout_id + 1) / config.rollout.num_rollout)
-        if todo:
-            trainer.save_checkpoint(chunk.stop - 1)
+        try:
+            resumed_at = trainer.resume()
+            if resumed_at == 0 and chunk.first == 0:
+                write_base_eval(trainer, Path(run_dir))
+            todo = range(max(resumed_at, chunk.first), chunk.stop)
+            metrics: dict[str, float] = {}
+            for rollout_id in todo:
+                maybe_fire(config.orchestration.inject_fault, rollout_id, Path(run_dir))
+                metrics = dict(trainer.run_iteration(rollout_id).metrics)
+                if progress_id is not None:
+                    update_progress_artifact(progress_id, 100.0 * (rollout_id + 1) / config.rollout.num_rollout)
+            if todo:
+                trainer.save_checkpoint(chunk.stop - 1)
+        finally:
+            trainer.tracker.close()
         return ChunkResult(chunk.first, chunk.stop, resumed_at, len(todo), metrics)
+
+
+def write_base_eval(trainer, run_dir: Path) -> None:
+    """The starting weights' eval, as the plain loop does it (not an iteration: not logged to trackers)."""
+    if not trainer.eval_sets:
+        return
+    base_eval = trainer.evaluate(0, log=False).metrics
+    (run_dir / "base_eval.json").write_text(json.dumps(base_eval, indent=2))
+    print("[trainer] base eval " + " ".join(f"{k}={v:.3f}" for k, v in base_eval.items()), flush=True)
 
 
 @task(name="train_chunk", task_run_name="train_chunk[{chunk.first}-{chunk.stop}]", log_prints=True)
