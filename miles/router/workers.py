@@ -60,7 +60,8 @@ class Worker:
 
     def describe(self) -> dict:
         return {"url": self.url, "state": "healthy" if self.healthy else "quarantined", "inflight": self.inflight,
-                "consecutive_failures": self.consecutive_failures, "weight_version": self.weight_version,
+                "consecutive_failures": self.consecutive_failures,
+                "consecutive_successes": self.consecutive_successes, "weight_version": self.weight_version,
                 "requests": self.requests, "errors": self.errors}
 
 

@@ -1,0 +1,104 @@
+"""Worker pool rules without HTTP: policies, quarantine, versioned readmission, bad URLs."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from miles.router.workers import WorkerError, WorkerPool
+
+
+def pool_of(n: int, policy: str = "least-inflight", **kwargs) -> WorkerPool:
+    pool = WorkerPool(policy, rng=random.Random(0), **kwargs)
+    for i in range(n):
+        pool.add(f"http://127.0.0.1:{9000 + i}")
+    return pool
+
+
+def test_least_inflight_picks_the_least_busy_worker():
+    pool = pool_of(3)
+    a, b, c = pool.workers
+    a.inflight, b.inflight, c.inflight = 4, 1, 2
+    assert pool.choose() is b
+    b.inflight = 5
+    assert pool.choose() is c
+
+
+def test_round_robin_cycles_through_every_healthy_worker():
+    pool = pool_of(3, "round-robin")
+    picks = Counter(pool.choose().url for _ in range(30))
+    assert sorted(picks.values()) == [10, 10, 10]
+
+
+def test_power_of_two_never_picks_the_busiest_of_three():
+    # Any two sampled workers include one less busy than the busiest, so it never wins.
+    pool = pool_of(3, "power-of-two")
+    busy = pool.workers[0]
+    busy.inflight = 100
+    picks = {pool.choose().url for _ in range(200)}
+    assert busy.url not in picks and len(picks) == 2
+
+
+def test_choose_avoids_excluded_workers_unless_none_is_left():
+    pool = pool_of(2)
+    a, b = pool.workers
+    assert pool.choose(exclude=[a]) is b
+    assert pool.choose(exclude=[a, b]) in (a, b)  # all tried: retry among the healthy ones
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="fastest"):
+        WorkerPool("fastest")
+
+
+@pytest.mark.parametrize("url, message", [
+    ("", "non-empty"), ("ftp://x:1", "not an http"), ("localhost:8000", "not an http"),
+    ("https://x:1", "plain http"), (None, "non-empty"),
+])
+def test_bad_worker_urls_are_refused_with_the_url_named(url, message):
+    with pytest.raises(WorkerError, match=message):
+        WorkerPool().add(url)
+
+
+def test_duplicates_and_unknown_removals_are_refused():
+    pool = pool_of(1)
+    with pytest.raises(WorkerError, match="already registered"):
+        pool.add("http://127.0.0.1:9000/")  # trailing slash: the same worker
+    with pytest.raises(WorkerError, match="not registered"):
+        pool.remove("http://127.0.0.1:9999")
+    pool.remove("http://127.0.0.1:9000")
+    assert pool.urls == [] and pool.choose() is None
+
+
+def test_quarantine_after_threshold_failures_in_a_row():
+    pool = pool_of(2, failure_threshold=3)
+    w = pool.workers[0]
+    pool.record_check(w, False)
+    pool.record_check(w, True)   # a success resets the count
+    assert not pool.record_check(w, False).quarantined
+    assert not pool.record_check(w, False).quarantined
+    assert pool.record_check(w, False).quarantined
+    assert not w.healthy and pool.healthy == [pool.workers[1]]
+
+
+def test_readmission_needs_successes_and_the_current_weight_version():
+    pool = pool_of(1, failure_threshold=1, readmit_successes=2)
+    w = pool.workers[0]
+    pool.set_weight_version("v2")
+    pool.record_check(w, False)
+    assert pool.choose() is None
+    for _ in range(5):  # healthy but serving old weights: stays out
+        assert not pool.record_check(w, True, weight_version="v1").readmitted
+    assert not w.healthy
+    assert not pool.record_check(w, False).readmitted  # restart resets the streak
+    assert not pool.record_check(w, True, weight_version="v2").readmitted  # 1 of 2 successes
+    assert pool.record_check(w, True, weight_version="v2").readmitted
+    assert pool.choose() is w
+
+
+def test_readmission_without_a_known_version_needs_only_successes():
+    pool = pool_of(1, failure_threshold=1, readmit_successes=1)
+    w = pool.workers[0]
+    pool.record_check(w, False)
+    assert pool.record_check(w, True, weight_version="anything").readmitted
