@@ -6,6 +6,7 @@ metrics.jsonl. The Prefect flow runs the same `RLTrainer` in retryable chunks in
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,7 +44,8 @@ def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
         first = trainer.resume()
         base_eval = {}
         if first == 0 and trainer.eval_sets:
-            base_eval = trainer.evaluate(-1).metrics
+            base_eval = trainer.evaluate(0, log=False).metrics
+            (run_dir / "base_eval.json").write_text(json.dumps(base_eval, indent=2))
             print("[trainer] base eval " + " ".join(f"{k}={v:.3f}" for k, v in base_eval.items()), flush=True)
         result, saved = None, None
         for rollout_id in range(first, config.rollout.num_rollout):

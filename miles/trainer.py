@@ -188,11 +188,13 @@ class RLTrainer:
             return False
         return (rollout_id + 1) % interval == 0 or rollout_id == self.config.rollout.num_rollout - 1
 
-    def evaluate(self, rollout_id: int) -> EvalResult:
-        """Eval metrics of the weights the engines serve now (also handed to the eval logger hook)."""
+    def evaluate(self, rollout_id: int, log: bool = True) -> EvalResult:
+        """Eval metrics of the weights the engines serve now; with `log`, handed to the eval logger hook
+        (the base model's eval before training is not an iteration's, so it is not logged there)."""
         result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
                           seed=self.config.train.seed, step=rollout_id)
-        self.tracker.log_eval(rollout_id, self.args, result.samples, dict(result.metrics))
+        if log:
+            self.tracker.log_eval(rollout_id, self.args, result.data, dict(result.metrics))
         return result
 
     # ---- shutdown ---------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from miles.rollout.data import Prompt, read_prompts
 from miles.rollout.generate import SamplingParams, generate_groups
 from miles.rollout.metrics import pass_rates
 from miles.rollout.rewards import RewardModel
-from miles.rollout.sample import Sample
 
 DEFAULT_EVAL_NAME = "arithmetic"
 
@@ -22,7 +21,7 @@ class EvalSet:
 @dataclass
 class EvalResult:
     metrics: dict[str, float]  # eval/<name>, eval/<name>-pass@k, ...
-    samples: dict[str, list[Sample]]
+    data: dict[str, dict]  # Miles' eval data: name -> {"rewards", "truncated", "samples"}
 
 
 def load_eval_sets(rollout_config, default_path: Path | None) -> list[EvalSet]:
@@ -56,6 +55,7 @@ def evaluate(url: str, eval_sets: list[EvalSet], tokenizer, reward: RewardModel,
         metrics[f"eval/{name}/response_len/mean"] = sum(s.response_length for s in samples) / n
         for key, value in pass_rates(samples, cfg.n_samples_per_eval_prompt).items():
             metrics[f"eval/{name}-{key}"] = value
-        kept[name] = samples
+        kept[name] = {"rewards": [s.reward for s in samples], "truncated": [s.truncated for s in samples],
+                      "samples": samples}
     metrics["eval/step"] = float(step)
     return EvalResult(metrics, kept)
