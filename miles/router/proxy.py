@@ -112,13 +112,14 @@ class Proxy:
                       may_retry: bool) -> Outcome:
         endpoint = worker.endpoint
         request = b"%sHost: %s\r\nContent-Length: %d\r\n\r\n%s" % (head, endpoint.host_header, len(body), body)
+        head_only = scope["method"] == "HEAD"
         for _ in range(2):  # a second go only when a pooled connection turned out to be closed
             try:
                 conn = await self.upstream.acquire(endpoint)
             except UpstreamError as exc:
                 return Outcome(delivered=False, error=str(exc))
             try:
-                await conn.send(request, self.request_timeout)
+                await conn.send(request, self.request_timeout, head_only)
                 break
             except UpstreamError as exc:
                 self.upstream.release(endpoint, conn)

@@ -70,6 +70,7 @@ class Connection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.framed = False  # body length known from the headers (else it ends when the worker closes)
         self.head_done = False
+        self.head_only = False
         self.done = False
         self.keep_alive = False
         self.error: UpstreamError | None = None
@@ -109,6 +110,9 @@ class Connection(asyncio.Protocol):
         if self.status in (204, 304) or 100 <= self.status < 200:
             self.framed = True
         self.head_done = True
+        if self.head_only:  # a HEAD answer has no body whatever its headers say; the parser cannot know
+            self.keep_alive = False
+            self.done = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -156,8 +160,9 @@ class Connection(asyncio.Protocol):
         finally:
             self.waiter = None
 
-    async def send(self, request: bytes, timeout: float) -> None:
+    async def send(self, request: bytes, timeout: float, head_only: bool = False) -> None:
         """Write a serialized request and wait for the response head (status and headers)."""
+        self.head_only = head_only
         self.timer = self.loop.call_later(timeout, self._on_timeout)
         self.transport.write(request)
         while not self.head_done:

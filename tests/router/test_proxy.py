@@ -6,6 +6,8 @@ import json
 import httpx
 import pytest
 
+from miles.router.proxy import MAX_BACKOFF_S, Proxy
+
 from .conftest import wait_for
 
 
@@ -103,3 +105,20 @@ def test_health_is_proxied_to_a_worker(stubs, router):
     handle = router([stub.url])
     assert httpx.get(handle.url + "/health").status_code == 200
     assert httpx.get(handle.url + "/no/such/path").json()["error"].startswith("stub has no GET")
+
+
+def test_head_requests_end_at_the_headers(stubs, router):
+    stub = stubs()
+    handle = router([stub.url])
+    for _ in range(3):  # the connection is not reused after a HEAD, so each one must still work
+        r = httpx.head(handle.url + "/get_server_info", timeout=10)
+        assert r.status_code == 200 and r.content == b""
+    assert httpx.get(handle.url + "/get_server_info").json()["weight_version"] == "default"
+
+
+def test_backoff_is_exponential_capped_and_jittered():
+    proxy = Proxy(None, None, None, max_retries=5, retry_backoff=0.1, request_timeout=1)
+    for retry, base in ((1, 0.1), (2, 0.2), (3, 0.4), (10, MAX_BACKOFF_S)):
+        delays = [proxy.backoff(retry) for _ in range(200)]
+        assert all(0.5 * base <= d <= 1.5 * base for d in delays)
+        assert len(set(delays)) > 100  # jittered, not a fixed step
