@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from miles.config import parse_config
@@ -56,6 +57,15 @@ def metrics_for(rollout_id: int) -> dict[str, float]:
     return m
 
 
+def wait_open(tracker, deadline_s: float = 120.0) -> None:
+    tracker.checkpoint_extra()  # starts the delivery worker, which opens the trackers
+    deadline = time.monotonic() + deadline_s
+    while not all(slot.opened for slot in tracker.worker.slots):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"trackers not open after {deadline_s}s")
+        time.sleep(0.05)  # poll interval
+
+
 def load_checkpoint(run_dir: Path) -> dict | None:
     path = run_dir / "checkpoint.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -68,7 +78,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--save-interval", type=int, default=2)
     parser.add_argument("--eval-interval", type=int, default=3)
     parser.add_argument("--kill-at", type=int, default=None)
-    parser.add_argument("--wait-commits", action="store_true", help="wait for delivery before killing")
+    parser.add_argument("--wait-trackers-open", action="store_true",
+                        help="start the loop once every tracker run is open (so a kill lands mid-delivery)")
     args, miles_argv = parser.parse_known_args(argv)
     config = parse_config(["--num-rollout", str(args.rollouts), *miles_argv])
     validate_tracking_config(config)
@@ -78,6 +89,8 @@ def main(argv: list[str]) -> int:
     if ckpt is not None:
         tracker.resume(ckpt["rollout_id"], ckpt["extra"])
         start = ckpt["rollout_id"] + 1
+    if args.wait_trackers_open:
+        wait_open(tracker)
     margs = config.as_namespace()
     for rollout_id in range(start, args.rollouts):
         tracker.log_rollout(rollout_id, margs, make_samples(rollout_id), {"rollout/extra_note": 1.0}, 1.5)
@@ -86,8 +99,6 @@ def main(argv: list[str]) -> int:
             tracker.log_eval(rollout_id, margs, {"arith": {"rewards": [1, 0, 1, 1], "truncated": [0, 0, 1, 0]}}, {})
         tracker.record(rollout_id, metrics)
         if args.kill_at is not None and rollout_id == args.kill_at:
-            if args.wait_commits:
-                tracker.worker.finished.wait(0)  # no-op: delivery state is whatever it is now
             os.kill(os.getpid(), signal.SIGKILL)
         if (rollout_id + 1) % args.save_interval == 0 or rollout_id == args.rollouts - 1:
             (args.run_dir / "checkpoint.json").write_text(

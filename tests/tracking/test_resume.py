@@ -1,0 +1,32 @@
+"""A run SIGKILLed after recording past its last commit, resumed twice from its checkpoint:
+each tracker still holds exactly one point per metric and step, equal to the journal, in
+the same wandb and MLflow runs."""
+from __future__ import annotations
+
+import signal
+
+from tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal, run_synthetic
+from miles.tracking.journal import read_journal
+from miles.tracking.state import TrackingState
+
+
+def test_killed_run_resumes_exactly_once(run_dir):
+    flags = ["--rollouts", "7", "--save-interval", "2", *ALL_TRACKERS]
+    # commits at rollout 1, records rollout 2, killed right after (delivery of 0..1 may be mid-way)
+    first = run_synthetic(run_dir, *flags, "--kill-at", "2", "--wait-trackers-open", check=False)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert [ln.rollout_id for ln in read_journal(run_dir / "metrics.jsonl")] == [0, 1, 2]
+    ids = {name: s.spec.options.get("run_id") for name, s in TrackingState.load(run_dir).sinks.items()}
+
+    # resumes at 2, commits at 3, records 4, killed again
+    second = run_synthetic(run_dir, *flags, "--kill-at", "4", "--wait-trackers-open", check=False)
+    assert second.returncode == -signal.SIGKILL, second.stderr
+
+    run_synthetic(run_dir, *flags)  # resumes at 4 and finishes
+    assert [ln.rollout_id for ln in read_journal(run_dir / "metrics.jsonl")] == list(range(7))
+    points = assert_all_trackers_equal_journal(run_dir)
+    assert [s for s, _ in points["rollout/step"]] == list(range(7))  # one point per step, no gap
+    state = TrackingState.load(run_dir)
+    assert state.sinks["wandb"].spec.options["run_id"] == ids["wandb"]  # the same runs continued
+    assert state.sinks["mlflow"].spec.options["run_id"] == ids["mlflow"]
+    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 3  # one offline dir per process, one run id
