@@ -16,6 +16,7 @@ from prefect.client.orchestration import get_client
 from prefect.states import Crashed
 
 from tasks.chunks import Chunk
+from tasks.faults import EngineDown
 from tasks.training import ChunkResult
 
 POLL_S = 0.5
@@ -43,15 +44,21 @@ def mark_crashed(task_run_id, message: str) -> None:
 
 
 def run_chunk_to_end(task: Task, chunk: Chunk, params: dict, crash_retries: int, run_dir: Path,
-                     on_progress: Callable[[int], None]) -> ChunkResult:
+                     on_progress: Callable[[int], None], heal: Callable[[], None]) -> ChunkResult:
+    """Submit the chunk; resubmit it after its worker died, or after `heal` relaunched a dead engine."""
     logger = get_run_logger()
     for attempt in range(crash_retries + 1):
         future = task.submit(chunk=chunk, **params)
         wait_with_progress(future, run_dir, on_progress)
-        if not future.state.is_crashed():
+        state = future.state
+        if state.is_crashed():
+            message = f"Ray worker of {task.name}[{chunk.first}-{chunk.stop}] died: {state.message}"
+            mark_crashed(future.task_run_id, message)
+        elif state.is_failed() and isinstance(future.result(raise_on_failure=False), EngineDown):
+            message = f"{task.name}[{chunk.first}-{chunk.stop}] failed with an engine down"
+            heal()
+        else:
             return future.result()  # raises if the task failed after Prefect's own retries
-        message = f"Ray worker of {task.name}[{chunk.first}-{chunk.stop}] died: {future.state.message}"
-        mark_crashed(future.task_run_id, message)
         if attempt == crash_retries:
             raise RuntimeError(f"{message}; gave up after {crash_retries + 1} attempts")
         logger.warning(f"{message}; submitting it again (attempt {attempt + 2} of {crash_retries + 1}), "

@@ -26,12 +26,16 @@ def admin_token(config: MilesConfig) -> str | None:
     return resolve_admin_token(config.router)
 
 
+def log_dir(config: MilesConfig) -> str:
+    return str(Path(config.train.run_dir) / "logs")
+
+
 def bring_up_services(config: MilesConfig, prefix: str) -> Services:
     """Router and engines start side by side; each engine is registered once /health_generate passes."""
     o = config.orchestration
     router = configured(start_router, o).submit(config.router, prefix)
-    engines = [configured(launch_engine, o).submit(config.engine, config.rollout.hf_checkpoint, prefix, i)
-               for i in range(config.rollout.rollout_num_engines)]
+    engines = [configured(launch_engine, o).submit(config.engine, config.rollout.hf_checkpoint, prefix, i,
+                                                   log_dir(config)) for i in range(config.rollout.rollout_num_engines)]
     router_url = router.result().url
     engine_urls = [e.result().url for e in engines]
     register_all(config, router_url, engine_urls)
@@ -53,7 +57,7 @@ def heal_engines(config: MilesConfig, services: Services) -> None:
         return
     get_run_logger().warning(f"engines {dead} are down: relaunching and re-registering them")
     relaunched = [configured(launch_engine, config.orchestration).submit(
-        config.engine, config.rollout.hf_checkpoint, services.prefix, i) for i in dead]
+        config.engine, config.rollout.hf_checkpoint, services.prefix, i, log_dir(config)) for i in dead]
     register_all(config, services.router_url, [r.result().url for r in relaunched])
 
 
@@ -78,7 +82,8 @@ def train_on_ray(config: MilesConfig, run_dir: str, prefix: str) -> RunReport:
                 run_chunk_to_end(configured(task, o), chunk,
                                  dict(config=config, run_dir=run_dir, services=services, progress_id=progress_id),
                                  crash_retries=o.task_retries, run_dir=Path(run_dir),
-                                 on_progress=lambda done: bar.update(bar_task, completed=done))
+                                 on_progress=lambda done: bar.update(bar_task, completed=done),
+                                 heal=lambda: heal_engines(config, services))
             return configured(finish_run, o).submit(config, run_dir, services).result()
         finally:
             stop_run_actors(prefix)

@@ -49,40 +49,37 @@ class RouterActor:
 class EngineActor:
     """Owns one engine subprocess; relaunches it on the same port when it has died."""
 
-    def __init__(self, model_dir: str, config: EngineConfig, ready_timeout: float):
-        self.model_dir, self.config, self.ready_timeout = model_dir, config, ready_timeout
+    def __init__(self, model_dir: str, config: EngineConfig, log_path: str):
+        self.model_dir, self.config, self.log_path = model_dir, config, log_path
         self.handle = self._launch(port=None)
 
     def _launch(self, port: int | None):
         from miles.engines.launch import launch_engine
 
         return launch_engine(self.model_dir, host="127.0.0.1", port=port, engine=self.config.engine,
-                             device=self.config.engine_device)
+                             device=self.config.engine_device, max_batch_size=self.config.engine_max_batch_size,
+                             log_path=self.log_path)
 
     def info(self, name: str) -> ServiceInfo:
         return ServiceInfo(name=name, url=self.handle.url, pid=self.handle.pid)
 
     def alive(self) -> bool:
-        try:
-            pid, _ = os.waitpid(self.handle.pid, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        return pid == 0
+        return self.handle.alive
 
     def ensure(self, name: str) -> ServiceInfo:
         """The engine, relaunched on its old port (so the router's entry stays valid) if it died."""
-        if not self.alive():
+        if not self.handle.alive:
             self.handle = self._launch(port=self.handle.port)
         return self.info(name)
 
     def kill_engine(self) -> int:
         """Test hook: kill the engine process as a crash would."""
         os.kill(self.handle.pid, signal.SIGKILL)
+        self.handle.process.wait()
         return self.handle.pid
 
     def stop(self) -> None:
-        if self.alive():
-            self.handle.stop()
+        self.handle.stop()
 
 
 def actor_options(name: str) -> dict[str, Any]:

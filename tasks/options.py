@@ -17,8 +17,11 @@ def retry_delays(orchestration: OrchestrationConfig) -> list[float]:
 
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
-    """A bad flag or path stays bad: retrying it would only delay the error."""
-    return not isinstance(state.data, ConfigError)
+    """A bad flag or path stays bad, and a chunk cannot succeed while an engine is down (the flow
+    relaunches it first): retrying those in place would only delay the error."""
+    from tasks.faults import EngineDown
+
+    return not isinstance(state.data, (ConfigError, EngineDown))
 
 
 def configured(task: T, orchestration: OrchestrationConfig, retries: bool = True) -> T:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import ray
@@ -31,10 +32,10 @@ def start_router(config: RouterConfig, prefix: str) -> ServiceInfo:
 
 
 @task(name="launch_engine")
-def launch_engine(config: EngineConfig, model_dir: str, prefix: str, index: int) -> ServiceInfo:
+def launch_engine(config: EngineConfig, model_dir: str, prefix: str, index: int, log_dir: str) -> ServiceInfo:
     """Engine `index` of the run: found if running, relaunched if its process died, else started."""
     name = engine_name(prefix, index)
-    actor = get_or_start(EngineActor, name, model_dir, config, ENGINE_READY_TIMEOUT_S)
+    actor = get_or_start(EngineActor, name, model_dir, config, str(Path(log_dir) / f"engine-{index}.log"))
     info = ray.get(actor.ensure.remote(name))
     get_run_logger().info(f"engine {name} at {info.url} (pid {info.pid})")
     return info
@@ -77,3 +78,8 @@ def engine_alive(prefix: str, index: int) -> bool:
         return ray.get(actor.alive.remote(), timeout=30)
     except ray.exceptions.RayError:
         return False
+
+
+def kill_engine(prefix: str, index: int) -> int:
+    """Test hook (`--inject-fault kill-engine@ITER`): kill engine `index`'s process; its PID."""
+    return ray.get(find(engine_name(prefix, index)).kill_engine.remote(), timeout=60)

@@ -11,8 +11,9 @@ from prefect.artifacts import update_progress_artifact
 
 from miles.config import MilesConfig
 from tasks.chunks import Chunk
-from tasks.faults import maybe_fire
+from tasks.faults import EngineDown, maybe_fire
 from tasks.logs import library_logs_to_prefect
+from tasks.services import engine_alive, kill_engine
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,18 @@ def run_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Service
             todo = range(max(resumed_at, chunk.first), chunk.stop)
             metrics: dict[str, float] = {}
             for rollout_id in todo:
-                maybe_fire(config.orchestration.inject_fault, rollout_id, Path(run_dir))
+                maybe_fire(config.orchestration.inject_fault, rollout_id, Path(run_dir),
+                           kill_engine=lambda: kill_engine(services.prefix, 0))
                 metrics = dict(trainer.run_iteration(rollout_id).metrics)
                 if progress_id is not None:
                     update_progress_artifact(progress_id, 100.0 * (rollout_id + 1) / config.rollout.num_rollout)
             if todo:
                 trainer.save_checkpoint(chunk.stop - 1)
+        except Exception as exc:
+            down = [i for i in range(len(services.engine_urls)) if not engine_alive(services.prefix, i)]
+            if down:
+                raise EngineDown(f"engines {down} are down ({exc!r}); the flow relaunches them") from exc
+            raise
         finally:
             trainer.tracker.close()
         return ChunkResult(chunk.first, chunk.stop, resumed_at, len(todo), metrics)
