@@ -19,4 +19,5 @@ class EngineConfig:
     context_length: int | None = flag(None, "longest prompt + response in tokens (default: the model's)", minimum=1)
     sglang_mem_fraction_static: float | None = flag(None, "SGLang --mem-fraction-static", minimum=0.0, maximum=1.0)
     sglang_tp_size: int = flag(1, "SGLang tensor-parallel size per engine", minimum=1)
-    sglang_extra_args: list[str] = flag([], "extra arguments passed to python -m sglang.launch_server")
+    sglang_extra_args: list[str] = flag([], "extra arguments for python -m sglang.launch_server, as one quoted "
+                                       "string split like a shell ('--disable-radix-cache --chunked-prefill-size 4096')")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -35,7 +36,8 @@ def build_command(model: str, host: str, port: int, config: EngineConfig, weight
         argv += ["--context-length", str(config.context_length)]
     if weight_version is not None and weight_version != "default":
         argv += ["--weight-version", weight_version]
-    argv += list(config.sglang_extra_args)
+    for extra in config.sglang_extra_args:  # one quoted string ("--a --b 2") or several; split like a shell
+        argv += shlex.split(extra)
     return SGLangCommand(argv)
 
 
