@@ -35,9 +35,10 @@ def start_services(config, run_dir: Path, model_dir: Path | None = None, use_rou
     services = Services(rollout_url="", engine_urls=[])
     e = config.engine
     try:
-        for _ in range(config.rollout.rollout_num_engines):
+        for i in range(config.rollout.rollout_num_engines):
             handle = launch_engine(model_dir, host="127.0.0.1", engine=e.engine, device=e.engine_device,
-                                   config=e)
+                                   max_batch_size=e.engine_max_batch_size,
+                                   log_path=Path(run_dir) / "logs" / f"engine{i}.log")
             services._stops.append(handle.stop)
             services.engine_urls.append(handle.url)
         services.rollout_url = services.engine_urls[0]

@@ -32,8 +32,9 @@ def default_run_dir(config: MilesConfig) -> Path:
 
 def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
     from miles.services import start_services
-    from miles.trainer import RLTrainer
+    from miles.trainer import RLTrainer, preflight
 
+    preflight(config)  # a bad hook or data path fails here, before any engine or actor starts
     start = time.time()
     run_dir = default_run_dir(config)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,17 @@ def resolve_paths(config) -> tuple[Path, Path, Path | None]:
     return model, train_data, eval_data
 
 
+def preflight(config) -> None:
+    """Everything checkable before services start: backend, reward hook, prompt and eval files."""
+    check_backend(config.train.train_backend)
+    r = config.rollout
+    RewardModel(r.rm_type, r.custom_rm_path, config.as_namespace())
+    _, train_data, eval_data = resolve_paths(config)
+    read_prompts(train_data, r.input_key, r.label_key)
+    if r.eval_interval is not None:
+        load_eval_sets(r, eval_data)
+
+
 def router_admin_token(config) -> str | None:
     return config.router.router_admin_token or os.environ.get("MILES_ROUTER_ADMIN_TOKEN") or None
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from miles.config.fields import flag
+from miles.config.fields import ConfigError, flag
 
 
 @dataclass(frozen=True)
@@ -42,3 +42,12 @@ class TrainConfig:
     load: str | None = flag(None, "checkpoint directory to resume from (default: --save when it holds one)")
     save_interval: int | None = flag(None, "checkpoint every N rollouts (none: only at the end)", minimum=1)
     keep_checkpoints: int = flag(2, "checkpoints kept on disk", minimum=1)
+
+    def validate(self) -> None:
+        if self.train_backend == "megatron":
+            raise ConfigError("--train-backend", "megatron is not available in this build (no Megatron-core "
+                                                 "backend is implemented yet); use --train-backend fsdp")
+        if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
+            raise ConfigError("--eps-clip-high", f"must be >= --eps-clip ({self.eps_clip}), got {self.eps_clip_high}")
+        if self.min_lr > self.lr:
+            raise ConfigError("--min-lr", f"must be <= --lr ({self.lr}), got {self.min_lr}")

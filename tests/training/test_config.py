@@ -1,0 +1,51 @@
+"""The training config: tiny-cpu.yaml mirrors the defaults, bad values fail early with the flag named."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from miles.config import ConfigError, RolloutConfig, TrainConfig, parse_config
+
+YAML = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
+
+
+def defaults(section) -> dict:
+    return {f.name: getattr(section(), f.name) for f in dataclasses.fields(section)}
+
+
+def test_tiny_cpu_yaml_equals_the_dataclass_defaults():
+    data = {k.replace("-", "_"): v for k, v in yaml.safe_load(YAML.read_text()).items()}
+    expected = {**defaults(RolloutConfig), **defaults(TrainConfig)}
+    assert data == expected
+    assert parse_config(["--config", str(YAML)]) == parse_config([])
+
+
+@pytest.mark.parametrize("argv,flag,fragment", [
+    (["--train-backend", "megatron"], "--train-backend", "not available in this build"),
+    (["--train-backend", "jax"], "--train-backend", "not allowed"),
+    (["--eps-clip", "0.3", "--eps-clip-high", "0.2"], "--eps-clip-high", "must be >= --eps-clip"),
+    (["--kl-loss-type", "k9"], "--kl-loss-type", "not allowed"),
+    (["--advantage-estimator", "ppo"], "--advantage-estimator", "not allowed"),
+    (["--use-kl-loss"], "--kl-loss-coef", "must be > 0"),
+    (["--num-steps-per-rollout", "3"], "--num-steps-per-rollout", "must divide"),
+    (["--actor-num-gpus-per-node", "3"], "--global-batch-size", "divisible by the number of training ranks"),
+    (["--n-samples-per-prompt", "1"], "--n-samples-per-prompt", "groups of at least 2"),
+    (["--lr", "-1"], "--lr", ">= 0"),
+    (["--prompt-data", "/no/such.jsonl"], "--prompt-data", "does not exist"),
+])
+def test_bad_training_flags(argv, flag, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_config(argv)
+    assert err.value.flag == flag and fragment in str(err.value)
+
+
+def test_custom_rm_path_is_checked_before_anything_starts(tmp_path):
+    from miles.trainer import preflight
+
+    config = parse_config(["--custom-rm-path", "nowhere_at_all.reward"])
+    with pytest.raises(ConfigError, match="cannot import module 'nowhere_at_all'"):
+        preflight(config)
+    (tmp_path / "p.jsonl").write_text('{"question": "1+1="}\n')
+    with pytest.raises(ConfigError, match="has no key 'prompt'"):
+        preflight(parse_config(["--prompt-data", str(tmp_path / "p.jsonl")]))
