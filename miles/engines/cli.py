@@ -52,7 +52,8 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = _model_dir(serve)
-    runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length)
+    runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length,
+                         cpu_threads=engine.engine_cpu_threads)
     server = EngineServer(runner, engine, weight_version=serve.weight_version)
     print(f"miles engine: serving {model_dir} on http://{serve.host}:{serve.port} ({runner.device}, "
           f"max batch {engine.engine_max_batch_size})", file=sys.stderr, flush=True)

@@ -37,8 +37,11 @@ class StepState:
 
 
 class ModelRunner:
-    def __init__(self, model_path: str | Path, device: str = "auto", context_length: int | None = None):
+    def __init__(self, model_path: str | Path, device: str = "auto", context_length: int | None = None,
+                 cpu_threads: int | None = None):
         self.device = pick_device(device)
+        if cpu_threads is not None:
+            torch.set_num_threads(cpu_threads)
         # fp32 on CPU so log-probs match a trainer's fp32 recomputation; the checkpoint's dtype on GPU.
         self.dtype = torch.float32 if self.device.type == "cpu" else "auto"
         self.model_path = str(model_path)
