@@ -62,9 +62,9 @@ class RunTracker:
     """Implements `miles.tracking.protocol.RunTracker`."""
 
     def __init__(self, config: Any, run_dir: Path):
+        self.hooks = load_hooks(config.tracking)  # a bad hook fails before anything is written
         self.config, self.run_dir = config, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.hooks = load_hooks(config.tracking)
         self.scrubber = scrubber_for(config)
         self.params = public_params(config, self.scrubber)
         self.journal = Journal(self.run_dir)

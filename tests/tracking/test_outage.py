@@ -4,6 +4,8 @@ server down until the run ends, `miles replay-spool RUN_DIR` delivers them later
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,7 +40,8 @@ class MlflowServer:
             [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port",
              str(self.port), "--backend-store-uri", f"sqlite:///{self.store / 'mlflow.db'}",
              "--artifacts-destination", str(self.store / "artifacts"), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.store)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.store,
+            start_new_session=True)  # its own process group: the server forks uvicorn workers
         deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, "mlflow server exited"
@@ -52,7 +55,7 @@ class MlflowServer:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL: an outage, not a clean shutdown
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the server and its workers: an outage, not a shutdown
             self.proc.wait(timeout=30)
         self.proc = None
 

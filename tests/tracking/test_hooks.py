@@ -1,0 +1,87 @@
+"""Custom rollout/eval loggers by dotted path: True replaces the default logging, False keeps it;
+a bad path or signature fails at start-up, before any tracker or journal exists."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from miles.config import ConfigError, parse_config
+from miles.tracking import open_tracking, validate_tracking_config
+from miles.tracking.journal import read_journal
+from synthetic import make_samples, metrics_for
+
+CALLS: list[tuple] = []
+
+
+@pytest.fixture
+def hook_module(tmp_path, monkeypatch):
+    (tmp_path / "my_hooks.py").write_text(textwrap.dedent("""
+        from test_hooks import CALLS
+
+        def replace_all(rollout_id, args, samples, extra, rollout_time):
+            CALLS.append(("rollout", rollout_id, len(samples), rollout_time, args.num_rollout))
+            return True
+
+        def keep_default(rollout_id, args, samples, extra, rollout_time):
+            CALLS.append(("rollout", rollout_id, len(samples), rollout_time, args.num_rollout))
+            return False
+
+        def eval_replace(rollout_id, args, data, extra_metrics):
+            CALLS.append(("eval", rollout_id, sorted(data)))
+            return True
+
+        def two_args(rollout_id, args):
+            return True
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    CALLS.clear()
+    yield "my_hooks"
+    sys.modules.pop("my_hooks", None)
+
+
+def run_one(run_dir, *flags):
+    config = parse_config(["--num-rollout", "2", *flags])
+    tracker = open_tracking(config, run_dir)
+    tracker.log_rollout(0, config.as_namespace(), make_samples(0), {"rollout/extra_note": 2.0}, 1.25)
+    tracker.log_eval(0, config.as_namespace(), {"arith": {"rewards": [1, 0]}}, {})
+    tracker.record(0, {"train/loss": 0.5, "rollout/step": 0.0, "train/step": 0.0})
+    tracker.commit(0)
+    tracker.close()
+    (line,) = read_journal(run_dir / "metrics.jsonl")
+    return line.metrics
+
+
+def test_logger_returning_true_replaces_default_rollout_logging(run_dir, hook_module):
+    metrics = run_one(run_dir, "--custom-rollout-log-function-path", f"{hook_module}.replace_all")
+    assert CALLS == [("rollout", 0, 8, 1.25, 2)]
+    assert "rollout/response_len/mean" not in metrics and "perf/rollout_time" not in metrics
+    assert metrics["eval/arith"] == 0.5 and metrics["train/loss"] == 0.5
+
+
+def test_logger_returning_false_keeps_default_rollout_logging(run_dir, hook_module):
+    metrics = run_one(run_dir, "--custom-rollout-log-function-path", f"{hook_module}.keep_default",
+                      "--custom-eval-rollout-log-function-path", f"{hook_module}.eval_replace")
+    assert CALLS == [("rollout", 0, 8, 1.25, 2), ("eval", 0, ["arith"])]
+    # make_samples(0): 8 samples of 3 tokens; group 0 all correct (zero std), one truncated of 8
+    assert metrics["rollout/response_len/mean"] == 3.0 and metrics["perf/rollout_time"] == 1.25
+    assert metrics["rollout/truncated_ratio"] == 1 / 8 and metrics["rollout/zero_std/count_1"] == 1.0
+    assert metrics["rollout/extra_note"] == 2.0
+    assert "eval/arith" not in metrics  # the eval logger returned True
+
+
+@pytest.mark.parametrize("flag, path, message", [
+    ("--custom-rollout-log-function-path", "no_such_pkg.fn", "cannot import module"),
+    ("--custom-rollout-log-function-path", "my_hooks.missing", "has no function"),
+    ("--custom-rollout-log-function-path", "my_hooks.two_args", "must accept 5 positional arguments"),
+    ("--custom-eval-rollout-log-function-path", "my_hooks.keep_default", "must accept 4 positional arguments"),
+])
+def test_bad_logger_fails_at_start_up(run_dir, hook_module, flag, path, message):
+    config = parse_config([flag, path])
+    with pytest.raises(ConfigError, match=message) as err:
+        validate_tracking_config(config)
+    assert err.value.flag == flag and path.split(".")[0] in str(err.value)
+    with pytest.raises(ConfigError):
+        open_tracking(config, run_dir / "never")
+    assert not (run_dir / "never").exists()
