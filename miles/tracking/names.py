@@ -21,11 +21,12 @@ def metric_key(name: str) -> str:
 def map_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Mapped keys, float values; two names that map to one key are an error, not a silent overwrite."""
     out: dict[str, float] = {}
+    origin: dict[str, str] = {}
     for name, value in metrics.items():
         key = metric_key(name)
         if key in out:
-            raise ValueError(f"metric names collide after mapping to tracker-safe keys: {name!r} -> {key!r}")
-        out[key] = float(value)
+            raise ValueError(f"metric names {origin[key]!r} and {name!r} both map to the tracker-safe key {key!r}")
+        out[key], origin[key] = float(value), name
     return out
 
 

@@ -1,0 +1,58 @@
+"""The stdout row shape, the metric-key mapping and the journal's resume cut."""
+from __future__ import annotations
+
+import pytest
+
+from miles.tracking.journal import Journal, JournalLine, read_journal
+from miles.tracking.names import map_metrics, metric_key, step_key
+from miles.tracking.row import format_row
+
+PAGE_METRICS = {"train/loss": 0.412, "rollout/raw_reward": 0.61, "train/kl_loss": 0.018, "perf/rollout_time": 18.4,
+                "perf/train_time": 22.1, "perf/update_weights_time": 2.1, "perf/step_time": 42.6,
+                "train/grad_norm": 0.93, "train/lr": 1e-6}
+
+
+def test_row_matches_the_page():
+    assert format_row(12, 3000, PAGE_METRICS, show_kl=True).splitlines() == [
+        "[trainer] iter 12/3000 | loss=0.412 reward=0.61 kl=0.018",
+        "                       | rollout=18.4s train=22.1s p2p=2.1s  (total 42.6s)",
+        "                       | grad_norm=0.93 lr=1.0e-06",
+    ]
+
+
+def test_row_without_kl_loss_and_with_missing_metrics():
+    first, second, third = format_row(3, 10, {"train/loss": 0.5}, show_kl=False).splitlines()
+    assert first == "[trainer] iter 3/10 | loss=0.500 reward=n/a"
+    assert "rollout=n/a" in second and third.endswith("grad_norm=n/a lr=n/a")
+
+
+@pytest.mark.parametrize("name, key", [
+    ("passrate/pass@4", "passrate/pass_at_4"), ("eval/gsm8k/pass@16", "eval/gsm8k/pass_at_16"),
+    ("train/loss", "train/loss"), ("perf/tok(s)", "perf/tok_s_"), ("rollout/zero_std/count_0", "rollout/zero_std/count_0"),
+])
+def test_metric_key_mapping(name, key):
+    assert metric_key(name) == key and metric_key(key) == key
+
+
+def test_mapping_collision_is_an_error():
+    with pytest.raises(ValueError, match="pass@4"):
+        map_metrics({"passrate/pass@4": 1.0, "passrate/pass_at_4": 2.0})
+
+
+def test_step_axes():
+    assert step_key("train/loss") == "train/step" and step_key("eval/arith") == "eval/step"
+    assert {step_key(k) for k in ("rollout/x", "perf/x", "multi_turn/x", "passrate/x")} == {"rollout/step"}
+
+
+def test_journal_cut_back_to_a_checkpoint(tmp_path):
+    journal = Journal(tmp_path)
+    for rid in range(5):
+        journal.append(JournalLine(rid, 1000.0 + rid, {"train/loss": rid / 10}))
+    journal.truncate_after(2)
+    assert [ln.rollout_id for ln in read_journal(tmp_path / "metrics.jsonl")] == [0, 1, 2]
+    assert journal.count_through(1) == 2
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"rollout_id": 3, "ti')  # a writer killed mid-line
+    assert [ln.rollout_id for ln in Journal(tmp_path).lines] == [0, 1, 2]
+    journal.truncate_after(None)
+    assert read_journal(tmp_path / "metrics.jsonl") == []
