@@ -209,10 +209,11 @@ class RLTrainer:
         return result
 
     # ---- shutdown ---------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the ranks cleanly and close the trackers (and Ray, when this trainer started it)."""
+    def close(self, keep_actors: bool = False) -> None:
+        """Stop the ranks cleanly and close the trackers (and Ray, when this trainer started it).
+        `keep_actors` leaves named ranks running for the next chunk's trainer to attach to."""
         try:
-            if self.group.actors:
+            if self.group.actors and not keep_actors:
                 self.group.stop()
         finally:
             self.tracker.close()

@@ -56,8 +56,9 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
         router.stop()
 
 
-def run(config, run_dir, engine, rollout_ids, save_at=()):
-    trainer = RLTrainer(config, run_dir, engine.url, [engine.url])
+def run(config, run_dir, engine, rollout_ids, save_at=(), last=False):
+    # Named ranks kept between runs (as Prefect chunks keep them): a resume must overwrite all their state.
+    trainer = RLTrainer(config, run_dir, engine.url, [engine.url], actor_name_prefix="t-resume")
     try:
         start = trainer.resume()
         rows = {}
@@ -68,7 +69,7 @@ def run(config, run_dir, engine, rollout_ids, save_at=()):
         digest = trainer.group.call("weights_digest")
         return start, rows, digest
     finally:
-        trainer.close()
+        trainer.close(keep_actors=not last)
 
 
 def comparable(metrics):
@@ -83,7 +84,7 @@ def test_resume_is_exact_even_past_a_corrupt_checkpoint(small_config, ray_cluste
     newest = tmp_path / "b" / "checkpoints" / "iter_0000002"
     (newest / "model.safetensors").write_bytes(b"torn write")  # the newest checkpoint is damaged
     assert sorted(p.name for p in newest.parent.iterdir()) == ["iter_0000001", "iter_0000002"]  # keep=2
-    start, part2, resumed_digest = run(config, tmp_path / "b", engine, range(2, 4))
+    start, part2, resumed_digest = run(config, tmp_path / "b", engine, range(2, 4), last=True)
 
     assert start == 2  # fell back to iter_0000001
     assert "skipping checkpoint" in capsys.readouterr().out
