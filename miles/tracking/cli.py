@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 import yaml
@@ -12,9 +13,14 @@ from miles.tracking.delivery import DeliveryWorker
 from miles.tracking.journal import Journal
 from miles.tracking.run_tracker import CONFIG_ARTIFACT
 from miles.tracking.samples import existing_samples
-from miles.tracking.secrets import Scrubber
+from miles.config.fields import is_secret_name
+from miles.tracking.secrets import MIN_SECRET_LEN, Scrubber
 from miles.tracking.sinks.base import build_sink
 from miles.tracking.state import STATE_PATH, TrackingState
+
+
+def env_secrets() -> tuple[str, ...]:
+    return tuple(v for k, v in os.environ.items() if is_secret_name(k) and len(v) >= MIN_SECRET_LEN)
 
 
 def replay(run_dir: Path, timeout: float) -> dict[str, int]:
@@ -32,7 +38,7 @@ def replay(run_dir: Path, timeout: float) -> dict[str, int]:
         sinks.append(sink)
     journal = Journal(run_dir)
     worker = DeliveryWorker(sinks, state, journal.lines, lambda rid: existing_samples(run_dir, rid),
-                            Scrubber(()), retry_interval=1.0)
+                            Scrubber(env_secrets()), retry_interval=1.0)
     worker.start()
     report = worker.finish([Path(p) for p in state.artifacts], timeout=timeout)
     return report.undelivered

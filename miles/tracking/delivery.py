@@ -8,7 +8,6 @@ retries every `retry_interval` seconds. Nothing here ever raises into training.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -24,7 +23,6 @@ from miles.tracking.state import SinkState, TrackingState
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
-WORKER_NICENESS = 10  # delivery may lag a little; the training thread must not
 
 
 @dataclass
@@ -77,10 +75,7 @@ class DeliveryWorker:
 
     # -- worker thread --------------------------------------------------------
     def _run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICENESS)
-        except (OSError, AttributeError):
-            pass  # not Linux or not permitted: run at normal priority
+        # not niced: a low-priority thread descheduled while holding the GIL would stall training
         try:
             while True:
                 waiting = any(s.down_since is not None for s in self.slots)
