@@ -24,6 +24,9 @@ def prefect_api(tmp_path_factory):
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_HOME: str(home / "client")}):
             yield server
+            from prefect.logging.handlers import APILogHandler
+
+            APILogHandler.flush()  # send the last task-run logs while the server is still up
     finally:
         for key, value in saved.items():
             if value is None:
