@@ -26,7 +26,7 @@ def prefect_api(tmp_path_factory):
             yield server
             from prefect.logging.handlers import APILogHandler
 
-            APILogHandler.flush()  # send the last task-run logs while the server is still up
+            APILogHandler().flush()  # send the last task-run logs while the server is still up
     finally:
         for key, value in saved.items():
             if value is None:
