@@ -29,7 +29,7 @@ class RolloutConfig:
     rollout_num_engines: int = flag(1, "inference engines to launch", minimum=1)
     rollout_num_gpus_per_engine: int = flag(1, "GPUs per SGLang engine", minimum=1)
     sglang_server_concurrency: int = flag(64, "most requests in flight to the engines at once", minimum=1)
-    eval_interval: int | None = flag(10, "evaluate every N rollouts (none: never)", minimum=1)
+    eval_interval: int | None = flag(20, "evaluate every N rollouts (none: never)", minimum=1)
     eval_prompt_data: list[str] = flag([], "eval sets as NAME PATH pairs (default: the generated arithmetic eval set)")
     n_samples_per_eval_prompt: int = flag(4, "samples per eval prompt (pass@k uses k up to this)", minimum=1)
     eval_temperature: float = flag(1.0, "sampling temperature at eval", minimum=0.0)

@@ -18,7 +18,7 @@ class TrainConfig:
                                          minimum=1)
     micro_batch_size: int = flag(64, "samples per forward/backward", minimum=1)
     num_steps_per_rollout: int = flag(1, "optimizer steps per rollout", minimum=1)
-    lr: float = flag(2e-3, "learning rate", minimum=0.0)
+    lr: float = flag(5e-4, "learning rate", minimum=0.0)
     min_lr: float = flag(0.0, "floor of the decayed learning rate", minimum=0.0)
     lr_warmup_iters: int = flag(0, "optimizer steps of linear warm-up", minimum=0)
     lr_decay_style: str = flag("constant", "learning-rate schedule after warm-up",
