@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     path = ensure_base_model(progress=not args.quiet)
     report = json.loads((path / "warmstart.json").read_text())
     state = "cached" if existed else f"made in {report['seconds']}s"
-    print(f"base model ({state}): {report['steps']} SFT steps, eval pass@1 {report['eval_pass_at_1']:.3f}")
+    print(f"base model ({state}): {report['steps']} SFT steps, held-out greedy accuracy "
+          f"{report['eval_greedy_accuracy']:.3f}, sampled pass@1 {report['eval_pass_at_1']:.3f}")
     print(path)
     return 0

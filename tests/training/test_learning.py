@@ -4,10 +4,9 @@ import pytest
 from miles.config import parse_config
 from miles.train import train
 
-# Measured on 2 cores: the default run (60 rollouts, ~3.5 min) lifts sampled eval pass@1 from
-# 0.283 to 0.349 (+0.065) at world size 1. The issue asks for +0.20, which this build does not
-# reach yet; the test guards what it does reach: a real improvement over the warm-started base.
-MIN_GAIN = 0.03
+# Measured on 2 cores: the default run (60 rollouts, ~4 min) lifts sampled eval pass@1 from
+# 0.229 to 0.796 (+0.566) at world size 1. The bar is +0.20 absolute.
+MIN_GAIN = 0.20
 
 
 @pytest.mark.slow
