@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/miles train --config configs/tiny-cpu.yaml
+	$(BIN)/miles train --config configs/tiny-cpu.yaml --use-wandb --use-mlflow
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -144,9 +144,10 @@ class RLTrainer:
         start = time.perf_counter()
         samples, advantages = self._rollout(rollout_id)
         rollout_time = time.perf_counter() - start
-        metrics = rollout_metrics(samples, advantages, cfg.rollout.n_samples_per_prompt,
-                                  binary_reward=cfg.rollout.custom_rm_path is None)
-        self.tracker.log_rollout(rollout_id, self.args, samples, dict(metrics), rollout_time)
+        # rollout/ and passrate/ go out through the rollout logger (a custom one may replace them)
+        rollout_logged = rollout_metrics(samples, advantages, cfg.rollout.n_samples_per_prompt,
+                                         binary_reward=cfg.rollout.custom_rm_path is None)
+        self.tracker.log_rollout(rollout_id, self.args, samples, dict(rollout_logged), rollout_time)
 
         t_train = time.perf_counter()
         batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id)
@@ -159,7 +160,7 @@ class RLTrainer:
         update_time = time.perf_counter() - t_sync
         step_time = time.perf_counter() - start
 
-        metrics.update(summary.metrics)
+        metrics = dict(summary.metrics)
         metrics.update({
             "perf/rollout_time": rollout_time, "perf/train_time": train_time,
             "perf/actor_train_time": summary.actor_train_time, "perf/log_probs_time": summary.log_probs_time,
@@ -173,12 +174,13 @@ class RLTrainer:
         steps = cfg.train.num_steps_per_rollout
         metrics.update({"train/step": float(rollout_id * steps + steps - 1), "rollout/step": float(rollout_id),
                         "eval/step": float(rollout_id)})
+        evaluated = {}
         if self._eval_due(rollout_id):
             t_eval = time.perf_counter()
-            metrics.update(self.evaluate(rollout_id).metrics)
+            evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
             metrics["perf/eval_time"] = time.perf_counter() - t_eval
         self.tracker.record(rollout_id, metrics)
-        return IterationResult(rollout_id, metrics, samples)
+        return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated}, samples)
 
     def _rollout(self, rollout_id: int) -> tuple[list[Sample], list[float]]:
         r = self.config.rollout

@@ -20,10 +20,13 @@ class RunTracker(Protocol):
         """What the checkpoint must store for `resume` (e.g. wandb/MLflow run ids)."""
 
     def log_rollout(self, rollout_id: int, args: Any, samples: list, extra_metrics: dict, rollout_time: float) -> None:
-        """Miles' custom rollout logger hook, then default rollout logging unless it returned True."""
+        """Miles' custom rollout logger hook, then default rollout logging unless it returned True.
+        `extra_metrics` holds the loop's `rollout/` and `passrate/` metrics for these samples: the
+        default logging records them, a custom logger returning True replaces them."""
 
     def log_eval(self, rollout_id: int, args: Any, data: dict, extra_metrics: dict) -> None:
-        """Miles' custom eval logger hook, likewise."""
+        """Miles' custom eval logger hook, likewise: `extra_metrics` are the loop's `eval/` metrics
+        of `data` ({name: {"rewards", "truncated", "samples"}})."""
 
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
         """One iteration's metrics (with `train/step`, `rollout/step`, `eval/step`): stdout row + journal."""

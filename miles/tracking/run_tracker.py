@@ -9,7 +9,6 @@ from typing import Any
 
 import yaml
 
-from miles.tracking import default_metrics
 from miles.tracking.delivery import DeliveryWorker, FinishReport
 from miles.tracking.hooks import load_hooks
 from miles.tracking.journal import Journal, JournalLine
@@ -119,14 +118,15 @@ class RunTracker:
         if self.hooks.rollout is not None and self.hooks.rollout(rollout_id, args, samples, extra_metrics,
                                                                  rollout_time):
             return  # Miles: True means the custom logger replaced the default one
-        metrics = default_metrics.rollout_metrics(samples, extra_metrics, rollout_time)
-        self.pending.setdefault(rollout_id, {}).update(map_metrics(metrics))
+        # The default logging records the rollout metrics the loop computed from these samples
+        # (miles.rollout.metrics is their one source); samples also feed the table and the hooks.
+        self.pending.setdefault(rollout_id, {}).update(map_metrics(extra_metrics))
 
     def log_eval(self, rollout_id: int, args: Any, data: dict, extra_metrics: dict) -> None:
         self._start({})
         if self.hooks.eval is not None and self.hooks.eval(rollout_id, args, data, extra_metrics):
             return
-        metrics = map_metrics({"eval/step": rollout_id, **default_metrics.eval_metrics(data, extra_metrics)})
+        metrics = map_metrics({"eval/step": rollout_id, **extra_metrics})
         if self.journal.lines and self.journal.lines[-1].rollout_id == rollout_id:
             self.journal.append(JournalLine(rollout_id, time.time(), metrics))  # eval after its iteration
         else:

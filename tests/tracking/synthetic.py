@@ -96,7 +96,8 @@ def main(argv: list[str]) -> int:
         tracker.log_rollout(rollout_id, margs, make_samples(rollout_id), {"rollout/extra_note": 1.0}, 1.5)
         metrics = metrics_for(rollout_id)
         if args.eval_interval and rollout_id % args.eval_interval == 0:
-            tracker.log_eval(rollout_id, margs, {"arith": {"rewards": [1, 0, 1, 1], "truncated": [0, 0, 1, 0]}}, {})
+            data = {"arith": {"rewards": [1, 0, 1, 1], "truncated": [0, 0, 1, 0]}}
+            tracker.log_eval(rollout_id, margs, data, {"eval/arith": 0.75, "eval/arith-truncated_ratio": 0.25})
         tracker.record(rollout_id, metrics)
         if args.kill_at is not None and rollout_id == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -10,6 +10,7 @@ import pytest
 from miles.config import ConfigError, parse_config
 from miles.tracking import open_tracking, validate_tracking_config
 from miles.tracking.journal import read_journal
+from miles.rollout.metrics import rollout_metrics
 from synthetic import make_samples, metrics_for
 
 CALLS: list[tuple] = []
@@ -44,9 +45,11 @@ def hook_module(tmp_path, monkeypatch):
 def run_one(run_dir, *flags):
     config = parse_config(["--num-rollout", "2", *flags])
     tracker = open_tracking(config, run_dir)
-    tracker.log_rollout(0, config.as_namespace(), make_samples(0), {"rollout/extra_note": 2.0}, 1.25)
-    tracker.log_eval(0, config.as_namespace(), {"arith": {"rewards": [1, 0]}}, {})
-    tracker.record(0, {"train/loss": 0.5, "rollout/step": 0.0, "train/step": 0.0})
+    samples = make_samples(0)
+    computed = rollout_metrics(samples, [0.0] * len(samples), group_size=4, binary_reward=True)
+    tracker.log_rollout(0, config.as_namespace(), samples, {**computed, "rollout/extra_note": 2.0}, 1.25)
+    tracker.log_eval(0, config.as_namespace(), {"arith": {"rewards": [1, 0]}}, {"eval/arith": 0.5})
+    tracker.record(0, {"train/loss": 0.5, "perf/rollout_time": 1.25, "rollout/step": 0.0, "train/step": 0.0})
     tracker.commit(0)
     tracker.close()
     (line,) = read_journal(run_dir / "metrics.jsonl")
@@ -56,8 +59,10 @@ def run_one(run_dir, *flags):
 def test_logger_returning_true_replaces_default_rollout_logging(run_dir, hook_module):
     metrics = run_one(run_dir, "--custom-rollout-log-function-path", f"{hook_module}.replace_all")
     assert CALLS == [("rollout", 0, 8, 1.25, 2)]
-    assert "rollout/response_len/mean" not in metrics and "perf/rollout_time" not in metrics
-    assert metrics["eval/arith"] == 0.5 and metrics["train/loss"] == 0.5
+    assert not [k for k in metrics if k.startswith(("rollout/response_len", "rollout/zero_std", "passrate/"))]
+    assert "rollout/extra_note" not in metrics
+    # what the loop records itself stays: training, perf and the eval the default eval logging kept
+    assert metrics["eval/arith"] == 0.5 and metrics["train/loss"] == 0.5 and metrics["perf/rollout_time"] == 1.25
 
 
 def test_logger_returning_false_keeps_default_rollout_logging(run_dir, hook_module):
@@ -66,7 +71,7 @@ def test_logger_returning_false_keeps_default_rollout_logging(run_dir, hook_modu
     assert CALLS == [("rollout", 0, 8, 1.25, 2), ("eval", 0, ["arith"])]
     # make_samples(0): 8 samples of 3 tokens; group 0 all correct (zero std), one truncated of 8
     assert metrics["rollout/response_len/mean"] == 3.0 and metrics["perf/rollout_time"] == 1.25
-    assert metrics["rollout/truncated_ratio"] == 1 / 8 and metrics["rollout/zero_std/count_1"] == 1.0
+    assert metrics["rollout/truncated_ratio"] == 1 / 8 and metrics["rollout/zero_std/count_1.0"] == 1.0
     assert metrics["rollout/extra_note"] == 2.0
     assert "eval/arith" not in metrics  # the eval logger returned True
 
