@@ -1,16 +1,18 @@
-"""Finish a run: close the trainer (trackers finish, report written) and publish the artifacts."""
+"""Finish a run: stop the training ranks and publish the artifacts (each chunk already closed the trackers,
+which writes the run report and uploads it)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
+from miles.backends.group import stop_named_group
 from miles.config import MilesConfig
+from miles.tracking.journal import read_journal
 from tasks.logs import library_logs_to_prefect
-from tasks.training import Services, open_trainer
+from tasks.training import Services
 
 
 @dataclass(frozen=True)
@@ -22,11 +24,6 @@ class RunReport:
     final_metrics: dict[str, float] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
     red_flags: list[str] = field(default_factory=list)
-
-
-def read_journal(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def mlflow_link(config: MilesConfig, run_dir: Path) -> str | None:
@@ -61,13 +58,12 @@ def red_flags_markdown(flags: list[str]) -> str:
 
 @task(name="finish_run", log_prints=True)
 def finish_run(config: MilesConfig, run_dir: str, services: Services) -> RunReport:
-    """Tracker finish and report through the trainer, then the table, link and health artifacts."""
+    """Ranks stopped cleanly, then the final-metrics table, link and health artifacts."""
     path = Path(run_dir)
     with library_logs_to_prefect():
-        trainer = open_trainer(config, run_dir, services)
-        trainer.close()
-    journal = read_journal(path)
-    final = {k: v for k, v in (journal[-1] if journal else {}).items() if isinstance(v, (int, float))}
+        stop_named_group(services.trainer_prefix, config.world_size)
+    journal = read_journal(path / "metrics.jsonl")
+    final = dict(journal[-1].metrics) if journal else {}
     create_table_artifact(key="grpo-final-metrics", table=[{"metric": k, "value": v} for k, v in sorted(final.items())],
                           description=f"final metrics of {run_dir}")
     links = {}

@@ -1,9 +1,34 @@
-"""Session-wide fixtures: one real Prefect server (SQLite, loopback) shared by every test that asks."""
+"""Session-wide fixtures: one real Prefect server (SQLite, loopback) shared by every test that asks,
+the tiny base model, and a local Ray that areas scope as they need."""
 from __future__ import annotations
 
 import os
 
 import pytest
+
+
+@pytest.fixture(scope="session")
+def base_model():
+    from miles.tiny.warmstart import ensure_base_model
+
+    return ensure_base_model(progress=False)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A small local Ray for a test module's actors, shut down after it (unless someone else started it);
+    per module, so it never outlives into tests that bring up Ray themselves (the flow's)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, namespace="miles", include_dashboard=False, object_store_memory=128 * 1024 * 1024,
+                 log_to_driver=False)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -68,8 +68,23 @@ class ActorGroup:
     def stop(self) -> None:
         """Leave the process group on every rank, then end the actors (no abort at exit)."""
         try:
-            self.call("shutdown")
+            stop_ranks(self.actors)
         finally:
-            for actor in self.actors:
-                ray.kill(actor, no_restart=True)
             self.actors = []
+
+
+def stop_ranks(actors: list[Any]) -> None:
+    try:
+        ray.get([a.shutdown.remote() for a in actors])
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+
+
+def stop_named_group(name_prefix: str, world_size: int) -> bool:
+    """Stop a run's named ranks cleanly without building a trainer; False when they are gone."""
+    actors = _named(name_prefix, world_size)
+    if actors is None:
+        return False
+    stop_ranks(actors)
+    return True

@@ -7,15 +7,9 @@ import httpx
 import pytest
 
 from miles.engines.launch import launch_engine
-from miles.tiny.warmstart import ensure_base_model
 
 MAX_BATCH = 16
 MAX_QUEUED = 64
-
-
-@pytest.fixture(scope="session")
-def base_model():
-    return ensure_base_model(progress=False)
 
 
 @pytest.fixture(scope="session")
