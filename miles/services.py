@@ -1,4 +1,5 @@
-"""The inference side of a plain run: `--rollout-num-engines` embedded engines and the router in front."""
+"""The inference side of a plain run: `--rollout-num-engines` embedded engines and the router in front,
+each its own process on loopback."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,9 +44,10 @@ def start_services(config, run_dir: Path, model_dir: Path | None = None, use_rou
             services.engine_urls.append(handle.url)
         services.rollout_url = services.engine_urls[0]
         if use_router:
-            from miles.router import start_router
+            from miles.router.launch import launch_router
 
-            router = start_router(config.router, host="127.0.0.1", worker_urls=services.engine_urls)
+            router = launch_router(config.router, host="127.0.0.1", worker_urls=services.engine_urls,
+                                   log_path=Path(run_dir) / "logs" / "router.log")
             services._stops.append(router.stop)
             services.rollout_url = router.url
     except BaseException:

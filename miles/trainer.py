@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import ray
 from transformers import AutoTokenizer
 
@@ -161,6 +162,7 @@ class RLTrainer:
         step_time = time.perf_counter() - start
 
         metrics = dict(summary.metrics)
+        metrics.update(self._router_metrics())
         metrics.update({
             "perf/rollout_time": rollout_time, "perf/train_time": train_time,
             "perf/actor_train_time": summary.actor_train_time, "perf/log_probs_time": summary.log_probs_time,
@@ -194,6 +196,15 @@ class RLTrainer:
         for sample, advantage in zip(samples, advantages):
             sample.metadata["advantage"] = advantage
         return samples, advantages
+
+    def _router_metrics(self) -> dict[str, float]:
+        """`rollout/router_*`: the router's requests, errors, retries, latency and worker counts since
+        the last iteration (none when rollouts go straight to one engine)."""
+        if self.sync.router_url is None:
+            return {}
+        stats = httpx.get(f"{self.sync.router_url}/router_stats", timeout=30.0).raise_for_status().json()
+        return {f"rollout/{key}": float(value) for key, value in stats.items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
     def _eval_due(self, rollout_id: int) -> bool:
         interval = self.config.rollout.eval_interval

@@ -23,3 +23,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(serve.worker_urls)} workers)", flush=True)
     serve_forever(router, sock)
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from miles.config import ConfigError
+
+    try:
+        sys.exit(main())
+    except ConfigError as exc:
+        print(f"miles router: error: {exc}", file=sys.stderr)
+        sys.exit(2)

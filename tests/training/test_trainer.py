@@ -41,6 +41,9 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
         assert all(math.isfinite(v) for v in m.values())
         assert {s.weight_version for s in first.samples} == {"0"}
         assert len(first.samples) == 16 and all(s.reward in (0.0, 1.0) for s in first.samples)
+        # the router's snapshot of the iteration: 16 samples went through it (as batched /generate calls)
+        assert m["rollout/router_requests"] >= 1 and m["rollout/router_errors"] == 0
+        assert m["rollout/router_healthy_workers"] == 1
 
         second = trainer.run_iteration(1)  # eval is due after rollout 1 (--eval-interval 2)
         assert {s.weight_version for s in second.samples} == {"1"}

@@ -1,0 +1,46 @@
+"""Start the router as a subprocess (`python -m miles.router.cli`) and wait until it answers.
+
+A plain run uses this rather than the in-process router: proxying in the trainer's own
+process would compete with the rollout client for the same interpreter lock.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from pathlib import Path
+
+from miles.config import RouterConfig
+from miles.config.fields import flag_name
+from miles.service_process import ServiceProcess, ServiceStartError, free_port, start_service
+
+TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
+
+
+def router_command(config: RouterConfig, host: str, port: int, worker_urls: list[str]) -> list[str]:
+    """The command line for `config`; the admin token is left out (it travels in the environment,
+    never in argv where `ps` shows it)."""
+    argv = [sys.executable, "-m", "miles.router.cli", "--host", host, "--port", str(port)]
+    if worker_urls:
+        argv += ["--worker-urls", *worker_urls]
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.metadata.get("secret") or value is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag_name(field.name) if value else f"--no-{field.name.replace('_', '-')}")
+        else:
+            argv += [flag_name(field.name), str(value)]
+    return argv
+
+
+def launch_router(config: RouterConfig, *, host: str = "127.0.0.1", port: int | None = None,
+                  worker_urls: list[str] = (), log_path: str | Path | None = None,
+                  timeout: float = 60.0) -> ServiceProcess:
+    """Start a router process in front of `worker_urls`; return once `/router_health` answers."""
+    if log_path is None:
+        log_path = Path(tempfile.mkdtemp(prefix="miles-router-")) / "router.log"
+    port = port or free_port(host)
+    env = {TOKEN_ENV: config.router_admin_token} if config.router_admin_token else None
+    return start_service(router_command(config, host, port, list(worker_urls)), host, port, Path(log_path),
+                         health_path="/router_health", timeout=timeout, env=env, error=ServiceStartError)

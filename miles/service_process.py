@@ -1,0 +1,108 @@
+"""A loopback HTTP service run as a child process: start it, wait until it answers, stop it.
+
+Engines and the router both run this way in a plain run, so neither competes with the
+trainer's own Python thread; readiness is a health endpoint answering 200 within a
+deadline, and a service that dies first raises with the tail of its log.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+STOP_GRACE_S = 15.0
+LOG_TAIL_CHARS = 4000
+# Run from the directory that holds the `miles` package, so `python -m miles...` resolves to
+# this checkout even when the caller's working directory is elsewhere.
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+class ServiceStartError(RuntimeError):
+    """The service exited or never became healthy; the message holds its command and log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, timeout: float, process: subprocess.Popen | None = None, path: str = "/health",
+                 error: type[Exception] = ServiceStartError) -> None:
+    """Poll `url + path` until it answers 200; raise TimeoutError at the deadline, or `error`
+    as soon as `process` (when given) has exited."""
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    with httpx.Client(timeout=10.0) as client:
+        while True:
+            if process is not None and process.poll() is not None:
+                raise error(f"the process exited with code {process.returncode} before it was healthy")
+            try:
+                response = client.get(url + path)
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}: {response.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = repr(exc)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{url}{path} was not healthy within {timeout:.0f}s (last: {last})")
+            time.sleep(0.25)  # poll interval of the readiness loop, bounded by the deadline above
+
+
+@dataclass
+class ServiceProcess:
+    url: str
+    pid: int
+    port: int
+    process: subprocess.Popen = field(repr=False)
+    log_path: Path | None = None
+
+    def stop(self, grace: float = STOP_GRACE_S) -> int | None:
+        """Terminate the service, then kill it if it is still there after `grace` seconds."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=grace)
+        return self.process.returncode
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def __enter__(self) -> "ServiceProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_service(argv: list[str], host: str, port: int, log_path: Path, *, health_path: str, timeout: float,
+                  env: dict[str, str] | None = None, error: type[Exception] = ServiceStartError) -> ServiceProcess:
+    """Run `argv` (which serves on host:port) with its output in `log_path`; return once healthy."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **(env or {})}, cwd=REPO_ROOT)
+    service = ServiceProcess(url=f"http://{host}:{port}", pid=process.pid, port=port, process=process,
+                             log_path=log_path)
+    try:
+        wait_healthy(service.url, timeout, process=process, path=health_path, error=error)
+    except (error, TimeoutError) as exc:
+        service.stop()
+        raise error(f"{exc}\ncommand: {' '.join(argv)}\nlog {log_path} ends with:\n{log_tail(log_path)}") from None
+    return service
+
+
+def log_tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
