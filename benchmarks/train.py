@@ -55,7 +55,7 @@ class PlainLoop:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
         c = config.train
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=(c.adam_beta1, c.adam_beta2),
-                                           weight_decay=c.weight_decay, eps=1e-8)
+                                           weight_decay=c.weight_decay, eps=1e-8, foreach=True)  # as the backend
 
     def train(self, batch) -> tuple[int, float]:
         from miles.backends.fsdp.batch import micro_batches

@@ -71,7 +71,7 @@ class FSDPTrainActor:
         self.pad_id = self.model.config.pad_token_id or 0
         self.ref_model = self._sharded(model_path, trainable=False) if cfg.use_kl_loss else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay, eps=1e-8)
+                                           weight_decay=cfg.weight_decay, eps=1e-8, foreach=True)
         total = self.config.rollout.num_rollout * self.config.train.num_steps_per_rollout
         decay = cfg.lr_decay_iters or total
 
