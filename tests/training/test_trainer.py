@@ -16,7 +16,8 @@ ROLLOUT_KEYS = ["raw_reward", "rewards", "advantages", "log_probs", "rollout_log
                 "response_len/min", "zero_std/count_0.0", "zero_std/count_1.0", "truncated_ratio"]
 PERF_KEYS = ["rollout_time", "train_time", "actor_train_time", "log_probs_time", "update_weights_time",
              "step_time", "wait_time_ratio", "actor_train_tok_per_s", "tokens_per_gpu_per_sec"]
-# The engine's log-probs come from whatever batch a request joined; they may differ in the last bits.
+# The engine's log-probs come from whatever batch a request joined; they may differ in the last bits
+# (fp32 log-probs of magnitude ~1-5 carry ~5e-7 of rounding, so these compare within 2e-6).
 ENGINE_FLOAT_KEYS = {"rollout/rollout_log_probs", "train/train_rollout_logprob_abs_diff"}
 
 
@@ -97,7 +98,7 @@ def test_resume_is_exact_even_past_a_corrupt_checkpoint(small_config, ray_cluste
         got = part1[r] if r < 2 else part2[r]
         assert comparable(got) == comparable(straight[r]), f"rollout {r} differs"
         for key in ENGINE_FLOAT_KEYS:
-            assert got[key] == pytest.approx(straight[r][key], rel=1e-5, abs=1e-7)
+            assert got[key] == pytest.approx(straight[r][key], rel=1e-5, abs=2e-6)
     journal = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [row["rollout/step"] for row in journal] == [0, 1, 2, 3]  # the redone rollout 2 is not doubled
 
