@@ -17,7 +17,7 @@ from tasks.actors import stop_run_actors
 from tasks.finish import RunReport, finish_run
 from tasks.options import configured
 from tasks.services import engine_alive, launch_engine, register_engine, start_router
-from tasks.training import Services, profile_window, train_chunk
+from tasks.training import Services, profile_window, start_training_ranks, train_chunk, trainer_prefix
 
 
 def admin_token(config: MilesConfig) -> str | None:
@@ -31,14 +31,17 @@ def log_dir(config: MilesConfig) -> str:
 
 
 def bring_up_services(config: MilesConfig, prefix: str) -> Services:
-    """Router and engines start side by side; each engine is registered once /health_generate passes."""
+    """Router, engines and training ranks start side by side; each engine is registered once
+    /health_generate passes."""
     o = config.orchestration
+    ranks = configured(start_training_ranks, o).submit(config, trainer_prefix(prefix))
     router = configured(start_router, o).submit(config.router, prefix)
     engines = [configured(launch_engine, o).submit(config.engine, config.rollout.hf_checkpoint, prefix, i,
                                                    log_dir(config)) for i in range(config.rollout.rollout_num_engines)]
     router_url = router.result().url
     engine_urls = [e.result().url for e in engines]
     register_all(config, router_url, engine_urls)
+    ranks.result()
     return Services(prefix=prefix, router_url=router_url, engine_urls=engine_urls)
 
 

@@ -26,7 +26,12 @@ class Services:
 
     @property
     def trainer_prefix(self) -> str:
-        return f"{self.prefix}-train"
+        return trainer_prefix(self.prefix)
+
+
+def trainer_prefix(prefix: str) -> str:
+    """Name prefix of a run's training ranks (`<prefix>-train-rank<k>`)."""
+    return f"{prefix}-train"
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,16 @@ class ChunkResult:
     resumed_at: int
     iterations_run: int
     last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+@task(name="start_training_ranks")
+def start_training_ranks(config: MilesConfig, trainer_prefix: str) -> int:
+    """The run's training ranks as named Ray actors on the base weights, started while the engines
+    start (found, not twinned, on a retry); the chunks attach to them. Returns the world size."""
+    from miles.backends.group import ActorGroup
+
+    with library_logs_to_prefect():
+        return ActorGroup(config, config.rollout.hf_checkpoint, name_prefix=trainer_prefix).world_size
 
 
 def open_trainer(config: MilesConfig, run_dir: str, services: Services):
