@@ -7,7 +7,6 @@ metrics.jsonl. The Prefect flow runs the same `RLTrainer` in retryable chunks in
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,10 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from miles.config import ConfigError
+    from miles.config import run_main
 
-    try:
-        sys.exit(main())
-    except ConfigError as exc:
-        print(f"python -m miles.train: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main, "python -m miles.train")

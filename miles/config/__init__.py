@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 from miles.config.engine import EngineConfig
 from miles.config.fields import ConfigError, flag_name, is_secret_name
@@ -24,7 +25,7 @@ from miles.config.train import TrainConfig
 __all__ = [
     "ConfigError", "MilesConfig", "parse_config", "EngineConfig", "RouterConfig", "RolloutConfig",
     "TrainConfig", "TrackingConfig", "ProfilingConfig", "OrchestrationConfig", "EngineServeConfig",
-    "RouterServeConfig", "parse_sections", "redacted_flat_dict",
+    "RouterServeConfig", "parse_sections", "redacted_flat_dict", "run_main",
 ]
 
 REDACTED = "***"
@@ -134,3 +135,12 @@ def redacted_flat_dict(config: MilesConfig) -> dict[str, Any]:
                 value = REDACTED
             out[f.name] = value
     return out
+
+
+def run_main(main: Callable[[], int | None], prog: str) -> NoReturn:
+    """A `python -m` entry point: run `main`, turning a ConfigError into one clean line and exit 2."""
+    try:
+        sys.exit(main())
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -62,8 +62,6 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ConfigError as exc:
-        print(f"miles engine: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    from miles.config import run_main
+
+    run_main(main, "miles engine")

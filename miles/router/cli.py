@@ -26,12 +26,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
+    from miles.config import run_main
 
-    from miles.config import ConfigError
-
-    try:
-        sys.exit(main())
-    except ConfigError as exc:
-        print(f"miles router: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main, "miles router")
