@@ -54,22 +54,13 @@ def metrics_for(rollout_id: int, x: float) -> dict[str, float]:
     return m
 
 
-def wait_open(tracker, deadline_s: float = 300.0) -> None:
-    tracker.checkpoint_extra()  # starts the delivery worker, which opens the trackers
-    deadline = time.monotonic() + deadline_s
-    while not all(slot.opened for slot in tracker.worker.slots):
-        if time.monotonic() > deadline:
-            raise TimeoutError("trackers did not open")
-        time.sleep(0.05)  # poll interval
-
-
 def phase(trackers_on: bool, run_dir: Path, iterations: int, n_matmul: int, a: torch.Tensor) -> list[float]:
     flags = ["--num-rollout", str(iterations)]
     if trackers_on:
         flags += ["--use-wandb", "--wandb-mode", "offline", "--use-mlflow", "--use-tensorboard"]
     config = parse_config(flags)
     tracker = open_tracking(config, run_dir)
-    wait_open(tracker)
+    tracker.wait_open(300.0)
     times = []
     with contextlib.redirect_stdout(io.StringIO()):  # the rows, in both modes; kept off the table
         for rollout_id in range(iterations):

@@ -104,6 +104,15 @@ class RunTracker:
         self.pending.clear()
         self._start(extra or {})
 
+    def wait_open(self, timeout: float) -> None:
+        """Block until every tracker run is open (benchmarks and tests that time or kill delivery)."""
+        worker = self._start({})
+        deadline = time.monotonic() + timeout
+        while not all(slot.opened for slot in worker.slots):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trackers not open after {timeout}s")
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+
     def checkpoint_extra(self) -> dict[str, Any]:
         worker = self._start({})
         return {f"{slot.name}_run_id": slot.state.spec.options["run_id"] for slot in worker.slots

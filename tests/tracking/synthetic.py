@@ -13,7 +13,6 @@ import math
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from miles.config import parse_config
@@ -57,15 +56,6 @@ def metrics_for(rollout_id: int) -> dict[str, float]:
     return m
 
 
-def wait_open(tracker, deadline_s: float = 120.0) -> None:
-    tracker.checkpoint_extra()  # starts the delivery worker, which opens the trackers
-    deadline = time.monotonic() + deadline_s
-    while not all(slot.opened for slot in tracker.worker.slots):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"trackers not open after {deadline_s}s")
-        time.sleep(0.05)  # poll interval
-
-
 def load_checkpoint(run_dir: Path) -> dict | None:
     path = run_dir / "checkpoint.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -90,7 +80,7 @@ def main(argv: list[str]) -> int:
         tracker.resume(ckpt["rollout_id"], ckpt["extra"])
         start = ckpt["rollout_id"] + 1
     if args.wait_trackers_open:
-        wait_open(tracker)
+        tracker.wait_open(120.0)
     margs = config.as_namespace()
     for rollout_id in range(start, args.rollouts):
         tracker.log_rollout(rollout_id, margs, make_samples(rollout_id), {"rollout/extra_note": 1.0}, 1.5)
