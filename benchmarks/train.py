@@ -58,7 +58,7 @@ class PlainLoop:
                                            weight_decay=c.weight_decay, eps=1e-8, foreach=True)  # as the backend
 
     def train(self, batch) -> tuple[int, float]:
-        from miles.backends.fsdp.batch import micro_batches
+        from miles.backends.batch import micro_batches
         from miles.backends.fsdp.logprobs import token_stats
         from miles.backends.loss import ppo_clip_loss, sample_mean
 

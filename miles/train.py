@@ -1,8 +1,8 @@
 """`python -m miles.train [flags]`: the whole GRPO loop in one process, no Prefect (Miles' train.py).
 
 With no flags it trains the tiny CPU policy on the arithmetic task: engines and router
-start on loopback, the FSDP ranks run as Ray actors, and RUN_DIR gets checkpoints and
-metrics.jsonl. The Prefect flow runs the same `RLTrainer` in retryable chunks instead.
+start on loopback, the training ranks (FSDP or Megatron) run as Ray actors, and RUN_DIR
+gets checkpoints and metrics.jsonl. The Prefect flow runs the same `RLTrainer` in retryable chunks instead.
 """
 from __future__ import annotations
 

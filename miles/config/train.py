@@ -44,9 +44,6 @@ class TrainConfig:
     keep_checkpoints: int = flag(2, "checkpoints kept on disk", minimum=1)
 
     def validate(self) -> None:
-        if self.train_backend == "megatron":
-            raise ConfigError("--train-backend", "megatron is not available in this build (no Megatron-core "
-                                                 "backend is implemented yet); use --train-backend fsdp")
         if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
             raise ConfigError("--eps-clip-high", f"must be >= --eps-clip ({self.eps_clip}), got {self.eps_clip_high}")
         if self.min_lr > self.lr:

@@ -22,7 +22,6 @@ def test_tiny_cpu_yaml_equals_the_dataclass_defaults():
 
 
 @pytest.mark.parametrize("argv,flag,fragment", [
-    (["--train-backend", "megatron"], "--train-backend", "not available in this build"),
     (["--train-backend", "jax"], "--train-backend", "not allowed"),
     (["--eps-clip", "0.3", "--eps-clip-high", "0.2"], "--eps-clip-high", "must be >= --eps-clip"),
     (["--kl-loss-type", "k9"], "--kl-loss-type", "not allowed"),
@@ -38,6 +37,15 @@ def test_bad_training_flags(argv, flag, fragment):
     with pytest.raises(ConfigError) as err:
         parse_config(argv)
     assert err.value.flag == flag and fragment in str(err.value)
+
+
+def test_megatron_backend_is_accepted():
+    from miles.backends import actor_class, check_backend
+
+    config = parse_config(["--train-backend", "megatron"])
+    assert config.train.train_backend == "megatron"
+    check_backend("megatron")  # megatron-core is installed
+    assert actor_class("megatron").__name__ == "MegatronTrainActor"
 
 
 def test_custom_rm_path_is_checked_before_anything_starts(tmp_path):

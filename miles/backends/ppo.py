@@ -1,0 +1,192 @@
+"""What every backend's training rank shares: process group, optimizer and schedule, the PPO pass, RNG state.
+
+A backend subclasses `PPORank` and supplies two things: the forward that gives a micro-batch's
+token stats (`token_stats`) and the gradient step (`clip_and_step`: reduce gradients as its
+parallelism needs, clip, step). Everything that decides the numbers (loss terms, their
+normalisation, the metrics) is here once, so the backends take the same step on the same batch.
+
+Loss normalisation: each sample's loss is the mean over its response tokens; a step's loss
+is the sum over samples divided by the global step batch, times the world size, because
+gradients are averaged over ranks. One rank or two therefore take the same step.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import defaultdict
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from miles.backends import hf_weights as W
+from miles.backends.base import ActorInfo, RankBatch, RankTrainResult
+from miles.backends.batch import MicroBatch, micro_batches
+from miles.backends.logprobs import TokenStats
+from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
+from miles.backends.schedule import lr_at
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> torch.device:
+    """NCCL on this rank's GPU when there is one, else gloo on CPU; returns the device to train on."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
+                            rank=rank, world_size=world_size, timeout=timedelta(minutes=30))
+    return device
+
+
+def build_optimizer(params, cfg) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                             weight_decay=cfg.weight_decay, eps=1e-8, foreach=True)
+
+
+def build_scheduler(optimizer, config) -> torch.optim.lr_scheduler.LambdaLR:
+    """`--lr` scaled by `schedule.lr_at` per optimizer step, over the run's total steps by default."""
+    cfg = config.train
+    decay = cfg.lr_decay_iters or config.rollout.num_rollout * cfg.num_steps_per_rollout
+
+    def factor(step: int) -> float:
+        return lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup=cfg.lr_warmup_iters,
+                     decay_style=cfg.lr_decay_style, decay_steps=decay) / cfg.lr if cfg.lr else 0.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    torch.manual_seed(seed + rank)
+    random.seed(seed + rank)
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class PPORank:
+    """One training rank's PPO pass; subclasses build the model (in `init`/`load_base`, setting the
+    attributes below) and supply `token_stats` and `clip_and_step`."""
+
+    def __init__(self, config, rank: int, world_size: int, num_threads: int = 1):
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.num_threads = num_threads
+        self.weight_version = 0
+        self.optimizer_steps = 0
+        self.model = self.ref_model = self.optimizer = self.scheduler = None
+        self.device = torch.device("cpu")
+        self.model_path: Path | None = None  # the base HF checkpoint: its config files go into every save
+        self.tied = False  # tie_word_embeddings: the HF files then hold no lm_head
+        self.pad_id = 0
+
+    # ---- what a backend supplies --------------------------------------------------------
+    def token_stats(self, model, mb: MicroBatch) -> TokenStats:
+        raise NotImplementedError
+
+    def clip_and_step(self) -> float:
+        """Reduce and clip this step's gradients, step optimizer and schedule; return the grad norm."""
+        raise NotImplementedError
+
+    # ---- shared -------------------------------------------------------------------------
+    def info(self) -> ActorInfo:
+        return ActorInfo(self.rank, self.world_size, self.weight_version, self.optimizer_steps)
+
+    def set_weight_version(self, version: int) -> None:
+        self.weight_version = version
+
+    @torch.no_grad()
+    def _score(self, model, mbs: list[MicroBatch]) -> list[TokenStats]:
+        model.eval()
+        return [self.token_stats(model, mb) for mb in mbs]
+
+    def train(self, batch: RankBatch) -> RankTrainResult:
+        cfg = self.config.train
+        sums: dict[str, float] = defaultdict(float)
+        mbs = micro_batches(batch, cfg.micro_batch_size, self.pad_id, self.device)
+
+        t0 = time.perf_counter()
+        old = self._score(self.model, mbs)
+        log_probs_time = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        ref = self._score(self.ref_model, mbs) if self.ref_model is not None else None
+        ref_time = time.perf_counter() - t1
+        for i, mb in enumerate(mbs):
+            m = mb.response_mask
+            sums["rollout/log_probs"] += sample_mean(old[i].log_probs, m).sum().item()
+            sums["rollout/rollout_log_probs"] += sample_mean(mb.rollout_log_probs, m).sum().item()
+            sums["rollout/entropy"] += sample_mean(old[i].entropy, m).sum().item()
+            diff = (old[i].log_probs - mb.rollout_log_probs).abs()
+            sums["train/train_rollout_logprob_abs_diff"] += sample_mean(diff, m).sum().item()
+            if ref is not None:
+                sums["rollout/ref_log_probs"] += sample_mean(ref[i].log_probs, m).sum().item()
+
+        t2 = time.perf_counter()
+        self.model.train()
+        step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": []}
+        for step in range(len(batch.step_sizes)):
+            self.optimizer.zero_grad(set_to_none=True)
+            for i, mb in enumerate(mbs):
+                if mb.step == step:
+                    self._backward(mb, old[i].log_probs, None if ref is None else ref[i].log_probs,
+                                   batch.global_step_sizes[step], sums)
+            step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
+            step_values["train/grad_norm"].append(self.clip_and_step())
+        actor_train_time = time.perf_counter() - t2
+        num_tokens = sum(mb.num_tokens for mb in mbs)
+        return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, log_probs_time, ref_time,
+                               actor_train_time)
+
+    def _backward(self, mb: MicroBatch, old_log_probs, ref_log_probs, global_step_size: int, sums) -> None:
+        cfg = self.config.train
+        m = mb.response_mask
+        stats = self.token_stats(self.model, mb)
+        eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+        policy = ppo_clip_loss(stats.log_probs, old_log_probs, mb.advantages, cfg.eps_clip, eps_high)
+        pg = sample_mean(policy.pg_losses, m)  # (B,)
+        entropy = sample_mean(stats.entropy, m)
+        per_sample = pg - cfg.entropy_coef * entropy
+        if ref_log_probs is not None:
+            kl = sample_mean(approx_kl(stats.log_probs, ref_log_probs, cfg.kl_loss_type), m)
+            per_sample = per_sample + cfg.kl_loss_coef * kl
+            sums["train/kl_loss"] += kl.sum().item()
+        (per_sample.sum() * (self.world_size / global_step_size)).backward()
+        sums["train/loss"] += per_sample.sum().item()
+        sums["train/pg_loss"] += pg.sum().item()
+        sums["train/entropy_loss"] += entropy.sum().item()
+        sums["train/pg_clipfrac"] += sample_mean(policy.clipfrac, m).sum().item()
+        sums["train/ppo_kl"] += sample_mean(policy.ppo_kl, m).sum().item()
+
+    # ---- checkpoint files, the same for every backend -----------------------------------
+    def save_files(self, out: Path, model_state: dict, optim_state: dict) -> list[str]:
+        """Collective. Rank 0 writes the full HF-named model and optimizer state (gathered by the
+        backend) and the schedule; every rank writes its RNG. Returns the files this rank wrote."""
+        written = []
+        if self.rank == 0:
+            written += W.write_hf_checkpoint(model_state, out, self.model_path, self.tied)
+            torch.save(optim_state, out / "optimizer.pt")
+            torch.save({"scheduler": self.scheduler.state_dict(), "optimizer_steps": self.optimizer_steps,
+                        "weight_version": self.weight_version}, out / "scheduler.pt")
+            written += ["optimizer.pt", "scheduler.pt"]
+        dist.barrier()  # rank 0 made the directory
+        torch.save(rng_state(), out / f"rng_rank{self.rank}.pt")
+        written.append(f"rng_rank{self.rank}.pt")
+        dist.barrier()
+        return written
+
+    def load_schedule_and_rng(self, src: Path) -> None:
+        sched = torch.load(src / "scheduler.pt", weights_only=False)
+        self.scheduler.load_state_dict(sched["scheduler"])
+        self.optimizer_steps, self.weight_version = sched["optimizer_steps"], sched["weight_version"]
+        rng_file = src / f"rng_rank{self.rank}.pt"
+        if rng_file.exists():  # a checkpoint from a different world size has no file for new ranks
+            set_rng_state(torch.load(rng_file, weights_only=False))
