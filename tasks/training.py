@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 from uuid import UUID
 
 from prefect import task
@@ -69,30 +72,59 @@ def run_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Service
     The ranks outlive the chunk (named actors); the trackers do not: they are closed at the end
     of every attempt, so the next chunk (maybe in another worker process) reopens the same runs
     from the run dir's tracking state and nothing is held open by a process that may be reused."""
+    clock = PhaseClock()
     with library_logs_to_prefect():
-        trainer = open_trainer(config, run_dir, services)
+        with clock("open"):
+            trainer = open_trainer(config, run_dir, services)
         try:
-            resumed_at = trainer.resume()
+            with clock("resume"):
+                resumed_at = trainer.resume()
             if resumed_at == 0 and chunk.first == 0:
-                write_base_eval(trainer, Path(run_dir))
+                with clock("base eval"):
+                    write_base_eval(trainer, Path(run_dir))
             todo = range(max(resumed_at, chunk.first), chunk.stop)
             metrics: dict[str, float] = {}
-            for rollout_id in todo:
-                maybe_fire(config.orchestration.inject_fault, rollout_id, Path(run_dir),
-                           kill_engine=lambda: kill_engine(services.prefix, 0))
-                metrics = dict(trainer.run_iteration(rollout_id).metrics)
-                if progress_id is not None:
-                    update_progress_artifact(progress_id, 100.0 * (rollout_id + 1) / config.rollout.num_rollout)
+            with clock(f"{len(todo)} iterations"):
+                for rollout_id in todo:
+                    maybe_fire(config.orchestration.inject_fault, rollout_id, Path(run_dir),
+                               kill_engine=lambda: kill_engine(services.prefix, 0))
+                    metrics = dict(trainer.run_iteration(rollout_id).metrics)
+                    if progress_id is not None:
+                        update_progress_artifact(progress_id,
+                                                 100.0 * (rollout_id + 1) / config.rollout.num_rollout)
             if todo:
-                trainer.save_checkpoint(chunk.stop - 1)
+                with clock("checkpoint"):
+                    trainer.save_checkpoint(chunk.stop - 1)
         except Exception as exc:
             down = [i for i in range(len(services.engine_urls)) if not engine_alive(services.prefix, i)]
             if down:
                 raise EngineDown(f"engines {down} are down ({exc!r}); the flow relaunches them") from exc
             raise
         finally:
-            trainer.tracker.close()
+            with clock("trackers"):
+                # the report and artifacts once, at the run's last chunk (or its retry)
+                trainer.tracker.close(final=chunk.stop >= config.rollout.num_rollout)
+        print(f"[chunk {chunk.first}-{chunk.stop}] {clock}", flush=True)
         return ChunkResult(chunk.first, chunk.stop, resumed_at, len(todo), metrics)
+
+
+class PhaseClock:
+    """Seconds per phase of a chunk, for the task's log line: where a chunk's time goes beyond its
+    iterations (open, resume, checkpoint, trackers) is the orchestration's cost."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def __str__(self) -> str:
+        return " ".join(f"{phase} {s:.2f}s" for phase, s in self.seconds.items())
 
 
 def write_base_eval(trainer, run_dir: Path) -> None:

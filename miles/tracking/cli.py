@@ -3,20 +3,25 @@ outlived the run), then store the run's artifacts and finish its tracker runs.""
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 from pathlib import Path
 
 import yaml
 
-from miles.tracking.delivery import DeliveryWorker
-from miles.tracking.journal import Journal
-from miles.tracking.run_tracker import CONFIG_ARTIFACT
-from miles.tracking.samples import existing_samples
 from miles.config.fields import is_secret_name
+from miles.tracking.delivery import DeliveryWorker
+from miles.tracking.journal import JOURNAL_NAME, JournalFollower
+from miles.tracking.samples import existing_samples
 from miles.tracking.secrets import MIN_SECRET_LEN, Scrubber
 from miles.tracking.sinks.base import build_sink
-from miles.tracking.state import STATE_PATH, TrackingState
+from miles.tracking.state import (COMMITTED_PATH, CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, CommitState, DeliveryState,
+                                  SinkState, TrackingState)
+
+
+class DeliveryBusy(RuntimeError):
+    pass
 
 
 def env_secrets() -> tuple[str, ...]:
@@ -24,23 +29,34 @@ def env_secrets() -> tuple[str, ...]:
 
 
 def replay(run_dir: Path, timeout: float) -> dict[str, int]:
-    """Deliver every spooled line; returns what is still undelivered per tracker (empty: all done)."""
-    state = TrackingState.load(run_dir)
-    if not state.path.exists():
-        raise FileNotFoundError(f"{run_dir} has no {STATE_PATH}: not a run directory with trackers")
-    config_path = run_dir / CONFIG_ARTIFACT
-    params = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-    todo = {name: s for name, s in state.sinks.items() if s.cursor < state.committed or not s.uploaded}
-    sinks = []
-    for name, sink_state in todo.items():
-        sink = build_sink(sink_state.spec, params)
-        sink.name = name
-        sinks.append(sink)
-    journal = Journal(run_dir)
-    worker = DeliveryWorker(sinks, state, journal.lines, lambda rid: existing_samples(run_dir, rid),
-                            Scrubber(env_secrets()), retry_interval=1.0)
-    worker.start()
-    report = worker.finish([Path(p) for p in state.artifacts], timeout=timeout)
+    """Deliver every spooled line; returns what is still undelivered per tracker (empty: all done).
+    Holds the run dir's delivery lock meanwhile, as the run's delivery process does."""
+    if not TrackingState.load(run_dir).exists():
+        raise FileNotFoundError(f"{run_dir} has no {COMMITTED_PATH}: not a run directory")
+    lock_path = run_dir / DELIVERY_LOCK_PATH
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DeliveryBusy(f"{lock_path} is held: a delivery process of this run dir is still running") from None
+        commits, state = CommitState.load(run_dir), DeliveryState.load(run_dir)
+        for name, spec in commits.trackers.items():  # on in the run, never recorded by its delivery process
+            state.sinks.setdefault(name, SinkState(spec))
+        config_path = run_dir / CONFIG_ARTIFACT
+        params = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+        todo = {name: s for name, s in state.sinks.items()
+                if s.spec.kind != "null" and (s.cursor < commits.committed or not s.uploaded)}
+        sinks = []
+        for name, sink_state in todo.items():
+            sink = build_sink(sink_state.spec, params)
+            sink.name = name
+            sinks.append(sink)
+        worker = DeliveryWorker(sinks, state, JournalFollower(run_dir / JOURNAL_NAME), commits.committed,
+                                lambda rid: existing_samples(run_dir, rid), Scrubber(env_secrets()),
+                                retry_interval=1.0)
+        worker.start()
+        report = worker.finish([Path(p) for p in commits.artifacts], timeout=timeout)
     return report.undelivered
 
 
@@ -52,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         undelivered = replay(args.run_dir, args.timeout)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, DeliveryBusy) as exc:
         print(f"miles replay-spool: error: {exc}")
         return 2
     if undelivered:

@@ -1,9 +1,10 @@
-"""The background delivery worker: moves committed journal lines into each tracker off the
-training thread, keeps going when a tracker fails, and catches it up when it is back.
+"""The delivery worker: moves committed journal lines into each tracker, keeps going when a
+tracker fails, and catches it up when it is back. It runs in the delivery process (see
+`delivery_process`), never in the training process, and in `miles replay-spool`.
 
 Per tracker a cursor counts the journal lines it holds. A failure is reported once per
 outage; the lines simply stay behind the cursor (in the journal on disk) and the worker
-retries every `retry_interval` seconds. Nothing here ever raises into training.
+retries every `retry_interval` seconds. Nothing here ever raises into its caller's thread.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from miles.tracking.journal import JournalLine
+from miles.tracking.journal import JournalFollower
 from miles.tracking.secrets import Scrubber
-from miles.tracking.sinks.base import Delivery, Sink
-from miles.tracking.state import SinkState, TrackingState
+from miles.tracking.sinks.base import Delivery, Sink, SinkSpec
+from miles.tracking.state import DeliveryState, SinkState, pending
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
@@ -46,9 +47,11 @@ class FinishReport:
 
 
 class DeliveryWorker:
-    def __init__(self, sinks: list[Sink], state: TrackingState, lines: list[JournalLine],
-                 samples_for: Callable[[int], Path | None], scrubber: Scrubber, retry_interval: float = 2.0):
-        self.state, self.lines, self.samples_for, self.scrubber = state, lines, samples_for, scrubber
+    def __init__(self, sinks: list[Sink], state: DeliveryState, journal: JournalFollower, committed: int,
+                 samples_for: Callable[[int], Path | None], scrubber: Scrubber, retry_interval: float = 2.0,
+                 on_open: Callable[[str, SinkSpec], None] | None = None):
+        self.state, self.journal, self.committed = state, journal, committed
+        self.samples_for, self.scrubber, self.on_open = samples_for, scrubber, on_open
         self.retry_interval = retry_interval
         self.slots = []
         for sink in sinks:
@@ -57,25 +60,30 @@ class DeliveryWorker:
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="miles-tracking-delivery", daemon=True)
         self.finished = threading.Event()
-        self.report = FinishReport()
+        self.report: FinishReport | None = None  # set by the finish; else computed from the cursors
 
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self) -> None:
-        """New lines are committed (already in `state.committed`): deliver them."""
-        self.queue.put(("commit", None))
+    def submit(self, committed: int) -> None:
+        """The journal's first `committed` lines are committed: deliver them."""
+        self.queue.put(("commit", committed))
 
-    def finish(self, files: list[Path], timeout: float) -> FinishReport:
+    def finish(self, files: list[Path], timeout: float, committed: int | None = None,
+               final: bool = True) -> FinishReport:
         """Deliver what is committed (retrying a failed tracker until `timeout`), upload `files`,
-        finish every tracker run. What could not be delivered stays spooled."""
-        self.queue.put(("finish", (files, time.monotonic() + timeout)))
+        finish every tracker run. What could not be delivered stays spooled. Not `final`: the
+        run goes on in a later process (the next chunk), which reopens the same tracker runs."""
+        self.queue.put(("finish", (files, time.monotonic() + timeout, committed, final)))
         self.finished.wait()
-        return self.report
+        return self.report or FinishReport(self._pending())
+
+    def abandon(self) -> None:
+        """Stop after the delivery in progress, leaving tracker runs as a kill would (resumable)."""
+        self.queue.put(("abandon", None))
 
     # -- worker thread --------------------------------------------------------
     def _run(self) -> None:
-        # not niced: a low-priority thread descheduled while holding the GIL would stall training
         try:
             while True:
                 waiting = any(s.down_since is not None for s in self.slots)
@@ -83,9 +91,15 @@ class DeliveryWorker:
                     kind, payload = self.queue.get(timeout=self.retry_interval if waiting else None)
                 except queue.Empty:
                     kind, payload = "retry", None
+                if kind == "abandon":
+                    return
                 if kind == "finish":
                     self._finish(*payload)
                     return
+                if kind == "commit":
+                    self.committed = max(self.committed, payload)
+                    if not self.queue.empty():
+                        continue  # a later commit or the finish supersedes this one
                 for slot in self.slots:
                     self._catch_up(slot)
         except BaseException:  # the worker must not die silently; training goes on regardless
@@ -101,12 +115,16 @@ class DeliveryWorker:
                 slot.sink.open()
                 slot.opened = True
                 slot.state.spec = slot.sink.spec()  # now with its run id
+                slot.state.uploaded = False  # the run is open again until this process finishes it
                 slot.state.cursor = slot.sink.durable_cursor(slot.state.cursor)
                 self.state.save()
-            while slot.state.cursor < self.state.committed:
+                if self.on_open is not None:
+                    self.on_open(slot.name, slot.state.spec)
+            lines = self.journal.read_through(self.committed)
+            while slot.state.cursor < len(lines):
                 start = slot.state.cursor
-                end = min(self.state.committed, start + LINES_PER_DELIVERY)
-                slot.sink.deliver(self._delivery(start, end))
+                end = min(len(lines), start + LINES_PER_DELIVERY)
+                slot.sink.deliver(self._delivery(lines, start, end))
                 slot.state.cursor = end
                 self.state.save()
         except Exception as exc:
@@ -118,15 +136,17 @@ class DeliveryWorker:
             slot.down_since = None
         return True
 
-    def _delivery(self, start: int, end: int) -> Delivery:
-        chunk = self.lines[start:end]
+    def _delivery(self, lines: list, start: int, end: int) -> Delivery:
         samples = {}
-        for i, line in enumerate(chunk):
-            first_of_rollout = start + i == 0 or self.lines[start + i - 1].rollout_id != line.rollout_id
-            path = self.samples_for(line.rollout_id) if first_of_rollout else None
+        for i in range(start, end):
+            first_of_rollout = i == 0 or lines[i - 1].rollout_id != lines[i].rollout_id
+            path = self.samples_for(lines[i].rollout_id) if first_of_rollout else None
             if path is not None:
-                samples[i] = path
-        return Delivery(chunk, samples)
+                samples[i - start] = path
+        return Delivery(lines[start:end], samples)
+
+    def _pending(self) -> dict[str, int]:
+        return pending(self.committed, {s.name: s.state for s in self.slots})
 
     def _report_down(self, slot: Slot, exc: Exception) -> None:
         if slot.down_since is None:  # once per outage
@@ -137,9 +157,9 @@ class DeliveryWorker:
             log.debug("%s", self.scrubber.scrub(traceback.format_exc()))
         slot.next_try = time.monotonic() + self.retry_interval
 
-    def _finish(self, files: list[Path], deadline: float) -> None:
-        self.state.artifacts = [str(f) for f in files]
-        self.state.save()
+    def _finish(self, files: list[Path], deadline: float, committed: int | None, final: bool = True) -> None:
+        if committed is not None:
+            self.committed = max(self.committed, committed)
         for slot in self.slots:
             while not self._catch_up(slot, force=True) and time.monotonic() < deadline:
                 time.sleep(min(self.retry_interval, max(0.0, deadline - time.monotonic())))
@@ -147,11 +167,11 @@ class DeliveryWorker:
                 try:
                     slot.sink.upload([f for f in files if f.exists()])
                     slot.sink.close()
-                    slot.state.uploaded = True
+                    slot.state.uploaded = final
                     self.state.save()
                 except Exception as exc:
                     self._report_down(slot, exc)
-        self.report = FinishReport(self.state.pending())
+        self.report = FinishReport(self._pending())
         for name, count in self.report.undelivered.items():
             log.warning("tracking: %d committed lines for %s are still spooled; deliver them with "
                         "`miles replay-spool %s`", count, name, self.state.path.parent.parent)

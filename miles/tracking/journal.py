@@ -71,3 +71,38 @@ class Journal:
                 break
             n += 1
         return n
+
+
+class JournalFollower:
+    """The delivery side's view of a journal another process appends to: committed lines,
+    read from disk as they are committed.
+
+    Lines up to the committed count never change (a redo of an uncommitted rollout rewrites
+    only lines past it, byte for byte the same before), so the follower keeps only lines it
+    was asked for and the byte offset after them, and reads on from there by path (the file
+    may have been replaced meanwhile). Lines past the asked count are never cached: they may
+    still be redone."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines: list[JournalLine] = []
+        self._offset = 0
+
+    def read_through(self, count: int) -> list[JournalLine]:
+        """The first `count` lines, or as many complete lines as the file holds when fewer."""
+        if len(self.lines) < count and self.path.exists():
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+            pos = 0
+            while len(self.lines) < count:
+                end = data.find(b"\n", pos)
+                if end < 0:
+                    break  # a line still being written
+                try:
+                    self.lines.append(JournalLine.from_json(data[pos:end].decode()))
+                except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
+                    pass  # a torn line a killed writer left (read_journal skips it too)
+                pos = end + 1
+            self._offset += pos
+        return self.lines[:count]

@@ -34,9 +34,10 @@ class RunTracker(Protocol):
     def commit(self, rollout_id: int) -> None:
         """Everything recorded up to and including `rollout_id` is checkpointed: deliver it."""
 
-    def close(self) -> None:
+    def close(self, final: bool = True) -> None:
         """Write the run report, deliver what is committed, upload artifacts, finish tracker runs
-        (uncommitted iterations are not delivered: they will be redone on resume)."""
+        (uncommitted iterations are not delivered: they will be redone on resume). `final=False`:
+        the run continues in another process; deliver and finish the tracker runs only."""
 
 
 def validate_tracking_config(config: Any) -> None:

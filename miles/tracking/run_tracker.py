@@ -1,5 +1,6 @@
-"""The run tracker behind `open_tracking`: stdout row and journal on the training thread,
-every tracker fed from committed journal lines by the background delivery worker."""
+"""The run tracker behind `open_tracking`: stdout row and journal on the training thread;
+every tracker fed from committed journal lines by a separate, niced delivery process
+(`miles.tracking.delivery_process`), started when the first tracker is on."""
 from __future__ import annotations
 
 import logging
@@ -9,52 +10,49 @@ from typing import Any
 
 import yaml
 
-from miles.tracking.delivery import DeliveryWorker, FinishReport
+from miles.tracking.delivery import FinishReport
+from miles.tracking.delivery_process import DeliveryProcess, spooled
 from miles.tracking.hooks import load_hooks
 from miles.tracking.journal import Journal, JournalLine
 from miles.tracking.names import map_metrics
 from miles.tracking.report import REPORT_NAME, write_report
 from miles.tracking.row import format_row
-from miles.tracking.samples import existing_samples, write_samples
+from miles.tracking.samples import write_samples
 from miles.tracking.secrets import public_params, scrubber_for
-from miles.tracking.sinks.base import NullSink, Sink
-from miles.tracking.sinks.mlflow_sink import MlflowSink, default_tracking_uri
-from miles.tracking.sinks.tensorboard_sink import TensorBoardSink
-from miles.tracking.sinks.wandb_sink import WandbSink, new_run_id, resolve_mode
-from miles.tracking.state import TrackingState
+from miles.tracking.sinks.base import SinkSpec
+from miles.tracking.sinks.mlflow_sink import default_tracking_uri
+from miles.tracking.sinks.wandb_sink import new_run_id, resolve_mode
+from miles.tracking.state import CONFIG_ARTIFACT, CommitState, DeliveryState
 
 log = logging.getLogger("miles.tracking")
-CONFIG_ARTIFACT = Path("tracking") / "config.yaml"
 PROFILER_DIRS = ("profiler", "profiles", "traces")  # under RUN_DIR, uploaded when present
+__all__ = ["CONFIG_ARTIFACT", "RunTracker", "build_run_tracker", "build_specs"]
 
 
-def build_sinks(config: Any, run_dir: Path, params: dict, state: TrackingState, extra: dict) -> list[Sink]:
-    """One sink per tracker, the null sink where it is off. A run id comes from its flag, else
-    the checkpoint's `extra`, else the run dir's tracking state (same run dir, same runs)."""
+def build_specs(config: Any, run_dir: Path, previous: DeliveryState, extra: dict) -> dict[str, SinkSpec]:
+    """The spec of every tracker that is on. A run id comes from its flag, else the checkpoint's
+    `extra`, else the run dir's delivery state (same run dir, same runs)."""
     t = config.tracking
 
-    def known(name: str, option: str) -> str | None:
-        previous = state.sinks.get(name)
-        return extra.get(f"{name}_run_id") or (previous.spec.options.get(option) if previous else None)
+    def known(name: str) -> str | None:
+        before = previous.sinks.get(name)
+        return extra.get(f"{name}_run_id") or (before.spec.options.get("run_id") if before else None)
 
-    wandb: Sink = NullSink()
+    specs: dict[str, SinkSpec] = {}
     if t.use_wandb:
-        wandb = WandbSink(params, run_id=t.wandb_run_id or known("wandb", "run_id") or new_run_id(),
-                          directory=str(t.wandb_dir or run_dir), mode=resolve_mode(t.wandb_mode, t.wandb_key),
-                          project=t.wandb_project, group=t.wandb_group, entity=t.wandb_team, api_key=t.wandb_key)
-    mlflow: Sink = NullSink()
+        specs["wandb"] = SinkSpec("wandb", dict(
+            run_id=t.wandb_run_id or known("wandb") or new_run_id(), directory=str(t.wandb_dir or run_dir),
+            mode=resolve_mode(t.wandb_mode, t.wandb_key), project=t.wandb_project, group=t.wandb_group,
+            entity=t.wandb_team, run_name=None))
     if t.use_mlflow:
         uri = t.mlflow_tracking_uri or default_tracking_uri(run_dir)
         local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
-        mlflow = MlflowSink(params, tracking_uri=uri, experiment=t.mlflow_experiment_name,
-                            run_id=t.mlflow_run_id or known("mlflow", "run_id"), run_name=t.mlflow_run_name,
-                            artifact_dir=str(run_dir / "mlartifacts") if local else None)
-    tensorboard: Sink = NullSink()
+        specs["mlflow"] = SinkSpec("mlflow", dict(
+            tracking_uri=uri, experiment=t.mlflow_experiment_name, run_id=t.mlflow_run_id or known("mlflow"),
+            run_name=t.mlflow_run_name, artifact_dir=str(run_dir / "mlartifacts") if local else None))
     if t.use_tensorboard:
-        tensorboard = TensorBoardSink(params, log_dir=str(t.tensorboard_dir or run_dir / "tensorboard"))
-    for name, sink in (("wandb", wandb), ("mlflow", mlflow), ("tensorboard", tensorboard)):
-        sink.name = name  # a null sink stands in under the tracker's name
-    return [wandb, mlflow, tensorboard]
+        specs["tensorboard"] = SinkSpec("tensorboard", dict(log_dir=str(t.tensorboard_dir or run_dir / "tensorboard")))
+    return specs
 
 
 class RunTracker:
@@ -67,9 +65,12 @@ class RunTracker:
         self.scrubber = scrubber_for(config)
         self.params = public_params(config, self.scrubber)
         self.journal = Journal(self.run_dir)
-        self.state = TrackingState.load(self.run_dir)
+        self.commits = CommitState.load(self.run_dir)
         self.pending: dict[int, dict[str, float]] = {}  # default rollout/eval metrics awaiting their record
-        self.worker: DeliveryWorker | None = None
+        self.started = False
+        self.specs: dict[str, SinkSpec] = {}  # the trackers that are on
+        self.delivery: DeliveryProcess | None = None  # None while not started, with every tracker off, or
+        # when the delivery process could not be started (its points then stay spooled)
         self.closed = False
         self._write_config()
 
@@ -78,45 +79,54 @@ class RunTracker:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(self.params, sort_keys=True))
 
-    def _start(self, extra: dict[str, Any]) -> DeliveryWorker:
-        if self.worker is None:
-            sinks = build_sinks(self.config, self.run_dir, self.params, self.state, extra)
-            self.worker = DeliveryWorker(sinks, self.state, self.journal.lines,
-                                         lambda rid: existing_samples(self.run_dir, rid), self.scrubber,
-                                         retry_interval=self.config.tracking.tracking_retry_interval)
-            self.state.save()
-            self.worker.start()
-            self.worker.submit()  # open the trackers now, so their run ids exist early
-        return self.worker
+    def _start(self, extra: dict[str, Any]) -> DeliveryProcess | None:
+        """Start delivery once: the child opens the trackers at once, so their run ids exist early."""
+        if not self.started:
+            self.started = True
+            self.specs = build_specs(self.config, self.run_dir, DeliveryState.load(self.run_dir), extra)
+            self.commits.trackers = dict(self.specs)
+            self.commits.save()
+            if self.specs:
+                t = self.config.tracking
+                try:
+                    self.delivery = DeliveryProcess(
+                        self.run_dir, self.specs, committed=self.commits.committed,
+                        retry_interval=t.tracking_retry_interval, secrets=self.scrubber.secrets,
+                        secret_options={"wandb": {"api_key": t.wandb_key}} if t.wandb_key and "wandb" in self.specs
+                        else {})
+                except OSError as exc:  # training goes on without it
+                    log.warning("tracking: cannot start the delivery process (%s); training goes on, the committed "
+                                "points stay spooled for `miles replay-spool %s`", self.scrubber.scrub(str(exc)),
+                                self.run_dir)
+        return self.delivery
+
+    @property
+    def delivery_pid(self) -> int | None:
+        """The delivery process's pid (None with every tracker off)."""
+        delivery = self._start({})
+        return delivery.pid if delivery is not None else None
 
     # -- the contract -----------------------------------------------------------
     def resume(self, committed_rollout_id: int | None, extra: dict[str, Any]) -> None:
-        if self.worker is not None:
+        if self.started:
             raise RuntimeError("resume() must come before the first record/commit of this process")
         self.journal.truncate_after(committed_rollout_id)
-        self.state.committed = len(self.journal.lines)
-        for name, sink_state in self.state.sinks.items():
-            if sink_state.cursor > self.state.committed:
-                log.warning("tracking: %s already holds %d lines past checkpoint %s; the redone rollouts will "
-                            "appear twice there", name, sink_state.cursor - self.state.committed,
-                            committed_rollout_id)
-                sink_state.cursor = self.state.committed
+        self.commits.committed = len(self.journal.lines)  # the delivery process cuts cursors past it back
         self.pending.clear()
         self._start(extra or {})
 
     def wait_open(self, timeout: float) -> None:
-        """Block until every tracker run is open (benchmarks and tests that time or kill delivery)."""
-        worker = self._start({})
-        deadline = time.monotonic() + timeout
-        while not all(slot.opened for slot in worker.slots):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"trackers not open after {timeout}s")
-            time.sleep(0.05)  # poll interval, bounded by the deadline
+        """Block until every tracker run is open (benchmarks and tests that time or kill delivery);
+        TimeoutError after `timeout`, DeliveryProcessError if the delivery process is gone."""
+        delivery = self._start({})
+        if delivery is not None:
+            delivery.wait_open(timeout)
 
     def checkpoint_extra(self) -> dict[str, Any]:
-        worker = self._start({})
-        return {f"{slot.name}_run_id": slot.state.spec.options["run_id"] for slot in worker.slots
-                if slot.state.spec.options.get("run_id")}
+        delivery = self._start({})
+        specs = dict(delivery.specs if delivery is not None else self.specs)  # the child fills in run ids
+        return {f"{name}_run_id": spec.options["run_id"] for name, spec in specs.items()
+                if spec.options.get("run_id")}
 
     def log_rollout(self, rollout_id: int, args: Any, samples: list, extra_metrics: dict,
                     rollout_time: float) -> None:
@@ -144,7 +154,7 @@ class RunTracker:
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
         self._start({})
         if self.journal.lines and self.journal.lines[-1].rollout_id >= rollout_id:
-            if self.journal.count_through(rollout_id - 1) < self.state.committed:
+            if self.journal.count_through(rollout_id - 1) < self.commits.committed:
                 raise RuntimeError(f"rollout {rollout_id} is already committed to the trackers; "
                                    f"resume from its checkpoint instead of recording it again")
             self.journal.truncate_after(rollout_id - 1)  # an uncommitted redo replaces the old lines
@@ -154,22 +164,33 @@ class RunTracker:
               flush=True)
 
     def commit(self, rollout_id: int) -> None:
-        worker = self._start({})
-        self.state.committed = max(self.state.committed, self.journal.count_through(rollout_id))
-        self.state.save()
-        worker.submit()
+        delivery = self._start({})
+        self.commits.committed = max(self.commits.committed, self.journal.count_through(rollout_id))
+        self.commits.save()
+        if delivery is not None:
+            delivery.commit(self.commits.committed)  # never blocks: the child reads the lines from disk
 
-    def close(self) -> FinishReport:
+    def close(self, final: bool = True) -> FinishReport:
+        """`final=False` ends this process's part of a run that goes on elsewhere (a training chunk):
+        committed lines are delivered and the tracker runs finished, but the report and artifacts
+        wait for the final close (a chunk boundary should cost no more than it must)."""
         if self.closed:
             return FinishReport()
         self.closed = True
-        worker = self._start({})
-        files = [self.run_dir / CONFIG_ARTIFACT, self.journal.path]
-        if self.journal.lines:
-            files.append(write_report(self.journal.lines, self.run_dir / REPORT_NAME,
-                                      clip_grad=self.config.train.clip_grad, title=str(self.run_dir.name)))
-        files += [self.run_dir / d for d in PROFILER_DIRS if (self.run_dir / d).is_dir()]
-        return worker.finish(files, timeout=self.config.tracking.tracking_close_timeout)
+        delivery = self._start({})
+        files: list[Path] = []
+        if final:
+            files = [self.run_dir / CONFIG_ARTIFACT, self.journal.path]
+            if self.journal.lines:
+                files.append(write_report(self.journal.lines, self.run_dir / REPORT_NAME,
+                                          clip_grad=self.config.train.clip_grad, title=str(self.run_dir.name)))
+            files += [self.run_dir / d for d in PROFILER_DIRS if (self.run_dir / d).is_dir()]
+            self.commits.artifacts = [str(f) for f in files]  # for `miles replay-spool` if delivery falls short
+            self.commits.save()
+        if delivery is None:
+            return spooled(self.run_dir, list(self.specs), self.commits.committed) if self.specs else FinishReport()
+        return delivery.finish(files, timeout=self.config.tracking.tracking_close_timeout,
+                               committed=self.commits.committed, final=final)
 
 
 def build_run_tracker(config: Any, run_dir: Path) -> RunTracker:

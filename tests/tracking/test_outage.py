@@ -80,7 +80,8 @@ def iterate(tracker, config, rollouts) -> None:
 
 def wait_delivered(run_dir: Path, lines: int) -> None:
     deadline = time.monotonic() + DEADLINE_S
-    while TrackingState.load(run_dir).sinks["mlflow"].cursor < lines:
+    # the delivery process writes the cursors (its file may not exist yet while it starts)
+    while (sink := TrackingState.load(run_dir).sinks.get("mlflow")) is None or sink.cursor < lines:
         assert time.monotonic() < deadline, f"mlflow never got {lines} lines"
         time.sleep(0.1)  # poll interval
 

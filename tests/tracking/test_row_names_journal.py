@@ -1,9 +1,10 @@
-"""The stdout row shape, the metric-key mapping and the journal's resume cut."""
+"""The stdout row shape, the metric-key mapping, the journal's resume cut and the delivery side's
+view of it (committed lines only, across a redo of uncommitted ones)."""
 from __future__ import annotations
 
 import pytest
 
-from miles.tracking.journal import Journal, JournalLine, read_journal
+from miles.tracking.journal import Journal, JournalFollower, JournalLine, read_journal
 from miles.tracking.names import map_metrics, metric_key, step_key
 from miles.tracking.row import format_row
 
@@ -56,3 +57,21 @@ def test_journal_cut_back_to_a_checkpoint(tmp_path):
     assert [ln.rollout_id for ln in Journal(tmp_path).lines] == [0, 1, 2]
     journal.truncate_after(None)
     assert read_journal(tmp_path / "metrics.jsonl") == []
+
+
+def test_follower_reads_committed_lines_across_a_redo(tmp_path):
+    journal = Journal(tmp_path)
+    follower = JournalFollower(journal.path)
+    assert follower.read_through(2) == []  # no journal yet
+    for rid in range(3):
+        journal.append(JournalLine(rid, 1000.0 + rid, {"train/loss": rid / 10}))
+    assert [ln.rollout_id for ln in follower.read_through(2)] == [0, 1]  # 2 committed, 3 on disk
+    journal.truncate_after(1)  # rollout 2 redone (uncommitted): the file is replaced
+    journal.append(JournalLine(2, 2000.0, {"train/loss": 9.0}))
+    with journal.path.open("a") as f:
+        f.write('{"rollout_id": 3, "ti')  # a line still being written
+    lines = follower.read_through(4)
+    assert [(ln.rollout_id, ln.metrics["train/loss"]) for ln in lines] == [(0, 0.0), (1, 0.1), (2, 9.0)]
+    with journal.path.open("a") as f:
+        f.write('me": 3000.0, "train/loss": 3.0}\n')
+    assert [ln.rollout_id for ln in follower.read_through(4)] == [0, 1, 2, 3]

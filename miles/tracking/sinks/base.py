@@ -2,7 +2,8 @@
 
 A sink knows how to put journal lines into one tracker; it does not know about commit
 points, retries or spooling (the delivery worker owns those). A `SinkSpec` is plain JSON
-so `miles replay-spool` can rebuild the same sink later from `RUN_DIR/tracking/state.json`.
+so the delivery process and `miles replay-spool` can rebuild the same sink from
+`RUN_DIR/tracking/delivery.json`.
 """
 from __future__ import annotations
 
@@ -85,10 +86,11 @@ SINK_CLASSES = {
 }
 
 
-def build_sink(spec: SinkSpec, params: dict[str, Any]) -> Sink:
-    """The sink a spec describes; `params` is the public (redacted) flat config."""
+def build_sink(spec: SinkSpec, params: dict[str, Any], **secret_options: Any) -> Sink:
+    """The sink a spec describes; `params` is the public (redacted) flat config, `secret_options`
+    what a spec never holds (wandb's `api_key` from `--wandb-key`)."""
     if spec.kind not in SINK_CLASSES:
         raise ValueError(f"unknown tracker kind {spec.kind!r}; known: {', '.join(SINK_CLASSES)}")
     module, cls = SINK_CLASSES[spec.kind].split(":")
     sink_cls = getattr(importlib.import_module(module), cls)
-    return sink_cls() if spec.kind == "null" else sink_cls(params=params, **spec.options)
+    return sink_cls() if spec.kind == "null" else sink_cls(params=params, **spec.options, **secret_options)

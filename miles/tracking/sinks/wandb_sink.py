@@ -14,7 +14,6 @@ from typing import Any
 
 from miles.tracking.names import STEP_KEYS
 from miles.tracking.sinks.base import Delivery, SinkSpec
-from miles.tracking.wandb_files import offline_history_rows
 
 # the .wandb file is flushed this often; a crash loses at most this much, which
 # `durable_cursor` then finds missing and redelivers
@@ -69,6 +68,8 @@ class WandbSink:
     def durable_cursor(self, recorded: int) -> int:
         if self.mode != "offline":
             return recorded
+        from miles.tracking.wandb_files import offline_history_rows  # imports wandb's protobufs
+
         # offline files are the store: one history row per journal line, in journal order
         return offline_history_rows(Path(self.directory), self.run_id)
 
