@@ -56,6 +56,15 @@ def metrics_for(rollout_id: int) -> dict[str, float]:
     return m
 
 
+def iterate(tracker, config, rollouts) -> None:
+    """Log, record and commit each rollout, as the trainer does with a checkpoint every rollout."""
+    args = config.as_namespace()
+    for rollout_id in rollouts:
+        tracker.log_rollout(rollout_id, args, make_samples(rollout_id), {}, 1.0)
+        tracker.record(rollout_id, metrics_for(rollout_id))
+        tracker.commit(rollout_id)
+
+
 def load_checkpoint(run_dir: Path) -> dict | None:
     path = run_dir / "checkpoint.json"
     return json.loads(path.read_text()) if path.exists() else None

@@ -23,7 +23,7 @@ from miles.tracking.delivery_process import NICENESS
 from miles.tracking.journal import read_journal
 from miles.tracking.names import step_of
 from miles.tracking.state import TrackingState
-from synthetic import make_samples, metrics_for
+from synthetic import iterate
 
 DEADLINE_S = 120.0
 FLAG_SECRET = "flagtok-0ddba11c0ffee"
@@ -50,14 +50,6 @@ def wait_delivered(run_dir: Path, lines: int) -> None:
     while (sink := TrackingState.load(run_dir).sinks.get("mlflow")) is None or sink.cursor < lines:
         assert time.monotonic() < deadline, f"mlflow never got {lines} lines"
         time.sleep(0.1)  # poll interval
-
-
-def iterate(tracker, config, rollouts) -> None:
-    args = config.as_namespace()
-    for rollout_id in rollouts:
-        tracker.log_rollout(rollout_id, args, make_samples(rollout_id), {}, 1.0)
-        tracker.record(rollout_id, metrics_for(rollout_id))
-        tracker.commit(rollout_id)
 
 
 def committed_points(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

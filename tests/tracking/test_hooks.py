@@ -11,7 +11,7 @@ from miles.config import ConfigError, parse_config
 from miles.tracking import open_tracking, validate_tracking_config
 from miles.tracking.journal import read_journal
 from miles.rollout.metrics import rollout_metrics
-from synthetic import make_samples, metrics_for
+from synthetic import make_samples
 
 CALLS: list[tuple] = []
 

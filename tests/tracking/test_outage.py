@@ -19,7 +19,7 @@ from tracking_helpers import REPO, free_port, journal_points, assert_points_equa
 from miles.config import parse_config
 from miles.tracking import open_tracking
 from miles.tracking.state import TrackingState
-from synthetic import make_samples, metrics_for
+from synthetic import iterate
 
 pytestmark = pytest.mark.slow
 DEADLINE_S = 120.0
@@ -68,14 +68,6 @@ def mlflow_server(tmp_path):
     server.start()
     yield server
     server.stop()
-
-
-def iterate(tracker, config, rollouts) -> None:
-    args = config.as_namespace()
-    for rollout_id in rollouts:
-        tracker.log_rollout(rollout_id, args, make_samples(rollout_id), {}, 1.0)
-        tracker.record(rollout_id, metrics_for(rollout_id))
-        tracker.commit(rollout_id)
 
 
 def wait_delivered(run_dir: Path, lines: int) -> None:

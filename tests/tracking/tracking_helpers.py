@@ -2,7 +2,6 @@
 {key: [(step, value), ...]} in the same shape as the journal."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
