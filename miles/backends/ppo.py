@@ -1,8 +1,8 @@
 """What every backend's training rank shares: process group, optimizer and schedule, the PPO pass, RNG state.
 
-A backend subclasses `PPORank` and supplies two things: the forward that gives a micro-batch's
-token stats (`token_stats`) and the gradient step (`clip_and_step`: reduce gradients as its
-parallelism needs, clip, step). Everything that decides the numbers (loss terms, their
+A backend subclasses `PPORank` and supplies the model (`init`/`load_base`), the forward that
+gives a micro-batch's token stats (`token_stats`) and, where its parallelism does not already
+average gradients over ranks in the backward pass, that reduction (`reduce_gradients`). Everything that decides the numbers (loss terms, their
 normalisation, the metrics) is here once, so the backends take the same step on the same batch.
 
 Loss normalisation: each sample's loss is the mean over its response tokens; a step's loss
@@ -76,7 +76,7 @@ def set_rng_state(state: dict) -> None:
 
 class PPORank:
     """One training rank's PPO pass; subclasses build the model (in `init`/`load_base`, setting the
-    attributes below) and supply `token_stats` and `clip_and_step`."""
+    attributes below and calling `start_optimizer`) and supply `token_stats`."""
 
     def __init__(self, config, rank: int, world_size: int, num_threads: int = 1):
         self.config, self.rank, self.world_size = config, rank, world_size
@@ -93,11 +93,35 @@ class PPORank:
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
         raise NotImplementedError
 
-    def clip_and_step(self) -> float:
-        """Reduce and clip this step's gradients, step optimizer and schedule; return the grad norm."""
-        raise NotImplementedError
+    def reduce_gradients(self) -> None:
+        """Make every rank's gradients the world's average (nothing to do where the backward pass
+        already did it, as FSDP's reduce-scatter does)."""
 
     # ---- shared -------------------------------------------------------------------------
+    def start_optimizer(self) -> None:
+        """A fresh AdamW and LR schedule over `self.model`, at step 0 and weight version 0."""
+        self.optimizer = build_optimizer(self.model.parameters(), self.config.train)
+        self.scheduler = build_scheduler(self.optimizer, self.config)
+        self.weight_version = 0
+        self.optimizer_steps = 0
+
+    def clip_and_step(self) -> float:
+        """Reduce and clip this step's gradients, step optimizer and schedule; return the grad norm."""
+        self.reduce_gradients()
+        limit = self.config.train.clip_grad or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return float(norm)
+
+    def shutdown(self) -> None:
+        """Leave the process group cleanly so the process exits without an abort."""
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
     def info(self) -> ActorInfo:
         return ActorInfo(self.rank, self.world_size, self.weight_version, self.optimizer_steps)
 

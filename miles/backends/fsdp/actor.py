@@ -1,8 +1,8 @@
 """One FSDP2 training rank (wrapped as a Ray actor by the trainer): the HF model sharded with `fully_shard`.
 
 The PPO pass and its loss normalisation are `miles.backends.ppo.PPORank`; this class supplies the
-sharded model, its forward and its gradient step. FSDP averages gradients over ranks in the
-backward pass (reduce-scatter), so `clip_and_step` only clips and steps.
+sharded model and its forward. FSDP averages gradients over ranks in the backward pass
+(reduce-scatter), so the shared gradient step has nothing to reduce.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from miles.backends.batch import MicroBatch
 from miles.backends.fsdp.logprobs import token_stats
 from miles.backends.fsdp.weights import gather_full
 from miles.backends.logprobs import TokenStats
-from miles.backends.ppo import PPORank, build_optimizer, build_scheduler, init_process_group, seed_rank
+from miles.backends.ppo import PPORank, init_process_group, seed_rank
 
 
 class FSDPTrainActor(PPORank):
@@ -54,24 +54,12 @@ class FSDPTrainActor(PPORank):
         self.tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         self.pad_id = self.model.config.pad_token_id or 0
         self.ref_model = self._sharded(model_path, trainable=False) if cfg.use_kl_loss else None
-        self.optimizer = build_optimizer(self.model.parameters(), cfg)
-        self.scheduler = build_scheduler(self.optimizer, self.config)
-        self.weight_version = 0
-        self.optimizer_steps = 0
+        self.start_optimizer()
         return self.info()
 
     # ---- training -----------------------------------------------------------------------
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
         return token_stats(model, mb.input_ids, mb.attention_mask, self.config.rollout.rollout_temperature)
-
-    def clip_and_step(self) -> float:
-        limit = self.config.train.clip_grad or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer_steps += 1
-        return float(norm)
 
     # ---- weights, checkpoints -----------------------------------------------------------
     def export_weights(self, directory: str | None) -> dict | None:
@@ -103,9 +91,3 @@ class FSDPTrainActor(PPORank):
         self.load_schedule_and_rng(src)
         dist.barrier()  # the reference model stays the base model: it is never checkpointed
         return self.info()
-
-    def shutdown(self) -> None:
-        """Leave the process group cleanly so the process exits without an abort."""
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()

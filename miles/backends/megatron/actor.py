@@ -2,8 +2,8 @@
 
 The PPO pass and its loss normalisation are `miles.backends.ppo.PPORank`, shared with FSDP.
 Here: the model is megatron-core's GPTModel (TP = PP = 1, every rank holds all weights), its
-forward, and the gradient step: after a step's backward passes the gradients are averaged over
-the world with one all-reduce (gloo on CPU, NCCL on GPU), then clipped, then AdamW steps.
+forward, and the gradient reduction: after a step's backward passes the gradients are averaged
+over the world with one all-reduce (gloo on CPU, NCCL on GPU) before the shared clip and step.
 Everything that leaves the rank is in HF names and layout (`convert`): checkpoints, the
 optimizer state, exported weights and their digest, so the engines, the trainer's checkpoints
 and the FSDP backend read them unchanged.
@@ -22,7 +22,7 @@ from miles.backends.batch import MicroBatch
 from miles.backends.logprobs import TokenStats, stats_from_logits
 from miles.backends.megatron import convert
 from miles.backends.megatron.model import build_gpt, destroy_parallel, init_parallel
-from miles.backends.ppo import PPORank, build_optimizer, build_scheduler, init_process_group, seed_rank
+from miles.backends.ppo import PPORank, init_process_group, seed_rank
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors, shaped like the parameter
 
@@ -50,10 +50,7 @@ class MegatronTrainActor(PPORank):
         self.model = self._build(hf_config, base, trainable=True)
         self.ref_model = self._build(hf_config, base, trainable=False) if cfg.use_kl_loss else None
         self.param_names = [name for name, _ in self.model.named_parameters()]  # the optimizer's order
-        self.optimizer = build_optimizer(self.model.parameters(), cfg)
-        self.scheduler = build_scheduler(self.optimizer, self.config)
-        self.weight_version = 0
-        self.optimizer_steps = 0
+        self.start_optimizer()
         return self.info()
 
     def _build(self, hf_config, hf_state: dict[str, torch.Tensor], trainable: bool):
@@ -81,19 +78,11 @@ class MegatronTrainActor(PPORank):
         logits = model(mb.input_ids, positions, attention_mask=None)  # (B, T, V)
         return stats_from_logits(logits, mb.input_ids, self.config.rollout.rollout_temperature)
 
-    def clip_and_step(self) -> float:
-        params = list(self.model.parameters())
-        if self.world_size > 1:
-            self._average_gradients(params)
-        limit = self.config.train.clip_grad or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, limit)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer_steps += 1
-        return float(norm)
-
-    def _average_gradients(self, params: list[torch.nn.Parameter]) -> None:
+    def reduce_gradients(self) -> None:
         """One all-reduce of all gradients (flattened), divided by the world size: gloo has no AVG."""
+        if self.world_size == 1:
+            return
+        params = list(self.model.parameters())
         for p in params:
             if p.grad is None:  # a rank whose micro-batches never reached a parameter still takes part
                 p.grad = torch.zeros_like(p)
@@ -166,8 +155,6 @@ class MegatronTrainActor(PPORank):
         return {"state": state, "param_groups": [{**group, "params": list(range(len(self.param_names)))}]}
 
     def shutdown(self) -> None:
-        """Leave megatron's parallel state and the process group cleanly (no abort at exit)."""
+        """Leave megatron's parallel state, then the process group (no abort at exit)."""
         destroy_parallel()
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        super().shutdown()
