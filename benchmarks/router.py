@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from miles.service_process import free_port  # noqa: E402
 PYTHON = sys.executable
 STUB = ROOT / "tests" / "router" / "stub_engine.py"
 SGLR_VENV = Path(os.environ.get("SGLR_VENV", "/tmp/sglr-venv"))
@@ -58,12 +60,6 @@ class LoadResult:
 
 
 # ---------------------------------------------------------------- servers
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def wait_http(url: str, timeout: float = 60.0, method: str = "GET", body: bytes | None = None) -> None:
     deadline = time.monotonic() + timeout
@@ -174,7 +170,6 @@ def run_load(url: str, connections: int, seconds: float) -> LoadResult:
 
 def loadgen_main(url: str, connections: int, seconds: float) -> None:
     """The fallback load generator: `connections` keep-alive loops on the router's own lean client."""
-    sys.path.insert(0, str(ROOT))
     from miles.router.upstream import Endpoint, UpstreamPool
 
     async def run() -> LoadResult:

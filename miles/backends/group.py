@@ -3,22 +3,16 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any
 
 import ray
 
 from miles.backends import actor_class
 from miles.backends.base import RankBatch, RankTrainResult
+from miles.service_process import free_port
 
 log = logging.getLogger(__name__)
 NAMESPACE = "miles"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _named(prefix: str, world_size: int) -> list[Any] | None:

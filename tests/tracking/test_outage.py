@@ -15,8 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tracking_helpers import REPO, free_port, journal_points, assert_points_equal, mlflow_points, subprocess_env
+from tracking_helpers import REPO, journal_points, assert_points_equal, mlflow_points, subprocess_env
 from miles.config import parse_config
+from miles.service_process import free_port
 from miles.tracking import open_tracking
 from miles.tracking.state import TrackingState
 from synthetic import iterate

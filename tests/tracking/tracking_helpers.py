@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
 from collections import defaultdict
@@ -100,7 +99,3 @@ def assert_all_trackers_equal_journal(run_dir: Path) -> Points:
     return want
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
