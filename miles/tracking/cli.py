@@ -3,21 +3,15 @@ outlived the run), then store the run's artifacts and finish its tracker runs.""
 from __future__ import annotations
 
 import argparse
-import fcntl
 import logging
 import os
 from pathlib import Path
 
-import yaml
-
 from miles.config.fields import is_secret_name
-from miles.tracking.delivery import DeliveryWorker
-from miles.tracking.journal import JOURNAL_NAME, JournalFollower
-from miles.tracking.samples import existing_samples
+from miles.tracking.delivery import worker_for
 from miles.tracking.secrets import MIN_SECRET_LEN, Scrubber
-from miles.tracking.sinks.base import build_sink
-from miles.tracking.state import (COMMITTED_PATH, CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, CommitState, DeliveryState,
-                                  SinkState, TrackingState)
+from miles.tracking.state import (COMMITTED_PATH, DELIVERY_LOCK_PATH, CommitState, DeliveryState, SinkState,
+                                  TrackingState, try_delivery_lock)
 
 
 class DeliveryBusy(RuntimeError):
@@ -33,28 +27,17 @@ def replay(run_dir: Path, timeout: float) -> dict[str, int]:
     Holds the run dir's delivery lock meanwhile, as the run's delivery process does."""
     if not TrackingState.load(run_dir).exists():
         raise FileNotFoundError(f"{run_dir} has no {COMMITTED_PATH}: not a run directory")
-    lock_path = run_dir / DELIVERY_LOCK_PATH
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DeliveryBusy(f"{lock_path} is held: a delivery process of this run dir is still running") from None
+    lock = try_delivery_lock(run_dir)
+    if lock is None:
+        raise DeliveryBusy(f"{run_dir / DELIVERY_LOCK_PATH} is held: a delivery process of this run dir is still "
+                           f"running")
+    with lock:
         commits, state = CommitState.load(run_dir), DeliveryState.load(run_dir)
         for name, spec in commits.trackers.items():  # on in the run, never recorded by its delivery process
             state.sinks.setdefault(name, SinkState(spec))
-        config_path = run_dir / CONFIG_ARTIFACT
-        params = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-        todo = {name: s for name, s in state.sinks.items()
+        todo = {name: s.spec for name, s in state.sinks.items()
                 if s.spec.kind != "null" and (s.cursor < commits.committed or not s.uploaded)}
-        sinks = []
-        for name, sink_state in todo.items():
-            sink = build_sink(sink_state.spec, params)
-            sink.name = name
-            sinks.append(sink)
-        worker = DeliveryWorker(sinks, state, JournalFollower(run_dir / JOURNAL_NAME), commits.committed,
-                                lambda rid: existing_samples(run_dir, rid), Scrubber(env_secrets()),
-                                retry_interval=1.0)
+        worker = worker_for(run_dir, state, todo, commits.committed, Scrubber(env_secrets()), retry_interval=1.0)
         worker.start()
         report = worker.finish([Path(p) for p in commits.artifacts], timeout=timeout)
     return report.undelivered

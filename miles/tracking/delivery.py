@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from miles.tracking.journal import JournalFollower
+import yaml
+
+from miles.tracking.journal import JOURNAL_NAME, JournalFollower
+from miles.tracking.samples import existing_samples
 from miles.tracking.secrets import Scrubber
-from miles.tracking.sinks.base import Delivery, Sink, SinkSpec
-from miles.tracking.state import DeliveryState, SinkState, pending
+from miles.tracking.sinks.base import Delivery, Sink, SinkSpec, build_sink
+from miles.tracking.state import CONFIG_ARTIFACT, DeliveryState, SinkState, pending
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
@@ -44,6 +47,12 @@ class Slot:
 @dataclass(frozen=True)
 class FinishReport:
     undelivered: dict[str, int] = field(default_factory=dict)  # tracker -> committed lines still spooled
+
+
+def warn_spooled(undelivered: dict[str, int], run_dir: Path) -> None:
+    for name, count in undelivered.items():
+        log.warning("tracking: %d committed lines for %s are still spooled; deliver them with "
+                    "`miles replay-spool %s`", count, name, run_dir)
 
 
 class DeliveryWorker:
@@ -172,6 +181,21 @@ class DeliveryWorker:
                 except Exception as exc:
                     self._report_down(slot, exc)
         self.report = FinishReport(self._pending())
-        for name, count in self.report.undelivered.items():
-            log.warning("tracking: %d committed lines for %s are still spooled; deliver them with "
-                        "`miles replay-spool %s`", count, name, self.state.path.parent.parent)
+        warn_spooled(self.report.undelivered, self.state.path.parent.parent)
+
+
+def worker_for(run_dir: Path, state: DeliveryState, specs: dict[str, SinkSpec], committed: int, scrubber: Scrubber,
+               retry_interval: float, secret_options: dict[str, dict] | None = None,
+               on_open: Callable[[str, SinkSpec], None] | None = None) -> DeliveryWorker:
+    """A worker that delivers `run_dir`'s journal to the trackers in `specs`, built with the run's
+    public config as their params (the delivery process and `miles replay-spool` both use it)."""
+    config_path = run_dir / CONFIG_ARTIFACT
+    params = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    sinks = []
+    for name, spec in specs.items():
+        sink = build_sink(spec, params, **(secret_options or {}).get(name, {}))
+        sink.name = name
+        sinks.append(sink)
+    return DeliveryWorker(sinks, state, JournalFollower(run_dir / JOURNAL_NAME), committed,
+                          lambda rid: existing_samples(run_dir, rid), scrubber, retry_interval=retry_interval,
+                          on_open=on_open)

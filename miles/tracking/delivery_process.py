@@ -25,7 +25,7 @@ logged once and the committed lines stay spooled for the next run or `miles repl
 from __future__ import annotations
 
 import argparse
-import fcntl
+import dataclasses
 import json
 import logging
 import os
@@ -38,9 +38,9 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from miles.tracking.delivery import FinishReport
+from miles.tracking.delivery import FinishReport, warn_spooled
 from miles.tracking.sinks.base import SinkSpec
-from miles.tracking.state import CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DeliveryState, TrackingState
+from miles.tracking.state import DELIVERY_LOCK_PATH, DeliveryState, TrackingState, try_delivery_lock
 
 log = logging.getLogger("miles.tracking")
 NICENESS = 19  # the lowest nice value: the kernel runs training first (see lower_priority)
@@ -80,7 +80,7 @@ class DeliveryProcess:
         finally:
             os.close(write_fd)
         self.stdin_fd = self.proc.stdin.fileno()
-        start = {"op": "start", "sinks": {name: _spec_json(s) for name, s in specs.items()},
+        start = {"op": "start", "sinks": {name: dataclasses.asdict(s) for name, s in specs.items()},
                  "committed": committed, "retry_interval": retry_interval, "secrets": list(secrets),
                  "secret_options": secret_options, "log_level": log.getEffectiveLevel()}
         try:
@@ -145,10 +145,8 @@ class DeliveryProcess:
         try:
             os.write(self.stdin_fd, (json.dumps(message) + "\n").encode())
             return True
-        except BlockingIOError:
+        except OSError:  # a full pipe (BlockingIOError), or the child is gone (its reader reports that once)
             return False
-        except OSError:
-            return False  # the child is gone; its reader reports that once
 
     def _close_stdin(self) -> None:
         if self.stdin_fd >= 0:
@@ -203,9 +201,7 @@ def spooled(run_dir: Path, names: list[str], committed: int) -> FinishReport:
     state = TrackingState.load(run_dir)
     undelivered = {name: committed - (state.sinks[name].cursor if name in state.sinks else 0) for name in names}
     report = FinishReport({name: n for name, n in undelivered.items() if n > 0})
-    for name, count in report.undelivered.items():
-        log.warning("tracking: %d committed lines for %s are still spooled; deliver them with "
-                    "`miles replay-spool %s`", count, name, run_dir)
+    warn_spooled(report.undelivered, run_dir)
     return report
 
 
@@ -224,10 +220,6 @@ def _stderr_or_devnull() -> int:
         return 2
     except OSError:
         return subprocess.DEVNULL
-
-
-def _spec_json(spec: SinkSpec) -> dict:
-    return {"kind": spec.kind, "options": spec.options}
 
 
 # -- the delivery process --------------------------------------------------------------------------
@@ -292,21 +284,16 @@ def read_stdin(inbox: queue.Queue, gone: threading.Event) -> None:
 def acquire_lock(run_dir: Path, gone: threading.Event) -> Any | None:
     """Hold the run dir's delivery lock (the one writer of delivery.json); None when the training
     process left while waiting, or another delivery kept it past LOCK_WAIT_S."""
-    path = run_dir / DELIVERY_LOCK_PATH
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = path.open("a")
     deadline = time.monotonic() + LOCK_WAIT_S
     while not gone.is_set():
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return f
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                log.error("tracking: %s stays locked by another delivery (a `miles replay-spool` of this run "
-                          "dir?); this run's points stay spooled", path)
-                break
-            time.sleep(0.2)  # poll interval, bounded by the deadline
-    f.close()
+        lock = try_delivery_lock(run_dir)
+        if lock is not None:
+            return lock
+        if time.monotonic() > deadline:
+            log.error("tracking: %s stays locked by another delivery (a `miles replay-spool` of this run "
+                      "dir?); this run's points stay spooled", run_dir / DELIVERY_LOCK_PATH)
+            break
+        time.sleep(0.2)  # poll interval, bounded by the deadline
     return None
 
 
@@ -357,16 +344,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_worker(run_dir: Path, start: dict, reports: Reports):
-    import yaml
-
-    from miles.tracking.delivery import DeliveryWorker
-    from miles.tracking.journal import JOURNAL_NAME, JournalFollower
-    from miles.tracking.samples import existing_samples
+    from miles.tracking.delivery import worker_for
     from miles.tracking.secrets import Scrubber
-    from miles.tracking.sinks.base import build_sink
 
-    config_path = run_dir / CONFIG_ARTIFACT
-    params = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
     state = DeliveryState.load(run_dir)
     committed = start["committed"]
     for name, sink_state in state.sinks.items():
@@ -374,16 +354,11 @@ def build_worker(run_dir: Path, start: dict, reports: Reports):
             log.warning("tracking: %s already holds %d lines past the checkpoint; the redone rollouts will "
                         "appear twice there", name, sink_state.cursor - committed)
             sink_state.cursor = committed
-    sinks = []
-    for name, spec in start["sinks"].items():
-        sink = build_sink(SinkSpec(**spec), params, **start["secret_options"].get(name, {}))
-        sink.name = name
-        sinks.append(sink)
-    worker = DeliveryWorker(sinks, state, JournalFollower(run_dir / JOURNAL_NAME), committed,
-                            lambda rid: existing_samples(run_dir, rid), Scrubber(tuple(start["secrets"])),
-                            retry_interval=start["retry_interval"],
-                            on_open=lambda name, spec: reports.send({"op": "opened", "name": name,
-                                                                     "spec": _spec_json(spec)}))
+    specs = {name: SinkSpec(**spec) for name, spec in start["sinks"].items()}
+    worker = worker_for(run_dir, state, specs, committed, Scrubber(tuple(start["secrets"])), start["retry_interval"],
+                        secret_options=start["secret_options"],
+                        on_open=lambda name, spec: reports.send({"op": "opened", "name": name,
+                                                                 "spec": dataclasses.asdict(spec)}))
     state.save()
     return worker
 

@@ -17,10 +17,12 @@ A run directory of the earlier single-file layout (`tracking/state.json`) is rea
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from miles.tracking.sinks.base import SinkSpec
 
@@ -41,6 +43,20 @@ def _write_atomic(path: Path, data: dict) -> None:
 def _legacy(run_dir: Path) -> dict | None:
     path = Path(run_dir) / LEGACY_STATE_PATH
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def try_delivery_lock(run_dir: Path) -> IO | None:
+    """The run dir's delivery lock (held by whoever writes delivery.json), open and held; None
+    when another process holds it. Closing the file releases it."""
+    path = Path(run_dir) / DELIVERY_LOCK_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = path.open("a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return f
+    except BlockingIOError:
+        f.close()
+        return None
 
 
 @dataclass
