@@ -12,6 +12,17 @@ from miles.tracking.report import panels
 from miles.tracking.timeline import Span, chrome_trace, lane_order
 
 NOT_AVAILABLE = "not available"
+# The page's "What to watch" table: (healthy pattern, red flag) per panel, in panel order.
+WATCH_NOTES = (
+    ("slow decay over hundreds of iterations", "spike -> crash within an iteration"),
+    ("trending up, with healthy variance", "saturates near a single value (collapse)"),
+    ("bounded, drifts up over time", "sudden jump (policy diverged from ref)"),
+    ("stable and small (<< 1.0)", "climbing without bound -> train/inference precision drift"),
+    ("slowly decreasing", "falls to ~0 too fast (mode collapse)"),
+    ("< clip_grad", "repeatedly hitting the clip threshold"),
+    ("roughly balanced", "one >> other -> resource imbalance"),
+    ("< 0.2", "> 0.5: the policy moves fast -> drop LR"),
+)
 
 
 class NotFound(LookupError):
@@ -70,12 +81,13 @@ def watch(files: RunFiles) -> dict[str, Any]:
     for v in health.rows:
         verdicts_by_signal[str(v.get("signal", ""))].append(v)
     out = []
-    for panel in panels(_clip_grad(files)):
+    for panel, (healthy, red_flag) in zip(panels(_clip_grad(files)), WATCH_NOTES):
         names = {k.split("/")[-1] for k in panel.keys} | set(panel.keys) | {panel.title.split(" ")[0]}
         verdicts = [v for signal, vs in verdicts_by_signal.items() if signal.split("/")[-1] in names
                     or signal in names for v in vs]
         out.append({"title": panel.title, "keys": list(panel.keys), "threshold": panel.hline,
                     "threshold_label": panel.hline_label,
+                    "healthy": healthy, "red_flag": red_flag,
                     "series": {k: series[k] for k in panel.keys if k in series}, "verdicts": verdicts})
     return {"panels": out, "health": "available" if health.present else NOT_AVAILABLE}
 

@@ -15,7 +15,7 @@ import httpx
 
 from miles.service_process import free_port
 
-ELEMENT = "element-6066-11e4-a52f-4a5fa2ef1b01"
+ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
 INSTALL = "apt-get install -y chromium chromium-driver"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000"]
@@ -97,9 +97,22 @@ class Browser:
                 raise WebDriverError(f"no {count} x {css!r} after {timeout} s")
             time.sleep(0.1)
 
-    def wait_view(self, name: str, timeout: float = 30.0) -> None:
-        """Until the page has finished drawing view `name`."""
-        self.wait_for(f'main[data-view="{name}"][data-ready="1"]', timeout)
+    def wait_true(self, expression: str, timeout: float = 30.0) -> None:
+        """Until the JavaScript `expression` is true in the page."""
+        deadline = time.monotonic() + timeout
+        while not self.script(f"return Boolean({expression})"):
+            if time.monotonic() > deadline:
+                raise WebDriverError(f"{expression} still false after {timeout} s")
+            time.sleep(0.1)
+
+    def wait_view(self, hash_: str, timeout: float = 30.0) -> None:
+        """Until the page has finished drawing the view of URL hash `hash_` (e.g. "#metrics")."""
+        self.wait_for(f'main[data-hash="{hash_}"][data-ready="1"]', timeout)
+
+    def open(self, url: str, timeout: float = 30.0) -> None:
+        """Load `url` (a dashboard page with a #view) and wait until that view is drawn."""
+        self.get(url)
+        self.wait_view("#" + url.split("#", 1)[1], timeout)
 
     def screenshot(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,8 @@ async function showMetrics(view) {
   const grid = el("div", {class: "grid", id: "watch-panels"});
   view.append(grid);
   for (const p of watch.panels) {
-    const box = el("div", {class: "panel watch-panel"}, el("h3", {}, p.title));
+    const box = el("div", {class: "panel watch-panel"}, el("h3", {}, p.title),
+      el("div", {class: "legend"}, `healthy: ${p.healthy} · `, el("span", {class: "flag"}, `red flag: ${p.red_flag}`)));
     grid.append(box);
     const series = Object.entries(p.series).map(([k, s]) => ({name: k, x: s.x, y: s.y}));
     if (!series.length) { box.append(el("div", {class: "na"}, "not logged")); continue; }
@@ -258,13 +259,29 @@ async function showSample(view) {
     box.append(tok);
   });
   view.append(box);
+  const positions = t.ids.map((_, i) => i);
+  const strips = [["rollout log-prob", t.rollout_log_probs], ["training log-prob", t.log_probs],
+                  ["|difference|", COLOR_BY.abs_diff && t.ids.map((_, i) => COLOR_BY.abs_diff.value(t, i))],
+                  ["entropy", t.entropy]].filter(([, ys]) => ys && ys.length === t.ids.length && ys.every(
+                    v => v !== undefined));
+  const grid = el("div", {class: "grid", id: "token-charts"});
+  for (const [name, ys] of strips) {
+    const panel = el("div", {class: "panel"}, el("h3", {}, name + " per token"));
+    lineChart(panel, [{name, x: positions, y: ys}], {xlabel: "token"});
+    grid.append(panel);
+  }
+  view.append(grid);
 }
 
 // ---- routing and following -------------------------------------------------------------
 const VIEWS = {metrics: showMetrics, timeline: showTimeline, rollouts: showRollouts, sample: showSample};
 
+let renders = 0;
+
 async function render() {
-  const name = (location.hash.slice(1).split(/[/?]/)[0]) || "metrics";
+  const mine = ++renders;  // a newer render (the hash changed again) wins over this one
+  const hash = location.hash;
+  const name = (hash.slice(1).split(/[/?]/)[0]) || "metrics";
   for (const k of Object.keys(VIEWS)) document.getElementById("nav-" + k).classList.toggle("active", k === name);
   const view = el("main", {id: "view", "data-view": name});
   try {
@@ -278,6 +295,8 @@ async function render() {
   } catch (err) {
     view.append(el("div", {class: "missing"}, String(err)));
   }
+  if (mine !== renders) return;
+  view.setAttribute("data-hash", hash);
   view.setAttribute("data-ready", "1");
   document.getElementById("view").replaceWith(view);
 }
