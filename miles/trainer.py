@@ -166,7 +166,8 @@ class RLTrainer:
         train_time = time.perf_counter() - t_train
         self._write_rank_phases(rollout_id, summary)
         if logged:
-            write_tokens(self.run_dir, rollout_id, samples, self.tokenizer, summary.token_stats)
+            with self.timeline.span("log_tokens", rollout_id):
+                write_tokens(self.run_dir, rollout_id, samples, self.tokenizer, summary.token_stats)
 
         t_sync = time.perf_counter()
         with self.timeline.span("update_weights", rollout_id, version=self.weight_version + 1):

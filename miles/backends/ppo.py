@@ -169,7 +169,11 @@ class PPORank:
         actor_train_time = time.perf_counter() - t2
         phases.append(("actor_train", wall2, wall2 + actor_train_time))
         num_tokens = sum(mb.num_tokens for mb in mbs)
-        token_stats = response_token_stats(batch, mbs, old) if batch.return_token_stats else {}
+        token_stats = {}
+        if batch.return_token_stats:
+            wall3 = time.time()
+            token_stats = response_token_stats(batch, mbs, old)
+            phases.append(("token_stats", wall3, time.time()))
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, log_probs_time, ref_time,
                                actor_train_time, phases, token_stats)
 

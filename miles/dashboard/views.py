@@ -93,7 +93,9 @@ def watch(files: RunFiles) -> dict[str, Any]:
 
 
 def timeline(files: RunFiles, rollout_id: int | None = None) -> dict[str, Any]:
-    spans = [row for row in files.timeline().rows if rollout_id is None or row.get("rollout_id") == rollout_id]
+    spans = files.timeline().rows
+    if rollout_id is not None:
+        spans = _of_rollout(spans, rollout_id)
     lanes = sorted({str(s.get("lane")) for s in spans}, key=lane_order)
     busy = defaultdict(float)
     for s in spans:
@@ -104,6 +106,16 @@ def timeline(files: RunFiles, rollout_id: int | None = None) -> dict[str, Any]:
     utilization = {lane: (busy[lane] / wall if wall > 0 else 0.0) for lane in lanes}
     return {"available": files.timeline().present, "lanes": lanes, "spans": spans, "start": start, "end": end,
             "utilization": utilization, "profiler": profiler(files)}
+
+
+def _of_rollout(spans: list[dict[str, Any]], rollout_id: int) -> list[dict[str, Any]]:
+    """The rollout's spans, and the spans that know no rollout (engine batches) inside its time."""
+    own = [s for s in spans if s.get("rollout_id") == rollout_id]
+    if not own:
+        return []
+    start, end = min(float(s["start"]) for s in own), max(float(s["end"]) for s in own)
+    return own + [s for s in spans if s.get("rollout_id") is None and float(s["start"]) < end
+                  and float(s["end"]) > start]
 
 
 def chrome(files: RunFiles) -> dict[str, Any]:

@@ -8,7 +8,6 @@ environment inserted). Floats are rounded to 4 decimals to keep the file small.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,8 @@ def token_row(sample: Any, token_texts: list[str], train: dict[str, list[float]]
 
 
 def write_tokens(run_dir: Path, rollout_id: int, samples: list, tokenizer: Any,
-                 train_stats: dict[int, dict[str, list[float]]]) -> float:
-    """Write the rollout's token file (atomically); returns the seconds it took."""
-    t0 = time.perf_counter()
+                 train_stats: dict[int, dict[str, list[float]]]) -> Path:
+    """Write the rollout's token file (atomically)."""
     path = tokens_path(run_dir, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     vocab_text = _token_texts(tokenizer)
@@ -48,7 +46,7 @@ def write_tokens(run_dir: Path, rollout_id: int, samples: list, tokenizer: Any,
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)
-    return time.perf_counter() - t0
+    return path
 
 
 def _token_texts(tokenizer: Any):

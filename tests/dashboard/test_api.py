@@ -90,6 +90,19 @@ def test_timeline_lanes_and_phases(client):
                                                                           "eval"}  # eval every 2 rollouts
 
 
+def test_engine_batches_join_the_rollout_they_ran_in(run_copy, client):
+    spans = [json.loads(line) for line in (run_copy / "timeline.jsonl").read_text().splitlines()]
+    rollout1 = [s for s in spans if s["rollout_id"] == 1 and s["name"] == "rollout"][0]
+    inside = {"lane": "engine 127.0.0.1:30000", "name": "batch", "start": rollout1["start"] + 0.001,
+              "end": rollout1["end"] - 0.001, "args": {"requests": 16, "tokens": 64}}
+    before = {**inside, "start": spans[0]["start"] - 10, "end": spans[0]["start"] - 9}
+    with (run_copy / "timeline.jsonl").open("a") as f:
+        f.write(json.dumps(inside) + "\n" + json.dumps(before) + "\n")
+    assert get(client, "/api/timeline")["lanes"] == ["trainer", "rank0", "rank1", "engine 127.0.0.1:30000"]
+    one = get(client, "/api/timeline?rollout_id=1")
+    assert [s for s in one["spans"] if s["lane"].startswith("engine")] == [inside]  # not the one before
+
+
 def test_chrome_trace_has_one_event_per_span(client):
     spans = get(client, "/api/timeline")["spans"]
     response = client.get("/api/timeline/chrome")
