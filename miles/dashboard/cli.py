@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         sock.bind((args.host, args.port))
     except OSError as exc:
         raise ConfigError("--port", f"cannot bind {args.host}:{args.port}: {exc}") from None
+    sock.listen(128)  # listening before the URL is printed: a client that reads it can connect at once
     host = f"[{args.host}]" if ":" in args.host else args.host
     # The one line a parent process reads to learn the port (with --port 0); the token is never printed.
     print(f"miles dashboard on http://{host}:{sock.getsockname()[1]}/ for {args.run_dir}"
