@@ -97,15 +97,22 @@ def timeline(files: RunFiles, rollout_id: int | None = None) -> dict[str, Any]:
     if rollout_id is not None:
         spans = _of_rollout(spans, rollout_id)
     lanes = sorted({str(s.get("lane")) for s in spans}, key=lane_order)
-    busy = defaultdict(float)
-    for s in spans:
-        busy[str(s.get("lane"))] += max(float(s.get("end", 0)) - float(s.get("start", 0)), 0.0)
     start = min((float(s["start"]) for s in spans), default=None)
     end = max((float(s["end"]) for s in spans), default=None)
-    wall = (end - start) if spans else 0.0
-    utilization = {lane: (busy[lane] / wall if wall > 0 else 0.0) for lane in lanes}
     return {"available": files.timeline().present, "lanes": lanes, "spans": spans, "start": start, "end": end,
-            "utilization": utilization, "profiler": profiler(files)}
+            "utilization": utilization(spans, lanes), "profiler": profiler(files)}
+
+
+def utilization(spans: list[dict[str, Any]], lanes: list[str]) -> dict[str, float]:
+    """Each lane's busy share of the iterations' wall time (from the first span of a rollout to the last)."""
+    trained = [s for s in spans if s.get("rollout_id") is not None] or spans
+    if not trained:
+        return {}
+    lo, hi = min(float(s["start"]) for s in trained), max(float(s["end"]) for s in trained)
+    busy: dict[str, float] = defaultdict(float)
+    for s in spans:
+        busy[str(s.get("lane"))] += max(min(float(s["end"]), hi) - max(float(s["start"]), lo), 0.0)
+    return {lane: min(busy[lane] / (hi - lo), 1.0) if hi > lo else 0.0 for lane in lanes}
 
 
 def _of_rollout(spans: list[dict[str, Any]], rollout_id: int) -> list[dict[str, Any]]:

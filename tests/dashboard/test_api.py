@@ -79,28 +79,34 @@ def test_health_verdicts_mark_their_panel(run_copy, client):
 
 def test_timeline_lanes_and_phases(client):
     data = get(client, "/api/timeline")
-    assert data["lanes"] == ["trainer", "rank0", "rank1"]
+    assert data["lanes"][:3] == ["trainer", "rank0", "rank1"] and data["lanes"][3].startswith("engine ")
     names = {(s["lane"], s["name"]) for s in data["spans"]}
     assert {("trainer", "rollout"), ("trainer", "train"), ("trainer", "update_weights"), ("trainer", "eval"),
             ("trainer", "checkpoint"), ("rank0", "log_probs"), ("rank1", "actor_train")} <= names
-    assert all(0 < u <= 1 for u in data["utilization"].values())
+    # busy shares of the iterations' wall time: the trainer drives every phase, ranks and engine take turns
+    use = data["utilization"]
+    assert use["trainer"] > 0.8 and all(0 < use[lane] < use["trainer"] for lane in data["lanes"][1:])
     one = get(client, "/api/timeline?rollout_id=1")
-    assert {s["rollout_id"] for s in one["spans"]} == {1}
+    assert {s["rollout_id"] for s in one["spans"] if s["lane"] == "trainer"} == {1}
     assert {s["name"] for s in one["spans"] if s["lane"] == "trainer"} == {"rollout", "train", "update_weights",
                                                                           "eval"}  # eval every 2 rollouts
 
 
-def test_engine_batches_join_the_rollout_they_ran_in(run_copy, client):
-    spans = [json.loads(line) for line in (run_copy / "timeline.jsonl").read_text().splitlines()]
-    rollout1 = [s for s in spans if s["rollout_id"] == 1 and s["name"] == "rollout"][0]
-    inside = {"lane": "engine 127.0.0.1:30000", "name": "batch", "start": rollout1["start"] + 0.001,
-              "end": rollout1["end"] - 0.001, "args": {"requests": 16, "tokens": 64}}
-    before = {**inside, "start": spans[0]["start"] - 10, "end": spans[0]["start"] - 9}
-    with (run_copy / "timeline.jsonl").open("a") as f:
-        f.write(json.dumps(inside) + "\n" + json.dumps(before) + "\n")
-    assert get(client, "/api/timeline")["lanes"] == ["trainer", "rank0", "rank1", "engine 127.0.0.1:30000"]
-    one = get(client, "/api/timeline?rollout_id=1")
-    assert [s for s in one["spans"] if s["lane"].startswith("engine")] == [inside]  # not the one before
+def test_engine_batches_join_the_rollout_they_ran_in(client):
+    everything = get(client, "/api/timeline")
+    engine = everything["lanes"][-1]
+    assert engine.startswith("engine 127.0.0.1:")
+    batches = [s for s in everything["spans"] if s["lane"] == engine]
+    assert batches and all(s["name"] == "batch" and s["args"]["requests"] >= 1 for s in batches)
+    shown = 0
+    for rollout_id in range(4):
+        one = get(client, f"/api/timeline?rollout_id={rollout_id}")
+        own = [s for s in one["spans"] if s["rollout_id"] == rollout_id]
+        start, end = min(s["start"] for s in own), max(s["end"] for s in own)
+        inside = [s for s in one["spans"] if s["lane"] == engine]
+        assert inside and all(s["start"] < end and s["end"] > start for s in inside)
+        shown += len(inside)
+    assert shown < len(batches)  # the base eval's batches ran before rollout 0
 
 
 def test_chrome_trace_has_one_event_per_span(client):
@@ -111,7 +117,7 @@ def test_chrome_trace_has_one_event_per_span(client):
     complete = [e for e in events if e["ph"] == "X"]
     assert len(complete) == len(spans)
     threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    assert threads == {"trainer", "rank0", "rank1"}
+    assert threads == set(get(client, "/api/timeline")["lanes"])
     first = min(spans, key=lambda s: s["start"])
     assert any(e["ts"] == 0 and e["name"] == first["name"] for e in complete)
 
@@ -203,7 +209,8 @@ def test_torn_and_corrupt_lines_are_left_out(run_copy, client):
     assert run["iterations"] == 4 and run["files"]["journal"]["skipped"] == 1
     assert run["corrupt"] == ["journal: 1 unreadable lines"]
     assert len(get(client, "/api/metrics")["series"]["train/loss"]["y"]) == 4
-    assert all(s["rollout_id"] is not None for s in get(client, "/api/timeline")["spans"])
+    spans = get(client, "/api/timeline")["spans"]
+    assert len(spans) == len((RECORDED / "timeline.jsonl").read_text().splitlines())  # the torn line is not one
 
 
 def test_empty_run_dir_shows_what_is_missing(tmp_path):

@@ -87,29 +87,55 @@ async function showTimeline(view) {
       "Timeline: not available (no timeline.jsonl in this run)"));
     return;
   }
-  const W = 1200, laneH = 26, top = 20, left = 150;
+  const W = 1200, laneH = 26, top = 20, left = 240;
   const H = top + data.lanes.length * laneH + 20;
   const svg = svgEl("svg", {class: "timeline", id: "timeline-svg", viewBox: `0 0 ${W} ${H}`}, view);
-  const span = (data.end - data.start) || 1;
-  const px = (t) => left + (t - data.start) / span * (W - left - 10);
-  data.lanes.forEach((lane, i) => {
-    const y = top + i * laneH;
-    svgEl("text", {x: 4, y: y + 16}, svg).textContent =
-      `${lane} (${Math.round(100 * data.utilization[lane])}% busy)`;
-    svgEl("line", {x1: left, x2: W - 10, y1: y + laneH, y2: y + laneH, stroke: "#f3f4f6"}, svg);
+  // Open on the training iterations (an engine's start-up probes can come long before them);
+  // drag across to zoom, double-click for everything.
+  const trained = data.spans.filter(s => s.rollout_id !== null && s.rollout_id !== undefined);
+  const full = [data.start, data.end];
+  let range = trained.length ? [Math.min(...trained.map(s => s.start)), Math.max(...trained.map(s => s.end))] : full;
+  function draw() {
+    svg.replaceChildren();
+    const span = (range[1] - range[0]) || 1;
+    const px = (t) => left + (t - range[0]) / span * (W - left - 10);
+    data.lanes.forEach((lane, i) => {
+      const y = top + i * laneH;
+      svgEl("text", {x: 4, y: y + 16}, svg).textContent =
+        `${lane} (${Math.round(100 * data.utilization[lane])}% busy)`;
+      svgEl("line", {x1: left, x2: W - 10, y1: y + laneH, y2: y + laneH, stroke: "#f3f4f6"}, svg);
+    });
+    for (const s of data.spans) {
+      if (s.end < range[0] || s.start > range[1]) continue;
+      const i = data.lanes.indexOf(s.lane);
+      const x0 = Math.max(px(s.start), left), x1 = Math.min(px(s.end), W - 10);
+      const r = svgEl("rect", {x: x0, y: top + i * laneH + 3, height: laneH - 6, class: "span",
+                               width: Math.max(x1 - x0, 1), fill: PHASE_COLORS[s.name] || "#cbd5e1"}, svg);
+      svgEl("title", {}, r).textContent =
+        `${s.lane} ${s.name}` + (s.rollout_id !== null && s.rollout_id !== undefined ? ` rollout ${s.rollout_id}` : "") +
+        `: ${(s.end - s.start).toFixed(3)} s` + (s.args ? " " + JSON.stringify(s.args) : "");
+    }
+    for (let k = 0; k <= 4; k++) {
+      const t = range[0] + span * k / 4;
+      svgEl("text", {x: px(t), y: 12, "text-anchor": "middle"}, svg).textContent = (t - data.start).toFixed(2) + " s";
+    }
+    svg._toTime = (clientX) => {
+      const box = svg.getBoundingClientRect();
+      return range[0] + ((clientX - box.left) / box.width * W - left) / (W - left - 10) * span;
+    };
+  }
+  let from = null;
+  svg.addEventListener("mousedown", (ev) => { from = svg._toTime(ev.clientX); });
+  svg.addEventListener("mouseup", (ev) => {
+    const to = svg._toTime(ev.clientX);
+    if (from !== null && Math.abs(to - from) > (range[1] - range[0]) / 200) {
+      range = [Math.max(full[0], Math.min(from, to)), Math.min(full[1], Math.max(from, to))];
+      draw();
+    }
+    from = null;
   });
-  for (const s of data.spans) {
-    const i = data.lanes.indexOf(s.lane);
-    const r = svgEl("rect", {x: px(s.start), y: top + i * laneH + 3, height: laneH - 6, class: "span",
-                             width: Math.max(px(s.end) - px(s.start), 1), fill: PHASE_COLORS[s.name] || "#cbd5e1"},
-                    svg);
-    svgEl("title", {}, r).textContent =
-      `${s.lane} ${s.name} rollout ${s.rollout_id}: ${(s.end - s.start).toFixed(3)} s`;
-  }
-  for (let k = 0; k <= 4; k++) {
-    const t = data.start + span * k / 4;
-    svgEl("text", {x: px(t), y: 12, "text-anchor": "middle"}, svg).textContent = (t - data.start).toFixed(1) + " s";
-  }
+  svg.addEventListener("dblclick", () => { range = full.slice(); draw(); });
+  draw();
   view.append(el("div", {class: "legend"}, ...Object.entries(PHASE_COLORS).map(([n, c]) =>
     el("span", {style: `border-left: 10px solid ${c}; padding-left: 4px`}, n))));
   view.append(el("h2", {}, "Profiler windows"));
