@@ -75,7 +75,9 @@ def metrics(files: RunFiles) -> dict[str, Any]:
 
 def watch(files: RunFiles) -> dict[str, Any]:
     """The page's eight "What to watch" panels, with their thresholds and the health watch's verdicts."""
-    series = _series(files.journal().rows)
+    journal = files.journal().rows
+    series = _series(journal)
+    step_of_rollout = {row.get("rollout_id"): row for row in journal}
     health = files.health()
     verdicts_by_signal: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for v in health.rows:
@@ -85,7 +87,10 @@ def watch(files: RunFiles) -> dict[str, Any]:
         names = {k.split("/")[-1] for k in panel.keys} | set(panel.keys) | {panel.title.split(" ")[0]}
         verdicts = [v for signal, vs in verdicts_by_signal.items() if signal.split("/")[-1] in names
                     or signal in names for v in vs]
-        out.append({"title": panel.title, "keys": list(panel.keys), "threshold": panel.hline,
+        axis = step_key(panel.keys[0])
+        flags = [step_of_rollout.get(v.get("rollout_id"), {}).get(axis, v.get("rollout_id")) for v in verdicts
+                 if v.get("severity") != "ok"]
+        out.append({"title": panel.title, "keys": list(panel.keys), "threshold": panel.hline, "flag_steps": flags,
                     "threshold_label": panel.hline_label,
                     "healthy": healthy, "red_flag": red_flag,
                     "series": {k: series[k] for k in panel.keys if k in series}, "verdicts": verdicts})

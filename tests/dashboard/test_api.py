@@ -74,6 +74,8 @@ def test_health_verdicts_mark_their_panel(run_copy, client):
     assert by_title["grad_norm"]["verdicts"] == [verdicts[0]]
     assert by_title["raw_reward"]["verdicts"] == [verdicts[1]]
     assert by_title["loss"]["verdicts"] == []
+    # marked on the panel's own step axis: train/step of rollout 2 (one optimizer step per rollout here)
+    assert by_title["grad_norm"]["flag_steps"] == [2.0] and by_title["raw_reward"]["flag_steps"] == [3.0]
     assert get(client, "/api/health")["verdicts"] == verdicts
 
 
