@@ -48,7 +48,7 @@ def test_metrics_view(browser, served):
 def test_health_verdicts_are_marked_on_their_panels(browser, run_copy):
     verdicts = [{"rollout_id": 2, "signal": "grad_norm", "severity": "warning",
                  "message": "grad_norm above clip_grad in 3 of the last 4 iterations", "values": {"grad_norm": 2.2}},
-                {"rollout_id": 3, "signal": "entropy_loss", "severity": "critical",
+                {"rollout_id": 3, "signal": "entropy_loss", "severity": "red",
                  "message": "entropy falling fast", "values": {}}]
     (run_copy / "health.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
     served = serve(run_copy)

@@ -56,6 +56,10 @@ async function showMetrics(view) {
       box.append(el("div", {class: "flag"}, `rollout ${v.rollout_id} ${v.severity}: ${v.message}`));
     }
   }
+  if (watch.other_verdicts.length) {
+    view.append(el("h3", {}, "Other health verdicts"), el("ul", {id: "other-verdicts"}, ...watch.other_verdicts.map(v =>
+      el("li", {class: "flag"}, `rollout ${v.rollout_id} ${v.signal} ${v.severity}: ${v.message}`))));
+  }
   for (const [ns, keys] of Object.entries(metrics.namespaces)) {
     view.append(el("h2", {}, ns + "/"));
     const g = el("div", {class: "grid"});
