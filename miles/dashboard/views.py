@@ -166,6 +166,8 @@ def _group_flags(samples: list[dict[str, Any]]) -> dict[Any, bool]:
 
 def turns_of(sample: dict[str, Any]) -> int:
     """Assistant turns of a multi-turn trajectory; 1 for a single-turn sample."""
+    if isinstance(sample.get("num_turns"), int):
+        return max(1, sample["num_turns"])
     messages = sample.get("messages") or []
     return max(1, sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant"))
 
