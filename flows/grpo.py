@@ -32,7 +32,7 @@ def build_argv(config_file: str | None, flags: list[str] | None) -> list[str]:
 
 def with_resolved_paths(config: MilesConfig) -> MilesConfig:
     """Absolute paths (Ray workers may run elsewhere) and the defaults every task must agree on."""
-    from miles.tiny.warmstart import ensure_base_model
+    from miles.tiny.defaults import tiny_model
 
     def absolute(value: str | None) -> str | None:
         return str(Path(value).expanduser().resolve()) if value else value
@@ -40,7 +40,8 @@ def with_resolved_paths(config: MilesConfig) -> MilesConfig:
     run_dir = Path(config.train.run_dir or default_run_dir()).resolve()
     return config.replace(
         run_dir=str(run_dir),
-        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(ensure_base_model(progress=False)),
+        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(
+            tiny_model(config.generate.custom_generate_function_path is not None)),
         prompt_data=absolute(config.rollout.prompt_data),
         save=absolute(config.train.save), load=absolute(config.train.load),
         wandb_dir=absolute(config.tracking.wandb_dir), tensorboard_dir=absolute(config.tracking.tensorboard_dir),

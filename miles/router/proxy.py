@@ -28,6 +28,8 @@ RESPONSE_SKIP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"
 # worker dying mid-body can still be failed over; anything larger or unframed (SSE) is streamed.
 SMALL_BODY = 256 * 1024
 MAX_BACKOFF_S = 2.0
+# SGLang's gateway header for session affinity: all requests with one key go to one worker.
+ROUTING_KEY_HEADER = b"x-smg-routing-key"
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,13 @@ class Proxy:
         except ClientGone:
             return
         head = request_head(scope)
+        routing_key = routing_key_of(scope)
         start = time.perf_counter()
         tried: list[Worker] = []
         retries = 0
         error: str | None = None
         while True:
-            worker = self.pool.choose(tried)
+            worker = self.pool.choose(tried, routing_key)
             if worker is None:
                 self.stats.record_no_worker()
                 await send_json(send, 503, {"error": self.no_worker_message(), "last_error": error})
@@ -171,6 +174,13 @@ async def _abort_on_disconnect(receive, conn: Connection) -> None:
         if message["type"] == "http.disconnect":
             conn.abort()
             return
+
+
+def routing_key_of(scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == ROUTING_KEY_HEADER:
+            return value or None
+    return None
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int:
