@@ -17,6 +17,7 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.on_ray import train_on_ray
 from miles.config import ConfigError, MilesConfig, parse_config
+from miles.rollout.generate_hook import load_generate_function
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.finish import RunReport
 from tasks.options import configured
@@ -67,6 +68,7 @@ def api_url() -> str:
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     config = with_resolved_paths(parse_config(build_argv(config_file, flags)))
+    load_generate_function(config.generate)  # a bad generate hook or tool flag fails before the cluster starts
     cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url())
     try:
         return train_on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))

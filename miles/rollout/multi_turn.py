@@ -47,10 +47,9 @@ def _load(specs_path: str | None, parser_name: str, execute_path: str | None, ma
         raise ConfigError("--generate-execute-tool-function-path", "the multi-turn generator needs the tool "
                                                                    "executor (an async fn(name, arguments) -> str)")
     specs = load_object(specs_path, "--generate-tool-specs-path")
-    if callable(specs):
-        specs = specs()
     if not isinstance(specs, list) or not specs:
-        raise ConfigError("--generate-tool-specs-path", f"{specs_path} must be a non-empty list of tool specs")
+        raise ConfigError("--generate-tool-specs-path", f"{specs_path} must be a non-empty list of tool specs, "
+                                                        f"got {type(specs).__name__}")
     try:
         parser = make_parser(parser_name, specs)
     except ValueError as exc:
