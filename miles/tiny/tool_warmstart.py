@@ -22,7 +22,7 @@ from miles.tiny.model import build_tiny_model
 from miles.tiny.task import Problem
 from miles.tiny.warmstart import cache_root, ensure_cached
 
-RECIPE = dict(version=1, seed=0, lr=3e-3, batch_size=64, max_steps=1500, eval_every=250, tool_share=0.3,
+RECIPE = dict(version=1, seed=0, lr=3e-3, batch_size=64, max_steps=1500, eval_every=100, tool_share=0.3,
               target_tool_path=0.95, eval_prompts=256)
 
 
@@ -101,6 +101,15 @@ def warm_start(out_dir: Path, progress: bool = True) -> dict:
     """SFT on mixed demonstrations until the greedy tool path is right on held-out problems."""
     from rich.progress import Progress
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small gains nothing from more; on busy cores they spin against each other
+    try:
+        return _warm_start(out_dir, progress, Progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
     seed = RECIPE["seed"]
     train, evals = tool_task.split_problems(seed)
     evals = evals[: RECIPE["eval_prompts"]]
