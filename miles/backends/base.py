@@ -22,6 +22,8 @@ class RankBatch:
     rollout_id: int = 0
     # per sample, 1/0 per response token (0: an observation the model did not write); None: all 1
     loss_masks: list[list[int] | None] | None = None
+    sample_indices: list[int] = field(default_factory=list)  # each row's index in the rollout
+    return_token_stats: bool = False  # a logged rollout: send back per-token log-probs and entropy
 
 
 @dataclass
@@ -35,6 +37,10 @@ class RankTrainResult:
     log_probs_time: float
     ref_log_probs_time: float
     actor_train_time: float
+    # (phase, unix start, unix end) of this rank's log_probs and actor_train, for the run's timeline
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
+    # sample index -> {"log_probs": [...], "entropy": [...]} per response token (logged rollouts only)
+    token_stats: dict[int, dict[str, list[float]]] = field(default_factory=dict)
 
 
 @dataclass

@@ -32,11 +32,16 @@ def test_multi_turn_run_end_to_end(tmp_path, capsys):
     assert "turns=" in capsys.readouterr().out
 
     rows = [json.loads(t) for t in (run_dir / "samples" / "rollout_000000.jsonl").read_text().splitlines()]
+    tokens = {r["index"]: r for r in map(json.loads, (run_dir / "tokens" / "rollout_000000.jsonl").read_text()
+                                         .splitlines())}
     with_tool = [r for r in rows if any(t["role"] == "tool" for t in r["turns"])]
     assert with_tool, "no trajectory called the tool in rollout 0"
     for row in with_tool:
         assert row["turns"][0] == {"role": "user", "text": row["prompt"]}
-        assert 0 in row["loss_mask"] and len(row["loss_mask"]) == row["response_length"]
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
+        assert row["messages"][1]["tool_calls"][0]["function"]["name"] == "calc"
+        mask = tokens[row["index"]]["loss_mask"]
+        assert 0 in mask and len(mask) == row["response_length"]
 
     import mlflow
 

@@ -88,8 +88,8 @@ class WandbSink:
         rows = [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
         columns = ["rollout_id", "prompt", "response", "label", "reward", "raw_reward", "response_length", "status",
                    "num_turns"]
-        # the conversation turn by turn, one "role: text" line per turn
-        data = [[r.get(c) for c in columns] + ["\n".join(f"{t['role']}: {t['text']}" for t in r.get("turns") or [])]
+        # the conversation turn by turn, one "role: text" line per message
+        data = [[r.get(c) for c in columns] + ["\n".join(f"{m['role']}: {m['content']}" for m in r.get("messages", []))]
                 for r in rows]
         return wandb.Table(columns=columns + ["conversation"], data=data)
 
