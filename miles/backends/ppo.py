@@ -12,6 +12,7 @@ gradients are averaged over ranks. One rank or two therefore take the same step.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import time
 from collections import defaultdict
@@ -65,6 +66,16 @@ def seed_rank(seed: int, rank: int) -> None:
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def load_state_file(path: Path) -> dict:
+    """A checkpoint's .pt file, read with weights_only=True: tensors and plain containers only, so a
+    crafted pickle cannot run code (the manifest checks integrity, not who wrote the file)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path} holds objects other than tensors and plain values (refused by "
+                         f"torch.load(weights_only=True)); miles never writes such a file") from None
 
 
 def set_rng_state(state: dict) -> None:
@@ -208,9 +219,9 @@ class PPORank:
         return written
 
     def load_schedule_and_rng(self, src: Path) -> None:
-        sched = torch.load(src / "scheduler.pt", weights_only=False)
+        sched = load_state_file(src / "scheduler.pt")
         self.scheduler.load_state_dict(sched["scheduler"])
         self.optimizer_steps, self.weight_version = sched["optimizer_steps"], sched["weight_version"]
         rng_file = src / f"rng_rank{self.rank}.pt"
         if rng_file.exists():  # a checkpoint from a different world size has no file for new ranks
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(load_state_file(rng_file))
