@@ -6,8 +6,11 @@ through FastAPI, so its routing and validation cost nothing on the hot path.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
+import socket
+import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,6 +24,7 @@ from miles.router.health import HealthChecker
 from miles.router.proxy import Proxy, send_json
 from miles.router.stats import RouterStats, StatsSnapshot
 from miles.router.upstream import UpstreamPool
+from miles.router.upstream import Endpoint
 from miles.router.workers import WorkerError, WorkerPool
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
@@ -49,6 +53,26 @@ def check_bind(host: str, admin_token: str | None) -> None:
                                     "/add_worker, /remove_worker and the engines' admin endpoints")
 
 
+def is_own_address(url: Any, listening: list[tuple[str, int]]) -> bool:
+    """Whether `url` resolves to an address this router listens on (a wildcard bind counts every
+    loopback and unspecified address on its port)."""
+    if not isinstance(url, str) or not listening:
+        return False
+    try:
+        endpoint = Endpoint.from_url(url.strip())
+        infos = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
+    except (ValueError, OSError):
+        return False  # not resolvable: the pool's own check reports the bad URL
+    targets = {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
+    for host, port in listening:
+        if port != endpoint.port:
+            continue
+        own = ipaddress.ip_address(host.strip("[]"))
+        if own in targets or (own.is_unspecified and any(t.is_loopback or t.is_unspecified for t in targets)):
+            return True
+    return False
+
+
 class Router:
     """ASGI app: `Router(config)(scope, receive, send)`; plain methods for everything the endpoints do."""
 
@@ -60,7 +84,10 @@ class Router:
         self.upstream = UpstreamPool(connect_timeout=min(config.router_request_timeout, 10.0))
         self.stats = RouterStats()
         self.proxy = Proxy(self.pool, self.upstream, self.stats, max_retries=config.router_max_retries,
-                           retry_backoff=config.router_retry_backoff, request_timeout=config.router_request_timeout)
+                           retry_backoff=config.router_retry_backoff, request_timeout=config.router_request_timeout,
+                           max_body_bytes=int(config.router_max_body_mb * 2**20),
+                           hop_id=uuid.uuid4().hex[:16].encode())
+        self.listening: list[tuple[str, int]] = []  # (host, port) this router serves on, set once bound
         self.health = HealthChecker(self.pool, self.upstream, config.rollout_health_check_interval,
                                     config.rollout_health_check_timeout)
         for url in worker_urls:
@@ -94,6 +121,9 @@ class Router:
     # what the endpoints do
     def add_worker(self, url: Any) -> dict:
         try:
+            if is_own_address(url, self.listening):
+                raise WorkerError(f"worker url {url!r} is this router's own address; it would send every "
+                                  f"request round in a loop")
             self.pool.add(url)
         except WorkerError as exc:
             raise AdminError(409 if "already registered" in str(exc) else 400, str(exc)) from None
