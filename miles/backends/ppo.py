@@ -11,6 +11,7 @@ gradients are averaged over ranks. One rank or two therefore take the same step.
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import random
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends import hf_weights as W
-from miles.backends.base import ActorInfo, RankBatch, RankTrainResult
+from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainResult
 from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
@@ -122,6 +123,11 @@ class PPORank:
         limit = self.config.train.clip_grad or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        # The norm is of the world's averaged gradients, so every rank refuses the same step together.
+        if not math.isfinite(float(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"non-finite gradient norm ({float(norm)}) at optimizer step {self.optimizer_steps}: "
+                                 f"the loss, advantages or rewards hold NaN/Inf; the step was not applied")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1

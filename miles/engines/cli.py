@@ -11,6 +11,7 @@ import sys
 
 from miles import auth
 from miles.config import ConfigError, EngineConfig, EngineServeConfig, parse_sections
+from miles.parent_watch import watch_parent
 
 TOKEN_ENV = "MILES_ENGINE_ADMIN_TOKEN"
 
@@ -21,6 +22,7 @@ def resolve_admin_token(serve: EngineServeConfig) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    watch_parent()  # launched by a trainer: die with it
     parsed = parse_sections([EngineServeConfig, EngineConfig], argv, prog="miles engine",
                             description=__doc__.strip().splitlines()[0])
     serve, engine = parsed[EngineServeConfig], parsed[EngineConfig]

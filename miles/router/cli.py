@@ -4,12 +4,14 @@ from __future__ import annotations
 import logging
 
 from miles.config import ConfigError, RouterConfig, RouterServeConfig, parse_sections
+from miles.parent_watch import watch_parent
 from miles.router.app import Router, check_bind, resolve_admin_token
 from miles.router.server import bind_socket, serve_forever
 from miles.router.workers import WorkerError
 
 
 def main(argv: list[str] | None = None) -> int:
+    watch_parent()  # launched by a trainer: die with it
     parsed = parse_sections([RouterServeConfig, RouterConfig], argv, prog="miles router",
                             description="Route SGLang-style requests across engines, with health checks and failover.")
     serve, config = parsed[RouterServeConfig], parsed[RouterConfig]
