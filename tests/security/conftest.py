@@ -18,7 +18,7 @@ MAX_BATCH = 32
 def engine(base_model, tmp_path_factory):
     handle = launch_engine(base_model, device="cpu", max_batch_size=MAX_BATCH,
                            log_path=tmp_path_factory.mktemp("engine") / "engine.log",
-                           env={"MILES_ENGINE_ADMIN_TOKEN": TOKEN})
+                           env={"MILES_ENGINE_ADMIN_TOKEN": TOKEN}, extra_args=["--engine-header-timeout", "2"])
     yield handle
     handle.stop()
 
