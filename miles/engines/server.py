@@ -28,6 +28,7 @@ from miles.engines.model_runner import ModelRunner
 from miles.engines.openai_api import add_openai_routes
 from miles.engines.protocol import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
+from miles.tracking.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -71,7 +72,7 @@ class RequestChannel:
 
 class EngineServer:
     def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default",
-                 admin_token: str | None = None):
+                 timeline: TimelineWriter | None = None, admin_token: str | None = None):
         self.runner = runner
         self.config = config
         self.admin_token = admin_token  # when set, every state-changing endpoint needs it
@@ -81,7 +82,7 @@ class EngineServer:
         self.max_prompt_chars = runner.context_length * longest_token_chars(runner.tokenizer) * NORMALISATION_SLACK
         self.metrics = EngineMetrics(model_name=runner.model_path)
         self.scheduler = Scheduler(runner, self.metrics, config.engine_max_batch_size,
-                                   config.engine_max_queued_requests, weight_version)
+                                   config.engine_max_queued_requests, weight_version, timeline)
         self.started_at = time.time()
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
         self.app.add_exception_handler(RequestError, self._request_error)
