@@ -9,8 +9,8 @@ ranks also send back per-token log-probs and entropy), odd rollouts do not, so l
 unlogged iterations alternate under the same machine noise. Reported:
 - the measured cost, from the run's own timeline: the trainer's `log_tokens` span (token file)
   and each logged rank's `token_stats` span (copying the per-token values out), per logged
-  iteration, and the cost of writing the timeline itself (its spans per iteration times the
-  time one span write takes, timed here over many writes);
+  iteration, and the cost of writing the timeline itself (all its spans, the engine's batches
+  included, per iteration, times the time one span write takes, timed here over many writes);
 - the wall-time view: mean step time of logged vs unlogged iterations (noisy: a few % between
   neighbouring iterations on a shared CPU, so the accounted share is the figure to read).
 The last line is one JSON object with the figures and ratios.
@@ -67,16 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     step = {ln.rollout_id: ln.metrics["perf/step_time"] for ln in kept}
     logged = [r for r in step if r % 2 == 0]
     unlogged = [r for r in step if r % 2 == 1]
-    spans_per_iter = defaultdict(int)
+    # every span of the run (engine batches and start-up included) over the iterations: an upper bound
+    spans_per_iteration = len(spans) / len(lines)
     token_file, rank_stats = defaultdict(float), defaultdict(float)
     for s in spans:
-        spans_per_iter[s.rollout_id] += 1
         if s.name == "log_tokens":
             token_file[s.rollout_id] += s.end - s.start
         if s.name == "token_stats":  # ranks run in parallel: the slowest one delays the step
             rank_stats[s.rollout_id] = max(rank_stats[s.rollout_id], s.end - s.start)
     mean_step = statistics.mean(step.values())
-    timeline_cost = statistics.mean(spans_per_iter[r] for r in step) * per_span
+    timeline_cost = spans_per_iteration * per_span
     token_cost = statistics.mean(token_file[r] + rank_stats[r] for r in logged)
     logged_share = (timeline_cost + token_cost) / statistics.mean(step[r] for r in logged)
     unlogged_share = timeline_cost / statistics.mean(step[r] for r in unlogged)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             ("mean step time", f"{mean_step * 1e3:.1f} ms (logged {statistics.mean(step[r] for r in logged) * 1e3:.1f}, "
                                f"not {statistics.mean(step[r] for r in unlogged) * 1e3:.1f})"),
             ("timeline: spans per iteration x one write",
-             f"{statistics.mean(spans_per_iter[r] for r in step):.1f} x {per_span * 1e6:.1f} us = "
+             f"{spans_per_iteration:.1f} x {per_span * 1e6:.1f} us = "
              f"{timeline_cost * 1e3:.3f} ms"),
             ("token file (trainer, logged iterations)", f"{statistics.mean(token_file[r] for r in logged) * 1e3:.2f} ms"),
             ("per-token stats (slowest rank, logged)", f"{statistics.mean(rank_stats[r] for r in logged) * 1e3:.2f} ms"),

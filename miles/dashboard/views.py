@@ -12,6 +12,9 @@ from miles.tracking.report import panels
 from miles.tracking.timeline import Span, chrome_trace, lane_order
 
 NOT_AVAILABLE = "not available"
+# The health watch's signal name of each panel, in panel order (its verdicts are marked there).
+WATCH_SIGNALS = ("loss", "raw_reward", "kl_loss", "train_rollout_logprob_abs_diff", "entropy_loss", "grad_norm",
+                 "rollout_train_time", "pg_clipfrac")
 # The page's "What to watch" table: (healthy pattern, red flag) per panel, in panel order.
 WATCH_NOTES = (
     ("slow decay over hundreds of iterations", "spike -> crash within an iteration"),
@@ -75,21 +78,28 @@ def metrics(files: RunFiles) -> dict[str, Any]:
 
 def watch(files: RunFiles) -> dict[str, Any]:
     """The page's eight "What to watch" panels, with their thresholds and the health watch's verdicts."""
-    series = _series(files.journal().rows)
+    journal = files.journal().rows
+    series = _series(journal)
+    step_of_rollout = {row.get("rollout_id"): row for row in journal}
     health = files.health()
     verdicts_by_signal: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for v in health.rows:
         verdicts_by_signal[str(v.get("signal", ""))].append(v)
-    out = []
-    for panel, (healthy, red_flag) in zip(panels(_clip_grad(files)), WATCH_NOTES):
-        names = {k.split("/")[-1] for k in panel.keys} | set(panel.keys) | {panel.title.split(" ")[0]}
-        verdicts = [v for signal, vs in verdicts_by_signal.items() if signal.split("/")[-1] in names
-                    or signal in names for v in vs]
-        out.append({"title": panel.title, "keys": list(panel.keys), "threshold": panel.hline,
+    out, shown = [], set()
+    for panel, signal, (healthy, red_flag) in zip(panels(_clip_grad(files)), WATCH_SIGNALS, WATCH_NOTES):
+        names = {signal, *panel.keys, *(k.split("/")[-1] for k in panel.keys)}
+        matched = [name for name in verdicts_by_signal if name in names or name.split("/")[-1] in names]
+        shown.update(matched)
+        verdicts = [v for name in matched for v in verdicts_by_signal[name]]
+        axis = step_key(panel.keys[0])
+        flags = [step_of_rollout.get(v.get("rollout_id"), {}).get(axis, v.get("rollout_id")) for v in verdicts
+                 if v.get("severity") != "ok"]
+        out.append({"title": panel.title, "keys": list(panel.keys), "threshold": panel.hline, "flag_steps": flags,
                     "threshold_label": panel.hline_label,
                     "healthy": healthy, "red_flag": red_flag,
                     "series": {k: series[k] for k in panel.keys if k in series}, "verdicts": verdicts})
-    return {"panels": out, "health": "available" if health.present else NOT_AVAILABLE}
+    others = [v for name, vs in verdicts_by_signal.items() if name not in shown for v in vs]
+    return {"panels": out, "other_verdicts": others, "health": "available" if health.present else NOT_AVAILABLE}
 
 
 def timeline(files: RunFiles, rollout_id: int | None = None) -> dict[str, Any]:
@@ -156,6 +166,8 @@ def _group_flags(samples: list[dict[str, Any]]) -> dict[Any, bool]:
 
 def turns_of(sample: dict[str, Any]) -> int:
     """Assistant turns of a multi-turn trajectory; 1 for a single-turn sample."""
+    if isinstance(sample.get("num_turns"), int):
+        return max(1, sample["num_turns"])
     messages = sample.get("messages") or []
     return max(1, sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant"))
 

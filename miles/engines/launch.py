@@ -48,10 +48,14 @@ def engine_flags(config) -> list[str]:
     """The EngineConfig fields not given to launch_engine directly, as `miles engine` flags (set ones only)."""
     import dataclasses
 
+    from miles.config.fields import is_secret_name
+
     argv = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.name in _OWN_ARGS or value is None or value == f.default:
+            continue
+        if f.metadata.get("secret") or is_secret_name(f.name):  # never on a command line (ps shows it)
             continue
         argv += ["--" + f.name.replace("_", "-"), str(value)]
     return argv

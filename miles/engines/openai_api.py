@@ -148,7 +148,8 @@ class OpenAIRoutes:
     # ---- routes ---------------------------------------------------------------------------------------
     async def completions(self, request: Request):
         body = _object(await read_json(request))
-        call = self._call(body, self._completion_prompts(body), COMPLETIONS_DEFAULT_MAX_TOKENS)
+        prompts = await self.server.off_loop(self._completion_prompts, body)
+        call = self._call(body, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS)
         if call.stream:
             return self._stream(call, chat=False)
         results = await self._run(call)
@@ -162,7 +163,8 @@ class OpenAIRoutes:
     async def chat_completions(self, request: Request):
         body = _object(await read_json(request))
         parser = request_parser(body, self.server.config.tool_call_parser)
-        call = self._call(body, [self._chat_prompt(body, parser)], None, tool_calls=parser is not None)
+        call = self._call(body, [await self.server.off_loop(self._chat_prompt, body, parser)], None,
+                          tool_calls=parser is not None)
         if call.stream:
             if parser is not None:
                 raise RequestError("streaming is not supported with tools", param="stream")

@@ -65,8 +65,11 @@ def test_watch_has_the_eight_panels_in_the_pages_order(client):
 def test_health_verdicts_mark_their_panel(run_copy, client):
     verdicts = [{"rollout_id": 2, "signal": "grad_norm", "severity": "warning", "message": "hit clip_grad 3 times",
                  "values": {"grad_norm": 1.0}},
-                {"rollout_id": 3, "signal": "raw_reward", "severity": "critical", "message": "collapsed",
-                 "values": {}}]
+                {"rollout_id": 3, "signal": "raw_reward", "severity": "red", "message": "collapsed",
+                 "values": {}},
+                {"rollout_id": 3, "signal": "rollout_train_time", "severity": "warning", "message": "imbalance",
+                 "values": {}},
+                {"rollout_id": 1, "signal": "stall", "severity": "red", "message": "slow", "values": {}}]
     (run_copy / "health.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
     data = get(client, "/api/watch")
     by_title = {p["title"]: p for p in data["panels"]}
@@ -74,6 +77,10 @@ def test_health_verdicts_mark_their_panel(run_copy, client):
     assert by_title["grad_norm"]["verdicts"] == [verdicts[0]]
     assert by_title["raw_reward"]["verdicts"] == [verdicts[1]]
     assert by_title["loss"]["verdicts"] == []
+    assert by_title["rollout_time vs train_time (s)"]["verdicts"] == [verdicts[2]]
+    assert data["other_verdicts"] == [verdicts[3]]  # a signal without a panel is listed apart
+    # marked on the panel's own step axis: train/step of rollout 2 (one optimizer step per rollout here)
+    assert by_title["grad_norm"]["flag_steps"] == [2.0] and by_title["raw_reward"]["flag_steps"] == [3.0]
     assert get(client, "/api/health")["verdicts"] == verdicts
 
 

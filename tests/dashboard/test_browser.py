@@ -45,6 +45,24 @@ def test_metrics_view(browser, served):
     browser.screenshot(SHOTS / "metrics.png")
 
 
+def test_health_verdicts_are_marked_on_their_panels(browser, run_copy):
+    verdicts = [{"rollout_id": 2, "signal": "grad_norm", "severity": "warning",
+                 "message": "grad_norm above clip_grad in 3 of the last 4 iterations", "values": {"grad_norm": 2.2}},
+                {"rollout_id": 3, "signal": "entropy_loss", "severity": "red",
+                 "message": "entropy falling fast", "values": {}}]
+    (run_copy / "health.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
+    served = serve(run_copy)
+    try:
+        browser.open(served.url + "/#metrics")
+        assert len(browser.find_all(".watch-panel rect.red-flag")) == 2
+        messages = browser.script("return [...document.querySelectorAll('.watch-panel .flag')].map(f => f.textContent)")
+        assert any("rollout 2 warning: grad_norm above clip_grad" in m for m in messages)
+        assert "health" not in browser.text("#missing")
+        browser.screenshot(SHOTS / "metrics-health.png")
+    finally:
+        served.stop()
+
+
 def test_timeline_view(browser, served):
     browser.open(served.url + "/#timeline")
     recorded = [json.loads(line) for line in (RECORDED / "timeline.jsonl").read_text().splitlines()]
@@ -80,7 +98,7 @@ def test_click_on_a_sample_opens_its_tokens(browser, served):
     assert browser.text("#sample-title") == "Rollout 0, sample 2"
     tokens = json.loads((RECORDED / "tokens" / "rollout_000000.jsonl").read_text().splitlines()[2])
     assert len(browser.wait_for("#token-strip .tok")) == len(tokens["ids"])
-    colours = browser.script("return [...document.querySelectorAll('#token-strip .tok')].map(t => t.style.background)")
+    colours = browser.script("return [...document.querySelectorAll('#token-strip .tok')].map(t => t.style.backgroundColor)")
     assert len(set(colours)) > 1  # coloured by log-prob, not uniform
     browser.screenshot(SHOTS / "tokens.png")
 

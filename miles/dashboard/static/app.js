@@ -48,14 +48,17 @@ async function showMetrics(view) {
     grid.append(box);
     const series = Object.entries(p.series).map(([k, s]) => ({name: k, x: s.x, y: s.y}));
     if (!series.length) { box.append(el("div", {class: "na"}, "not logged")); continue; }
-    const flags = p.verdicts.filter(v => v.severity !== "ok").map(v => v.rollout_id);
-    lineChart(box, series, {threshold: p.threshold, flags, xlabel: Object.values(p.series)[0].step_key});
+    lineChart(box, series, {threshold: p.threshold, flags: p.flag_steps, xlabel: Object.values(p.series)[0].step_key});
     const legend = el("div", {class: "legend"}, ...series.map(s => el("span", {}, s.name)));
     if (p.threshold_label) legend.append(el("span", {class: "flag"}, "- - " + p.threshold_label));
     box.append(legend);
     for (const v of p.verdicts.slice(-3)) {
       box.append(el("div", {class: "flag"}, `rollout ${v.rollout_id} ${v.severity}: ${v.message}`));
     }
+  }
+  if (watch.other_verdicts.length) {
+    view.append(el("h3", {}, "Other health verdicts"), el("ul", {id: "other-verdicts"}, ...watch.other_verdicts.map(v =>
+      el("li", {class: "flag"}, `rollout ${v.rollout_id} ${v.signal} ${v.severity}: ${v.message}`))));
   }
   for (const [ns, keys] of Object.entries(metrics.namespaces)) {
     view.append(el("h2", {}, ns + "/"));
@@ -221,14 +224,15 @@ const COLOR_BY = {
   entropy: {label: "entropy", value: (t, i) => t.entropy[i], low: 0, high: 3},
 };
 
+// A token's style: white -> yellow -> orange -> red as the value gets worse; light text on dark.
 function heat(v, spec) {
-  if (v === undefined || v === null) return "transparent";
+  if (v === undefined || v === null) return "";
   let f = (v - spec.low) / (spec.high - spec.low);
   f = Math.min(1, Math.max(0, spec.invert ? 1 - f : f));
   const stops = [[255, 255, 255], [253, 230, 138], [249, 115, 22], [185, 28, 28]];
   const p = f * (stops.length - 1), k = Math.min(Math.floor(p), stops.length - 2), w = p - k;
   const c = stops[k].map((a, j) => Math.round(a + (stops[k + 1][j] - a) * w));
-  return `rgb(${c.join(",")})`;
+  return `background:rgb(${c.join(",")})` + (f > 0.6 ? ";color:#fff" : "");
 }
 
 async function showSample(view) {
@@ -279,7 +283,7 @@ async function showSample(view) {
   const t = d.tokens;
   t.ids.forEach((id, i) => {
     const masked = t.loss_mask && t.loss_mask[i] === 0;
-    const tok = el("span", {class: "tok" + (masked ? " masked" : ""), style: `background:${heat(spec.value(t, i), spec)}`},
+    const tok = el("span", {class: "tok" + (masked ? " masked" : ""), style: heat(spec.value(t, i), spec)},
                    t.text[i]);
     tok.title = `token ${i} id ${id}\nrollout log-prob ${fmt(t.rollout_log_probs[i])}\n` +
       `training log-prob ${fmt(t.log_probs[i])}\nentropy ${fmt(t.entropy[i])}\nloss mask ${t.loss_mask[i]}`;
