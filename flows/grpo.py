@@ -17,6 +17,9 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.on_ray import train_on_ray
 from miles.config import ConfigError, MilesConfig, parse_config
+from miles.config.secrets import export_secrets, secrets_to_env
+from miles.rollout.generate_hook import load_generate_function
+from miles.run_lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.finish import RunReport
 from tasks.options import configured
@@ -32,7 +35,7 @@ def build_argv(config_file: str | None, flags: list[str] | None) -> list[str]:
 
 def with_resolved_paths(config: MilesConfig) -> MilesConfig:
     """Absolute paths (Ray workers may run elsewhere) and the defaults every task must agree on."""
-    from miles.tiny.warmstart import ensure_base_model
+    from miles.tiny.defaults import tiny_model
 
     def absolute(value: str | None) -> str | None:
         return str(Path(value).expanduser().resolve()) if value else value
@@ -40,7 +43,8 @@ def with_resolved_paths(config: MilesConfig) -> MilesConfig:
     run_dir = Path(config.train.run_dir or default_run_dir()).resolve()
     return config.replace(
         run_dir=str(run_dir),
-        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(ensure_base_model(progress=False)),
+        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(
+            tiny_model(config.generate.custom_generate_function_path is not None)),
         prompt_data=absolute(config.rollout.prompt_data),
         save=absolute(config.train.save), load=absolute(config.train.load),
         wandb_dir=absolute(config.tracking.wandb_dir), tensorboard_dir=absolute(config.tracking.tensorboard_dir),
@@ -65,12 +69,15 @@ def api_url() -> str:
 @flow(name="grpo", log_prints=True)
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
-    config = with_resolved_paths(parse_config(build_argv(config_file, flags)))
-    cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url())
-    try:
-        return train_on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
-    finally:
-        shut_down_cluster(cluster)
+    # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
+    config = export_secrets(with_resolved_paths(parse_config(build_argv(config_file, flags))))
+    load_generate_function(config.generate)  # a bad generate hook or tool flag fails before the cluster starts
+    with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
+        cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url())
+        try:
+            return train_on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
+        finally:
+            shut_down_cluster(cluster)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.train.run_dir is None:
         argv += ["--run-dir", str(default_run_dir())]
         config = parse_config(argv)
+    argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
     server = ensure_server()
     print_where_to_look(config, server)
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
