@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miles.config import MilesConfig, parse_config
+from miles.tracking.names import map_metrics
+from miles.tracking.row import format_eval
 
 
 @dataclass
@@ -46,7 +48,7 @@ def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
         if first == 0 and trainer.eval_sets:
             base_eval = trainer.evaluate(0, log=False).metrics
             (run_dir / "base_eval.json").write_text(json.dumps(base_eval, indent=2))
-            print("[trainer] base eval " + " ".join(f"{k}={v:.3f}" for k, v in base_eval.items()), flush=True)
+            print(format_eval("base eval", base_eval), flush=True)
         result, saved = None, None
         for rollout_id in range(first, config.rollout.num_rollout):
             result = trainer.run_iteration(rollout_id)
@@ -65,11 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv, prog="python -m miles.train")
     summary = train(config)
     final = summary.final_metrics
-    evals = {k: v for k, v in final.items() if k.startswith("eval/") and k != "eval/step"}
+    evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}
+    base_eval = map_metrics(summary.base_eval)
     print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"
           f", checkpoint {summary.checkpoint}", flush=True)
     for key, value in evals.items():
-        base = summary.base_eval.get(key)
+        base = base_eval.get(key)
         print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))
     return 0
 
