@@ -1,6 +1,7 @@
 """Connect this process to Ray: an existing cluster (`--ray-address`, or `RAY_ADDRESS` inside a Ray job) or a new local one."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -65,6 +66,29 @@ def check_authenticated(address: str, timeout: float = CONNECT_TIMEOUT_S, source
         return
 
 
+def without_job_env_vars(runtime_env: dict | None) -> dict | None:
+    """Inside a Ray job, the env vars the job's own runtime env sets (`ray job submit --runtime-env-json`)
+    reach every worker already, and Ray refuses a driver that sets one of them again."""
+    job_config = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")  # set by Ray for a job's driver
+    if not runtime_env or not job_config:
+        return runtime_env
+    job_vars = (json.loads(job_config).get("runtime_env") or {}).get("env_vars") or {}
+    env_vars = {k: v for k, v in runtime_env.get("env_vars", {}).items() if k not in job_vars}
+    return {**runtime_env, "env_vars": env_vars}
+
+
+def check_cluster(ray_address: str | None) -> str:
+    """For an existing cluster: reachable, and this driver's token accepted (a no-op when one will be
+    started). Returns where the address came from, for error messages."""
+    address = existing_cluster_address(ray_address)
+    source = "--ray-address" if ray_address else "RAY_ADDRESS"
+    if address is not None:
+        check_reachable(address, source=source)
+        use_token_if_available()
+        check_authenticated(address, source=source)
+    return source
+
+
 def connect(ray_address: str | None, num_cpus: int | None = None, object_store_mb: int | None = None,
             runtime_env: dict | None = None, log_to_driver: bool = True) -> bool:
     """`ray.init` for this process; returns True when it started a new local cluster (sized by
@@ -75,12 +99,10 @@ def connect(ray_address: str | None, num_cpus: int | None = None, object_store_m
                  object_store_memory=object_store_mb * 2**20 if object_store_mb else None,
                  include_dashboard=False, namespace=NAMESPACE, runtime_env=runtime_env, log_to_driver=log_to_driver)
         return True
-    source = "--ray-address" if ray_address else "RAY_ADDRESS"
-    check_reachable(address, source=source)
-    use_token_if_available()
-    check_authenticated(address, source=source)
+    source = check_cluster(ray_address)
     try:
-        ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env, log_to_driver=log_to_driver)
+        ray.init(address=address, namespace=NAMESPACE, runtime_env=without_job_env_vars(runtime_env),
+                 log_to_driver=log_to_driver)
     except ConnectionError as exc:
         raise ConfigError(source, f"no Ray cluster at {address}: {exc}") from None
     return False

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miles.config import MilesConfig, parse_config
+from miles.tracking.sinks.mlflow_sink import default_tracking_uri
+from miles.tracking.mlflow_ui import is_server_uri, start_ui, ui_command
 from miles.tracking.names import map_metrics
 from miles.tracking.row import format_eval
 
@@ -65,6 +67,11 @@ def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv, prog="python -m miles.train")
+    config = config.replace(run_dir=str(default_run_dir(config)))  # one run dir for the run and its MLflow store
+    mlflow_uri = config.tracking.mlflow_tracking_uri or default_tracking_uri(Path(config.train.run_dir))
+    if config.tracking.mlflow_ui:
+        ui = start_ui(mlflow_uri, Path(config.train.run_dir))
+        print(f"[trainer] MLflow UI {ui.url} (pid {ui.pid}, left up: stop it with `kill {ui.pid}`)", flush=True)
     summary = train(config)
     final = summary.final_metrics
     evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}
@@ -74,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in evals.items():
         base = base_eval.get(key)
         print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))
+    if config.tracking.use_mlflow and not config.tracking.mlflow_ui and not is_server_uri(mlflow_uri):
+        print(f"  MLflow: {ui_command(mlflow_uri)}", flush=True)
     return 0
 
 

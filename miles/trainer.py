@@ -21,7 +21,7 @@ from miles.backends import check_backend
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
-from miles.ray_cluster import connect
+from miles.ray_cluster import check_cluster, connect
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import EvalResult, evaluate, load_eval_sets
@@ -52,8 +52,9 @@ def resolve_paths(config) -> tuple[Path, Path, Path | None]:
 
 
 def preflight(config) -> None:
-    """Everything checkable before services start: backend, reward hook, prompt and eval files."""
+    """Everything checkable before services start: backend, Ray cluster, reward hook, prompt and eval files."""
     check_backend(config.train.train_backend)
+    check_cluster(config.orchestration.ray_address)
     r = config.rollout
     RewardModel(r.rm_type, r.custom_rm_path, config.as_namespace())
     _, train_data, eval_data = resolve_paths(config)

@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 
 from miles.config import OrchestrationConfig
 from miles.ray_cluster import connect
+from miles.run_info import FLOW_RUN_URL_ENV
 
 
 @dataclass(frozen=True)
@@ -21,31 +22,32 @@ class ClusterInfo:
     resources: dict[str, float] = field(default_factory=dict)
 
 
-def worker_env(api_url: str) -> dict[str, str]:
-    """What every Ray worker must see: the flow's one Prefect API, and our cache dir."""
-    env = {"PREFECT_API_URL": api_url}
+def worker_env(api_url: str, flow_run_url: str | None = None) -> dict[str, str]:
+    """What every Ray worker must see: the flow's one Prefect API, our cache dir, the flow run's link
+    (for the tracker runs' tags)."""
+    env = {"PREFECT_API_URL": api_url, **({FLOW_RUN_URL_ENV: flow_run_url} if flow_run_url else {})}
     for name in ("MILES_CACHE_DIR",):
         if os.environ.get(name):
             env[name] = os.environ[name]
     return env
 
 
-def connect_ray(orchestration: OrchestrationConfig, api_url: str) -> ClusterInfo:
+def connect_ray(orchestration: OrchestrationConfig, api_url: str, flow_run_url: str | None = None) -> ClusterInfo:
     """ray.init in this process (the flow's): the Ray task runner then submits to this cluster."""
     if ray.is_initialized():
         started_here = False
     else:
         started_here = connect(orchestration.ray_address, orchestration.ray_num_cpus,
-                               orchestration.ray_object_store_mb, runtime_env={"env_vars": worker_env(api_url)})
+                               orchestration.ray_object_store_mb, runtime_env={"env_vars": worker_env(api_url, flow_run_url)})
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     return ClusterInfo(address=ray.get_runtime_context().gcs_address, started_here=started_here,
                        num_nodes=len(nodes), resources=dict(ray.cluster_resources()))
 
 
 @task(name="bring_up_cluster")
-def bring_up_cluster(orchestration: OrchestrationConfig, api_url: str) -> ClusterInfo:
+def bring_up_cluster(orchestration: OrchestrationConfig, api_url: str, flow_run_url: str | None = None) -> ClusterInfo:
     """Connect or start Ray and report what the cluster has."""
-    cluster = connect_ray(orchestration, api_url)
+    cluster = connect_ray(orchestration, api_url, flow_run_url)
     how = "started a local" if cluster.started_here else "connected to the"
     shown = {k: v for k, v in cluster.resources.items() if not k.startswith("node:")}
     get_run_logger().info(f"{how} Ray cluster at {cluster.address}: {cluster.num_nodes} node(s), {shown}")
