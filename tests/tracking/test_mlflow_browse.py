@@ -49,3 +49,28 @@ def test_runs_are_named_tagged_described_and_have_system_metrics_unless_turned_o
     experiment = client.get_experiment(run.info.experiment_id)
     assert [r.info.run_name for r in client.search_runs([experiment.experiment_id], order_by=["start_time"])] == [
         "grpo-arith-lr3", "custom-name"]
+
+
+def test_mlflow_ui_flag_serves_the_store_and_is_checked(tmp_path):
+    import os
+    import signal
+
+    import httpx
+    import pytest
+
+    from miles.config import ConfigError, parse_config
+    from miles.tracking.mlflow_ui import start_ui, ui_command
+
+    with pytest.raises(ConfigError, match="--mlflow-ui: needs --use-mlflow"):
+        parse_config(["--mlflow-ui"])
+    with pytest.raises(ConfigError, match="--mlflow-ui: --mlflow-tracking-uri http://mlflow:5000 is a tracking server"):
+        parse_config(["--mlflow-ui", "--use-mlflow", "--mlflow-tracking-uri", "http://mlflow:5000"])
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert ui_command(store) == f"mlflow ui --backend-store-uri {store} --host 127.0.0.1 --port 5000"
+    ui = start_ui(store, tmp_path)
+    try:
+        assert ui.url.startswith("http://127.0.0.1:")
+        found = httpx.post(f"{ui.url}/ajax-api/2.0/mlflow/experiments/search", json={"max_results": 10}, timeout=30)
+        assert found.status_code == 200 and "experiments" in found.json()
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)  # its own session: the server and its workers
