@@ -26,6 +26,7 @@ from miles.engines.model_runner import ModelRunner
 from miles.engines.openai_api import add_openai_routes
 from miles.engines.protocol import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
+from miles.tracking.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -60,13 +61,14 @@ class RequestChannel:
 
 
 class EngineServer:
-    def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default"):
+    def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default",
+                 timeline: TimelineWriter | None = None):
         self.runner = runner
         self.config = config
         self.tokenizer = runner.tokenizer  # used on the event loop thread only
         self.metrics = EngineMetrics(model_name=runner.model_path)
         self.scheduler = Scheduler(runner, self.metrics, config.engine_max_batch_size,
-                                   config.engine_max_queued_requests, weight_version)
+                                   config.engine_max_queued_requests, weight_version, timeline)
         self.started_at = time.time()
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
         self.app.add_exception_handler(RequestError, self._request_error)
