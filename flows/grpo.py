@@ -17,7 +17,9 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.on_ray import train_on_ray
 from miles.config import ConfigError, MilesConfig, parse_config
+from miles.config.secrets import export_secrets, secrets_to_env
 from miles.run_info import describe, run_name, task_name
+from miles.run_lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.finish import RunReport
 from tasks.options import configured
@@ -100,14 +102,16 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
 @flow(name="grpo", log_prints=True)
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
-    config = with_resolved_paths(parse_config(build_argv(config_file, flags)))
-    flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
-    cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)
-    try:
-        on_ray = train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")
-        return on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
-    finally:
-        shut_down_cluster(cluster)
+    # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
+    config = export_secrets(with_resolved_paths(parse_config(build_argv(config_file, flags))))
+    with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
+        flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
+        cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)
+        try:
+            on_ray = train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")
+            return on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
+        finally:
+            shut_down_cluster(cluster)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.train.run_dir is None:
         argv += ["--run-dir", str(default_run_dir())]
         config = parse_config(argv)
+    argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
     server = ensure_server()
     ui = start_ui(mlflow_uri(config, Path(config.train.run_dir).resolve()), Path(config.train.run_dir)) \
         if config.tracking.mlflow_ui else None

@@ -7,6 +7,7 @@ gets checkpoints and metrics.jsonl. The Prefect flow runs the same `RLTrainer` i
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +35,20 @@ def default_run_dir(config: MilesConfig) -> Path:
 
 
 def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
-    from miles.services import start_services
-    from miles.trainer import RLTrainer, preflight
+    from miles.run_lock import RunDirLock
+    from miles.trainer import preflight
 
     preflight(config)  # a bad hook or data path fails here, before any engine or actor starts
     start = time.time()
     run_dir = default_run_dir(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with RunDirLock(run_dir):  # a second trainer on this run dir fails here, naming the holder
+        return _train_locked(config, run_dir, use_router, start)
+
+
+def _train_locked(config: MilesConfig, run_dir: Path, use_router: bool, start: float) -> RunSummary:
+    from miles.services import start_services
+    from miles.trainer import RLTrainer
+
     services = start_services(config, run_dir, use_router=use_router)
     trainer = None
     try:
@@ -66,13 +74,19 @@ def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from miles.backends.base import NonFiniteError
+
     config = parse_config(argv, prog="python -m miles.train")
     config = config.replace(run_dir=str(default_run_dir(config)))  # one run dir for the run and its MLflow store
     mlflow_uri = config.tracking.mlflow_tracking_uri or default_tracking_uri(Path(config.train.run_dir))
     if config.tracking.mlflow_ui:
         ui = start_ui(mlflow_uri, Path(config.train.run_dir))
         print(f"[trainer] MLflow UI {ui.url} (pid {ui.pid}, left up: stop it with `kill {ui.pid}`)", flush=True)
-    summary = train(config)
+    try:
+        summary = train(config)
+    except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
+        print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        return 1
     final = summary.final_metrics
     evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}
     base_eval = map_metrics(summary.base_eval)
