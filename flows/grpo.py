@@ -18,6 +18,7 @@ from prefect.settings import PREFECT_API_URL
 from flows.on_ray import train_on_ray
 from miles.config import ConfigError, MilesConfig, parse_config
 from miles.config.secrets import export_secrets, secrets_to_env
+from miles.rollout.generate_hook import load_generate_function
 from miles.run_info import describe, run_name, task_name
 from miles.run_lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
@@ -35,7 +36,7 @@ def build_argv(config_file: str | None, flags: list[str] | None) -> list[str]:
 
 def with_resolved_paths(config: MilesConfig) -> MilesConfig:
     """Absolute paths (Ray workers may run elsewhere) and the defaults every task must agree on."""
-    from miles.tiny.warmstart import ensure_base_model
+    from miles.tiny.defaults import tiny_model
 
     def absolute(value: str | None) -> str | None:
         return str(Path(value).expanduser().resolve()) if value else value
@@ -43,7 +44,8 @@ def with_resolved_paths(config: MilesConfig) -> MilesConfig:
     run_dir = Path(config.train.run_dir or default_run_dir()).resolve()
     return config.replace(
         run_dir=str(run_dir),
-        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(ensure_base_model(progress=False)),
+        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(
+            tiny_model(config.generate.custom_generate_function_path is not None)),
         prompt_data=absolute(config.rollout.prompt_data),
         save=absolute(config.train.save), load=absolute(config.train.load),
         wandb_dir=absolute(config.tracking.wandb_dir), tensorboard_dir=absolute(config.tracking.tensorboard_dir),
@@ -104,6 +106,7 @@ def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunR
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
     config = export_secrets(with_resolved_paths(parse_config(build_argv(config_file, flags))))
+    load_generate_function(config.generate)  # a bad generate hook or tool flag fails before the cluster starts
     with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
         flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
         cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)

@@ -26,6 +26,7 @@ from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import EvalResult, evaluate, load_eval_sets
 from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
@@ -45,12 +46,13 @@ class IterationResult:
 
 
 def resolve_paths(config) -> tuple[Path, Path, Path | None]:
-    """(model dir, train JSONL, default eval JSONL): the tiny defaults fill what is not given."""
-    from miles.tiny.warmstart import default_task_data, ensure_base_model
+    """(model dir, train JSONL, default eval JSONL): the tiny defaults fill what is not given (those of
+    the multi-turn calculator task when a custom generate function is set)."""
+    from miles.tiny.defaults import tiny_model, tiny_task_data
 
-    r = config.rollout
-    model = Path(r.hf_checkpoint) if r.hf_checkpoint else ensure_base_model(progress=False)
-    train_data, eval_data = (Path(r.prompt_data), None) if r.prompt_data else default_task_data()
+    r, multi_turn = config.rollout, config.generate.custom_generate_function_path is not None
+    model = Path(r.hf_checkpoint) if r.hf_checkpoint else tiny_model(multi_turn)
+    train_data, eval_data = (Path(r.prompt_data), None) if r.prompt_data else tiny_task_data(multi_turn)
     return model, train_data, eval_data
 
 
@@ -60,6 +62,7 @@ def preflight(config) -> None:
     check_cluster(config.orchestration.ray_address)
     r = config.rollout
     RewardModel(r.rm_type, r.custom_rm_path, config.as_namespace())
+    load_generate_function(config.generate)
     _, train_data, eval_data = resolve_paths(config)
     read_prompts(train_data, r.input_key, r.label_key)
     if r.eval_interval is not None:
@@ -85,6 +88,7 @@ class RLTrainer:
         self.data = DataSource(read_prompts(train_data, r.input_key, r.label_key), seed=config.train.seed)
         self.eval_sets = load_eval_sets(r, eval_data) if r.eval_interval is not None else []
         self.reward = RewardModel(r.rm_type, r.custom_rm_path, self.args)
+        self.generate_fn = load_generate_function(config.generate)
         self.params = SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
                                      r.rollout_max_response_len)
         self.save_dir = Path(config.train.save) if config.train.save else self.run_dir / "checkpoints"
@@ -210,7 +214,8 @@ class RLTrainer:
         prompts = self.data.next_batch(r.rollout_batch_size)
         samples = generate_groups(self.rollout_url, prompts, r.n_samples_per_prompt, self.tokenizer, self.params,
                                   seed=self.config.train.seed, stream="train", rollout_id=rollout_id,
-                                  concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template)
+                                  concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template,
+                                  generate_fn=self.generate_fn, args=self.args)
         self.reward.score(samples)
         advantages = compute_advantages(samples, self.config.train.advantage_estimator,
                                         self.config.train.normalize_advantages_std)
@@ -240,7 +245,7 @@ class RLTrainer:
         """Eval metrics of the weights the engines serve now; with `log`, handed to the eval logger hook
         (the base model's eval before training is not an iteration's, so it is not logged there)."""
         result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
-                          seed=self.config.train.seed, step=rollout_id)
+                          seed=self.config.train.seed, step=rollout_id, generate_fn=self.generate_fn, args=self.args)
         if log:
             self.tracker.log_eval(rollout_id, self.args, result.data, dict(result.metrics))
         return result

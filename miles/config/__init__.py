@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from miles.config.engine import EngineConfig
+from miles.config.generate import GenerateConfig
 from miles.config.fields import ConfigError, flag_name, is_secret_name
 from miles.config.orchestration import OrchestrationConfig
 from miles.config.parse import parse_sections
@@ -24,7 +25,7 @@ from miles.config.train import TrainConfig
 
 __all__ = [
     "ConfigError", "MilesConfig", "parse_config", "EngineConfig", "RouterConfig", "RolloutConfig",
-    "TrainConfig", "TrackingConfig", "ProfilingConfig", "OrchestrationConfig", "EngineServeConfig",
+    "TrainConfig", "TrackingConfig", "GenerateConfig", "ProfilingConfig", "OrchestrationConfig", "EngineServeConfig",
     "RouterServeConfig", "parse_sections", "redacted_flat_dict", "run_main",
 ]
 
@@ -36,6 +37,7 @@ class MilesConfig:
     """Everything a training run needs, one section per subsystem."""
 
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    generate: GenerateConfig = dataclasses.field(default_factory=GenerateConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     router: RouterConfig = dataclasses.field(default_factory=RouterConfig)

@@ -30,6 +30,8 @@ def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], sho
     first = f"loss={_num(get('train/loss'), '.3f')} reward={_num(get('rollout/raw_reward'), '.2f')}"
     if show_kl:
         first += f" kl={_num(get('train/kl_loss'), '.3f')}"
+    if get("multi_turn/round_number_mean") is not None:  # a multi-turn run: mean assistant turns per trajectory
+        first += f" turns={get('multi_turn/round_number_mean'):.2f}"
     second = (f"rollout={_secs(get('perf/rollout_time'))} train={_secs(get('perf/train_time'))} "
               f"p2p={_secs(get('perf/update_weights_time'))}  (total {_secs(get('perf/step_time'))})")
     third = f"grad_norm={_num(get('train/grad_norm'), '.2f')} lr={_num(get('train/lr'), '.1e')}"
