@@ -50,6 +50,7 @@ def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
         result, saved = None, None
         for rollout_id in range(first, config.rollout.num_rollout):
             result = trainer.run_iteration(rollout_id)
+            trainer.stop_on_red_flag(result)
             interval = config.train.save_interval
             if (interval and (rollout_id + 1) % interval == 0) or rollout_id == config.rollout.num_rollout - 1:
                 saved = trainer.save_checkpoint(rollout_id)

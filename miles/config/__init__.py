@@ -13,6 +13,7 @@ from typing import Any, Callable, NoReturn
 
 from miles.config.engine import EngineConfig
 from miles.config.fields import ConfigError, flag_name, is_secret_name
+from miles.config.health import HealthConfig
 from miles.config.orchestration import OrchestrationConfig
 from miles.config.parse import parse_sections
 from miles.config.profiling import ProfilingConfig
@@ -24,7 +25,7 @@ from miles.config.train import TrainConfig
 
 __all__ = [
     "ConfigError", "MilesConfig", "parse_config", "EngineConfig", "RouterConfig", "RolloutConfig",
-    "TrainConfig", "TrackingConfig", "ProfilingConfig", "OrchestrationConfig", "EngineServeConfig",
+    "TrainConfig", "TrackingConfig", "ProfilingConfig", "HealthConfig", "OrchestrationConfig", "EngineServeConfig",
     "RouterServeConfig", "parse_sections", "redacted_flat_dict", "run_main",
 ]
 
@@ -41,6 +42,7 @@ class MilesConfig:
     router: RouterConfig = dataclasses.field(default_factory=RouterConfig)
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     profiling: ProfilingConfig = dataclasses.field(default_factory=ProfilingConfig)
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
     orchestration: OrchestrationConfig = dataclasses.field(default_factory=OrchestrationConfig)
 
     @property

@@ -163,6 +163,22 @@ class RunTracker:
         print(format_row(rollout_id, self.config.rollout.num_rollout, merged, self.config.train.use_kl_loss),
               flush=True)
 
+    def recorded(self, rollout_id: int) -> list[JournalLine]:
+        """The journal lines of one rollout (its iteration, and its eval when that came after)."""
+        lines = []
+        for line in reversed(self.journal.lines):
+            if line.rollout_id < rollout_id:
+                break
+            if line.rollout_id == rollout_id:
+                lines.append(line)
+        return lines[::-1]
+
+    def annotate(self, rollout_id: int, metrics: dict[str, float]) -> None:
+        """More metrics of a rollout already recorded (the health watch's `health/*`): one more journal
+        line on the rollout's step axis, committed and delivered with the rollout."""
+        self._start({})
+        self.journal.append(JournalLine(rollout_id, time.time(), map_metrics({"rollout/step": rollout_id, **metrics})))
+
     def commit(self, rollout_id: int) -> None:
         delivery = self._start({})
         self.commits.committed = max(self.commits.committed, self.journal.count_through(rollout_id))
