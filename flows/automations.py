@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from prefect.automations import Automation
 from prefect.events.actions import CancelFlowRun
-from prefect.events.schemas.automations import EventTrigger, Posture
+from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 
 from tasks.health import FINISHED_EVENT, ITERATION_EVENT, RED_FLAG_EVENT
@@ -20,8 +19,8 @@ STALL_AUTOMATION = "miles-stalled-run"
 DEFAULT_STALL_SECONDS = 1800
 
 
-def red_flag_automation() -> Automation:
-    return Automation(
+def red_flag_automation() -> AutomationCore:
+    return AutomationCore(
         name=RED_FLAG_AUTOMATION,
         description="Cancel a GRPO flow run when its health watch raises a red flag",
         trigger=EventTrigger(expect={RED_FLAG_EVENT}, match=ResourceSpecification({"miles.severity": "red"}),
@@ -30,8 +29,8 @@ def red_flag_automation() -> Automation:
     )
 
 
-def stall_automation(stall_seconds: int = DEFAULT_STALL_SECONDS) -> Automation:
-    return Automation(
+def stall_automation(stall_seconds: int = DEFAULT_STALL_SECONDS) -> AutomationCore:
+    return AutomationCore(
         name=STALL_AUTOMATION,
         description=f"Cancel a GRPO flow run with no training iteration for {stall_seconds} s",
         trigger=EventTrigger(after={ITERATION_EVENT}, expect={ITERATION_EVENT, FINISHED_EVENT},

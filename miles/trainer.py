@@ -187,10 +187,9 @@ class RLTrainer:
             t_eval = time.perf_counter()
             evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
             metrics["perf/eval_time"] = time.perf_counter() - t_eval
+        health = self.health.observe(rollout_id, self.tracker.line_for(rollout_id, metrics))
+        metrics.update(health.metrics)  # health/<signal> joins the iteration's own journal line
         self.tracker.record(rollout_id, metrics)
-        health = self.health.observe(rollout_id, self.tracker.recorded(rollout_id))
-        if health.metrics:
-            self.tracker.annotate(rollout_id, health.metrics)
         return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated, **health.metrics}, samples,
                                health)
 

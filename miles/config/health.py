@@ -59,9 +59,9 @@ class HealthConfig:
     health_pg_clipfrac_red: float = flag(0.5, "pg_clipfrac: red flag above this (drop the LR)", minimum=0.0,
                                          maximum=1.0)
 
-    health_stall_factor: float = flag(6.0, "liveness: red flag when an iteration takes this many times the median "
+    health_stall_factor: float = flag(10.0, "liveness: red flag when an iteration takes this many times the median "
                                            "of the ones before", minimum=1.0)
-    health_stall_min_s: float = flag(60.0, "liveness: ... and at least this many seconds longer", minimum=0.0)
+    health_stall_min_s: float = flag(300.0, "liveness: ... and at least this many seconds longer", minimum=0.0)
     health_router_error_share: float = flag(0.05, "liveness: red flag when this share of a rollout's router "
                                                   "requests failed, were retried or found no worker",
                                             minimum=0.0, maximum=1.0)

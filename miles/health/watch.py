@@ -2,7 +2,7 @@
 
 A red flag or warning becomes a WARN line on stdout (when it starts), one JSON line in
 `RUN_DIR/health.jsonl` (every rollout it holds), and `health/<signal>` 0/1 metrics that the
-caller records in the journal, so every tracker gets them. `miles doctor RUN_DIR` replays
+caller records in the rollout's journal line, so every tracker gets them. `miles doctor RUN_DIR` replays
 the journal through the same `judge`, so live and offline verdicts agree.
 """
 from __future__ import annotations
@@ -114,12 +114,13 @@ class HealthWatch:
             self.path.write_text("".join(json.dumps(v.as_json()) + "\n" for v in kept))
         self.flagged = {v.signal: v.severity for v in kept if v.rollout_id == last}
 
-    def observe(self, rollout_id: int, lines: list[JournalLine]) -> HealthReport:
-        """Judge `rollout_id` from its journal lines: WARN lines for flags that start now, every
-        verdict appended to the health log, and the `health/<signal>` metrics to record."""
+    def observe(self, rollout_id: int, line: dict[str, float]) -> HealthReport:
+        """Judge `rollout_id` from the journal line about to be recorded: WARN lines for flags that start
+        now, every verdict appended to the health log, and the `health/<signal>` metrics to record with it."""
         if not self.enabled:
             return HealthReport(rollout_id)
-        self.history = [r for r in self.history if r.rollout_id < rollout_id] + rollouts_of(lines)
+        row = Rollout(rollout_id, {k: v for k, v in line.items() if not k.startswith("health/")})
+        self.history = [r for r in self.history if r.rollout_id < rollout_id] + [row]
         verdicts = judge(self.history, self.cfg, self.run)
         started = [v for v in verdicts if self.flagged.get(v.signal) != v.severity]
         for verdict in started:

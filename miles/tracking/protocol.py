@@ -31,11 +31,8 @@ class RunTracker(Protocol):
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
         """One iteration's metrics (with `train/step`, `rollout/step`, `eval/step`): stdout row + journal."""
 
-    def recorded(self, rollout_id: int) -> list:
-        """The journal lines recorded for `rollout_id` (what the health watch judges)."""
-
-    def annotate(self, rollout_id: int, metrics: dict[str, float]) -> None:
-        """Metrics of an already recorded rollout (`health/*`): one more journal line, no stdout row."""
+    def line_for(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, float]:
+        """The journal line `record` would write for these metrics now (with what the loggers left)."""
 
     def commit(self, rollout_id: int) -> None:
         """Everything recorded up to and including `rollout_id` is checkpointed: deliver it."""

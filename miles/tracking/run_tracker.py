@@ -158,26 +158,16 @@ class RunTracker:
                 raise RuntimeError(f"rollout {rollout_id} is already committed to the trackers; "
                                    f"resume from its checkpoint instead of recording it again")
             self.journal.truncate_after(rollout_id - 1)  # an uncommitted redo replaces the old lines
-        merged = {**self.pending.pop(rollout_id, {}), **map_metrics(metrics)}
+        merged = self.line_for(rollout_id, metrics)
+        self.pending.pop(rollout_id, None)
         self.journal.append(JournalLine(rollout_id, time.time(), merged))
         print(format_row(rollout_id, self.config.rollout.num_rollout, merged, self.config.train.use_kl_loss),
               flush=True)
 
-    def recorded(self, rollout_id: int) -> list[JournalLine]:
-        """The journal lines of one rollout (its iteration, and its eval when that came after)."""
-        lines = []
-        for line in reversed(self.journal.lines):
-            if line.rollout_id < rollout_id:
-                break
-            if line.rollout_id == rollout_id:
-                lines.append(line)
-        return lines[::-1]
-
-    def annotate(self, rollout_id: int, metrics: dict[str, float]) -> None:
-        """More metrics of a rollout already recorded (the health watch's `health/*`): one more journal
-        line on the rollout's step axis, committed and delivered with the rollout."""
-        self._start({})
-        self.journal.append(JournalLine(rollout_id, time.time(), map_metrics({"rollout/step": rollout_id, **metrics})))
+    def line_for(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, float]:
+        """The journal line `record(rollout_id, metrics)` would write now (what the health watch judges
+        before the iteration is recorded, so its verdicts join the same line)."""
+        return {**self.pending.get(rollout_id, {}), **map_metrics(metrics)}
 
     def commit(self, rollout_id: int) -> None:
         delivery = self._start({})

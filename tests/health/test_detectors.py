@@ -82,7 +82,7 @@ RED_STREAMS = {
     "entropy_loss": (dict(train__entropy_loss=lambda i, v: v * 0.5 ** (i + 1)), CFG.health_entropy_loss_window),
     "grad_norm": (dict(train__grad_norm=lambda i, v: 8.0 + i), CFG.health_grad_norm_window),
     "pg_clipfrac": (dict(train__pg_clipfrac=lambda i, v: 0.7), 1),
-    "stall": (dict(perf__step_time=lambda i, v: 300.0 if i == 0 else v), 1),
+    "stall": (dict(perf__step_time=lambda i, v: 1000.0 if i == 0 else v), 1),
     "router_errors": (dict(rollout__router_errors=lambda i, v: 40.0, rollout__router_retries=lambda i, v: 10.0), 1),
     "truncated_ratio": (dict(rollout__truncated_ratio=lambda i, v: 0.9), 1),
 }

@@ -22,17 +22,16 @@ def clipfrac_run():
 
 
 def run_live(run_dir, rollouts, config=CONFIG):
-    """Feed rollouts to the watch as the trainer does, journaling lines and health metrics."""
+    """Feed rollouts to the watch as the trainer does: judge the line, journal it with the health metrics."""
     watch = HealthWatch(config, run_dir)
     watch.resume([])
     journal = run_dir / "metrics.jsonl"
     reports = []
     for r in rollouts:
-        line = JournalLine(r.rollout_id, float(r.rollout_id), {"rollout/step": r.rollout_id, **r.metrics})
-        report = watch.observe(r.rollout_id, [line])
-        health = JournalLine(r.rollout_id, float(r.rollout_id) + 0.5, {"rollout/step": r.rollout_id, **report.metrics})
+        metrics = {"rollout/step": r.rollout_id, **r.metrics}
+        report = watch.observe(r.rollout_id, metrics)
         with journal.open("a") as f:
-            f.write(line.to_json() + "\n" + health.to_json() + "\n")
+            f.write(JournalLine(r.rollout_id, float(r.rollout_id), {**metrics, **report.metrics}).to_json() + "\n")
         reports.append(report)
     (run_dir / CONFIG_ARTIFACT).parent.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_ARTIFACT).write_text(yaml.safe_dump(redacted_flat_dict(config)))
