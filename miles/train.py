@@ -63,8 +63,14 @@ def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from miles.health import RedFlagStop
+
     config = parse_config(argv, prog="python -m miles.train")
-    summary = train(config)
+    try:
+        summary = train(config)
+    except RedFlagStop as exc:  # --on-red-flag stop: checkpointed; a failed run, not a crash
+        print(f"[trainer] stopped: {exc}", flush=True)
+        return 1
     final = summary.final_metrics
     evals = {k: v for k, v in final.items() if k.startswith("eval/") and k != "eval/step"}
     print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"
