@@ -22,15 +22,20 @@ from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
 from miles.health import HealthReport, HealthWatch, RedFlagStop, stop_message
+from miles.ray_cluster import check_cluster, connect
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import EvalResult, evaluate, load_eval_sets
 from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.tracking import open_tracking
 from miles.tracking.journal import JOURNAL_NAME, read_journal
+from miles.tracking.samples import samples_due
+from miles.tracking.timeline import TIMELINE_NAME, TimelineWriter
+from miles.tracking.tokens import write_tokens
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +49,23 @@ class IterationResult:
 
 
 def resolve_paths(config) -> tuple[Path, Path, Path | None]:
-    """(model dir, train JSONL, default eval JSONL): the tiny defaults fill what is not given."""
-    from miles.tiny.warmstart import default_task_data, ensure_base_model
+    """(model dir, train JSONL, default eval JSONL): the tiny defaults fill what is not given (those of
+    the multi-turn calculator task when a custom generate function is set)."""
+    from miles.tiny.defaults import tiny_model, tiny_task_data
 
-    r = config.rollout
-    model = Path(r.hf_checkpoint) if r.hf_checkpoint else ensure_base_model(progress=False)
-    train_data, eval_data = (Path(r.prompt_data), None) if r.prompt_data else default_task_data()
+    r, multi_turn = config.rollout, config.generate.custom_generate_function_path is not None
+    model = Path(r.hf_checkpoint) if r.hf_checkpoint else tiny_model(multi_turn)
+    train_data, eval_data = (Path(r.prompt_data), None) if r.prompt_data else tiny_task_data(multi_turn)
     return model, train_data, eval_data
 
 
 def preflight(config) -> None:
-    """Everything checkable before services start: backend, reward hook, prompt and eval files."""
+    """Everything checkable before services start: backend, Ray cluster, reward hook, prompt and eval files."""
     check_backend(config.train.train_backend)
+    check_cluster(config.orchestration.ray_address)
     r = config.rollout
     RewardModel(r.rm_type, r.custom_rm_path, config.as_namespace())
+    load_generate_function(config.generate)
     _, train_data, eval_data = resolve_paths(config)
     read_prompts(train_data, r.input_key, r.label_key)
     if r.eval_interval is not None:
@@ -83,6 +91,7 @@ class RLTrainer:
         self.data = DataSource(read_prompts(train_data, r.input_key, r.label_key), seed=config.train.seed)
         self.eval_sets = load_eval_sets(r, eval_data) if r.eval_interval is not None else []
         self.reward = RewardModel(r.rm_type, r.custom_rm_path, self.args)
+        self.generate_fn = load_generate_function(config.generate)
         self.params = SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
                                      r.rollout_max_response_len)
         self.save_dir = Path(config.train.save) if config.train.save else self.run_dir / "checkpoints"
@@ -90,15 +99,14 @@ class RLTrainer:
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             o = config.orchestration
-            ray.init(address=o.ray_address, num_cpus=o.ray_num_cpus, namespace="miles", include_dashboard=False,
-                     object_store_memory=o.ray_object_store_mb * 1024 * 1024 if not o.ray_address else None,
-                     log_to_driver=True)
+            connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
         self.tracker = open_tracking(config, self.run_dir)
         self.health = HealthWatch(config, self.run_dir)
         self.group = ActorGroup(config, str(self.model_path), actor_name_prefix)
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
                                in_memory=config.train.colocate, admin_token=router_admin_token(config))
         self.weight_version = 0
+        self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -136,6 +144,7 @@ class RLTrainer:
         self.group.call("set_weight_version", version)
 
     def save_checkpoint(self, rollout_id: int) -> Path:
+        started = time.time()
         staged = checkpoint.staging_dir(self.save_dir, rollout_id)
         self.group.call("save", str(staged))
         state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
@@ -143,13 +152,15 @@ class RLTrainer:
                                         extra=self.tracker.checkpoint_extra())
         path = checkpoint.seal(staged, self.save_dir, state, self.config.train.keep_checkpoints)
         self.tracker.commit(rollout_id)
+        self.timeline.add("checkpoint", started, time.time(), rollout_id)
         return path
 
     # ---- one iteration ----------------------------------------------------------------------
     def run_iteration(self, rollout_id: int) -> IterationResult:
         cfg = self.config
         start = time.perf_counter()
-        samples, advantages = self._rollout(rollout_id)
+        with self.timeline.span("rollout", rollout_id):
+            samples, advantages = self._rollout(rollout_id)
         rollout_time = time.perf_counter() - start
         # rollout/ and passrate/ go out through the rollout logger (a custom one may replace them)
         rollout_logged = rollout_metrics(samples, advantages, cfg.rollout.n_samples_per_prompt,
@@ -157,13 +168,21 @@ class RLTrainer:
         self.tracker.log_rollout(rollout_id, self.args, samples, dict(rollout_logged), rollout_time)
 
         t_train = time.perf_counter()
-        batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id)
-        summary = combine(self.group.train(batches))
+        logged = samples_due(cfg.tracking.log_samples_interval, rollout_id)
+        with self.timeline.span("train", rollout_id):
+            batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id,
+                                      return_token_stats=logged)
+            summary = combine(self.group.train(batches))
         train_time = time.perf_counter() - t_train
+        self._write_rank_phases(rollout_id, summary)
+        if logged:
+            with self.timeline.span("log_tokens", rollout_id):
+                write_tokens(self.run_dir, rollout_id, samples, self.tokenizer, summary.token_stats)
 
         t_sync = time.perf_counter()
-        self.weight_version += 1
-        self.sync.push(self.weight_version)
+        with self.timeline.span("update_weights", rollout_id, version=self.weight_version + 1):
+            self.weight_version += 1
+            self.sync.push(self.weight_version)
         update_time = time.perf_counter() - t_sync
         step_time = time.perf_counter() - start
 
@@ -185,7 +204,8 @@ class RLTrainer:
         evaluated = {}
         if self._eval_due(rollout_id):
             t_eval = time.perf_counter()
-            evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
+            with self.timeline.span("eval", rollout_id):
+                evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
             metrics["perf/eval_time"] = time.perf_counter() - t_eval
         health = self.health.observe(rollout_id, self.tracker.line_for(rollout_id, metrics))
         metrics.update(health.metrics)  # health/<signal> joins the iteration's own journal line
@@ -199,12 +219,18 @@ class RLTrainer:
             path = self.save_checkpoint(result.rollout_id)
             raise RedFlagStop(stop_message(result.health.red, path))
 
+    def _write_rank_phases(self, rollout_id: int, summary) -> None:
+        for rank, phases in summary.phases.items():
+            for name, begin, end in phases:
+                self.timeline.add(name, begin, end, rollout_id, lane=f"rank{rank}")
+
     def _rollout(self, rollout_id: int) -> tuple[list[Sample], list[float]]:
         r = self.config.rollout
         prompts = self.data.next_batch(r.rollout_batch_size)
         samples = generate_groups(self.rollout_url, prompts, r.n_samples_per_prompt, self.tokenizer, self.params,
                                   seed=self.config.train.seed, stream="train", rollout_id=rollout_id,
-                                  concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template)
+                                  concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template,
+                                  generate_fn=self.generate_fn, args=self.args)
         self.reward.score(samples)
         advantages = compute_advantages(samples, self.config.train.advantage_estimator,
                                         self.config.train.normalize_advantages_std)
@@ -217,7 +243,10 @@ class RLTrainer:
         the last iteration (none when rollouts go straight to one engine)."""
         if self.sync.router_url is None:
             return {}
-        stats = httpx.get(f"{self.sync.router_url}/router_stats", timeout=30.0).raise_for_status().json()
+        token = self.sync.admin_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
+                          timeout=30.0).raise_for_status().json()
         return {f"rollout/{key}": float(value) for key, value in stats.items()
                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
@@ -231,7 +260,7 @@ class RLTrainer:
         """Eval metrics of the weights the engines serve now; with `log`, handed to the eval logger hook
         (the base model's eval before training is not an iteration's, so it is not logged there)."""
         result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
-                          seed=self.config.train.seed, step=rollout_id)
+                          seed=self.config.train.seed, step=rollout_id, generate_fn=self.generate_fn, args=self.args)
         if log:
             self.tracker.log_eval(rollout_id, self.args, result.data, dict(result.metrics))
         return result
@@ -245,5 +274,6 @@ class RLTrainer:
                 self.group.stop()
         finally:
             self.tracker.close()
+            self.timeline.close()
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()

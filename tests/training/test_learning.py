@@ -22,5 +22,16 @@ def test_default_config_raises_eval_pass_at_1(tmp_path):
     assert len(rows) == config.rollout.num_rollout
     # the health watch's defaults are calibrated so that the default run raises nothing
     assert not (tmp_path / "run" / "health.jsonl").exists()
-    assert sum('"health/' in row for row in rows) == len(rows) and '"health/' in rows[-1]
+    assert all('"health/loss": ' in row for row in rows)
     assert all(v == 0.0 for row in rows for k, v in json.loads(row).items() if k.startswith("health/"))
+    check_timeline(tmp_path / "run", config.rollout.num_rollout)
+
+
+def check_timeline(run_dir, num_rollout):
+    """Every process wrote its lane: the trainer, both ranks and the engine (its decoding batches)."""
+    from miles.tracking.timeline import read_spans
+
+    spans = read_spans(run_dir / "timeline.jsonl")
+    lanes = {s.lane for s in spans}
+    assert {"trainer", "rank0", "rank1"} <= lanes and any(lane.startswith("engine 127.0.0.1:") for lane in lanes)
+    assert {s.rollout_id for s in spans if s.lane == "trainer" and s.name == "rollout"} == set(range(num_rollout))
