@@ -1,6 +1,8 @@
 """Red flags reach the trackers: a rate-limited wandb alert (offline run file) and the report's marks."""
 from __future__ import annotations
 
+import time
+
 from miles.health.alerts import AlertLimiter, alert_text, alert_title, red_flags_in
 from miles.tracking.journal import JournalLine
 from miles.tracking.report import red_flag_rollouts, write_report
@@ -38,7 +40,13 @@ def test_wandb_sink_alerts_once_per_signal(tmp_path):
     sink.deliver(Delivery(lines()))
     sink.close()
     path = next(tmp_path.rglob("run-alerts1.wandb"))
-    alerts = [r.alert for r in read_records(path) if r.WhichOneof("record_type") == "alert"]
+    deadline = time.monotonic() + 60
+    while True:  # wandb's writer may still be flushing the file after finish() returned
+        records = read_records(path)
+        if sum(r.WhichOneof("record_type") == "history" for r in records) == 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    alerts = [r.alert for r in records if r.WhichOneof("record_type") == "alert"]
     assert [(a.title, a.level) for a in alerts] == [("miles red flag: grad_norm at rollout 2", "ERROR")]
     assert "train/grad_norm=3.5" in alerts[0].text
 
