@@ -21,6 +21,7 @@ from miles.backends import check_backend
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
+from miles.ray_cluster import check_cluster, connect
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import EvalResult, evaluate, load_eval_sets
@@ -56,8 +57,9 @@ def resolve_paths(config) -> tuple[Path, Path, Path | None]:
 
 
 def preflight(config) -> None:
-    """Everything checkable before services start: backend, reward hook, prompt and eval files."""
+    """Everything checkable before services start: backend, Ray cluster, reward hook, prompt and eval files."""
     check_backend(config.train.train_backend)
+    check_cluster(config.orchestration.ray_address)
     r = config.rollout
     RewardModel(r.rm_type, r.custom_rm_path, config.as_namespace())
     load_generate_function(config.generate)
@@ -94,9 +96,7 @@ class RLTrainer:
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             o = config.orchestration
-            ray.init(address=o.ray_address, num_cpus=o.ray_num_cpus, namespace="miles", include_dashboard=False,
-                     object_store_memory=o.ray_object_store_mb * 1024 * 1024 if not o.ray_address else None,
-                     log_to_driver=True)
+            connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
         self.tracker = open_tracking(config, self.run_dir)
         self.group = ActorGroup(config, str(self.model_path), actor_name_prefix)
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",

@@ -85,6 +85,12 @@ class MilesConfig:
             raise ConfigError("--kl-loss-coef", "must be > 0 with --use-kl-loss")
         if self.rollout.n_samples_per_prompt == 1 and self.train.advantage_estimator == "grpo":
             raise ConfigError("--n-samples-per-prompt", "GRPO needs groups of at least 2 samples per prompt")
+        t = self.tracking
+        if t.mlflow_ui and not t.use_mlflow:
+            raise ConfigError("--mlflow-ui", "needs --use-mlflow (it serves the run's MLflow store)")
+        if t.mlflow_ui and (t.mlflow_tracking_uri or "").startswith(("http://", "https://")):
+            raise ConfigError("--mlflow-ui", f"--mlflow-tracking-uri {t.mlflow_tracking_uri} is a tracking server "
+                                             "with its own UI; --mlflow-ui serves a local store")
 
     def sections(self) -> list[Any]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]

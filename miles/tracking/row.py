@@ -1,11 +1,21 @@
 """The per-iteration stdout row, in the three-line shape of the Miles page."""
 from __future__ import annotations
 
+from miles.tracking.names import map_metrics
+
 PREFIX = "[trainer] "
 
 
+SMALL = 1e-3  # below this a fixed-point figure reads as 0.000 (GRPO's on-policy loss is ~1e-9 by construction)
+
+
 def _num(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
+    """`value` in `fmt`, or in scientific notation when it is non-zero but would print as zero."""
+    if value is None:
+        return "n/a"
+    if value != 0 and abs(value) < SMALL and fmt.endswith("f"):
+        return f"{value:.1e}"
+    return format(value, fmt)
 
 
 def _secs(value: float | None) -> str:
@@ -27,3 +37,8 @@ def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], sho
     third = f"grad_norm={_num(get('train/grad_norm'), '.2f')} lr={_num(get('train/lr'), '.1e')}"
     pad = " " * len(head)
     return f"{head}| {first}\n{pad}| {second}\n{pad}| {third}"
+
+
+def format_eval(label: str, metrics: dict[str, float]) -> str:
+    """`[trainer] base eval eval/arithmetic-pass_at_1=0.230 ...`: under the names the trackers store."""
+    return f"{PREFIX}{label} " + " ".join(f"{k}={_num(v, '.3f')}" for k, v in map_metrics(metrics).items())
