@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from flows.chunk_runner import run_chunk_to_end
 from flows.plan import plan_for
 from miles.config import MilesConfig
+from miles.health import RedFlagStop
 from miles.dashboard.cli import command as dashboard_command
 from tasks.actors import stop_run_actors
 from tasks.finish import RunReport, finish_run
@@ -83,14 +84,18 @@ def train_on_ray(config: MilesConfig, run_dir: str, prefix: str) -> RunReport:
         bar_task = bar.add_task("train", total=config.rollout.num_rollout)
         try:
             services = bring_up_services(config, prefix)
-            for chunk in plan_for(config):
-                heal_engines(config, services)
-                task = profile_window if chunk.profiled else train_chunk
-                run_chunk_to_end(configured(task, o), chunk,
-                                 dict(config=config, run_dir=run_dir, services=services, progress_id=progress_id),
-                                 crash_retries=o.task_retries, run_dir=Path(run_dir),
-                                 on_progress=lambda done: bar.update(bar_task, completed=done),
-                                 heal=lambda: heal_engines(config, services))
+            try:
+                for chunk in plan_for(config):
+                    heal_engines(config, services)
+                    task = profile_window if chunk.profiled else train_chunk
+                    run_chunk_to_end(configured(task, o), chunk,
+                                     dict(config=config, run_dir=run_dir, services=services, progress_id=progress_id),
+                                     crash_retries=o.task_retries, run_dir=Path(run_dir),
+                                     on_progress=lambda done: bar.update(bar_task, completed=done),
+                                     heal=lambda: heal_engines(config, services))
+            except RedFlagStop:  # --on-red-flag stop: the artifacts (grpo-health) still, then the run fails
+                configured(finish_run, o).submit(config, run_dir, services).result()
+                raise
             return configured(finish_run, o).submit(config, run_dir, services).result()
         finally:
             stop_run_actors(prefix)

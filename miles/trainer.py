@@ -213,9 +213,13 @@ class RLTrainer:
         return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated, **health.metrics}, samples,
                                health)
 
+    def stops_on(self, result: IterationResult) -> bool:
+        """Whether `stop_on_red_flag` ends the run at this iteration (--on-red-flag stop and a red flag)."""
+        return self.config.health.on_red_flag == "stop" and bool(result.health.red)
+
     def stop_on_red_flag(self, result: IterationResult) -> None:
         """With --on-red-flag stop, a red flag checkpoints this rollout and ends the run (RedFlagStop)."""
-        if self.config.health.on_red_flag == "stop" and result.health.red:
+        if self.stops_on(result):
             path = self.save_checkpoint(result.rollout_id)
             raise RedFlagStop(stop_message(result.health.red, path))
 

@@ -13,6 +13,7 @@ from prefect import task
 from prefect.artifacts import update_progress_artifact
 
 from miles.config import MilesConfig
+from miles.run_info import run_name
 from miles.tracking.row import format_eval
 from tasks.chunks import Chunk
 from tasks.faults import EngineDown, maybe_fire
@@ -92,7 +93,9 @@ def run_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Service
                                kill_engine=lambda: kill_engine(services.prefix, 0))
                     result = trainer.run_iteration(rollout_id)
                     metrics = dict(result.metrics)
-                    emit_health(Path(run_dir).name, rollout_id, config.rollout.num_rollout, result.health)
+                    emit_health(run_name(run_dir), rollout_id, config.rollout.num_rollout, result.health)
+                    if trainer.stops_on(result):
+                        emit_finished(run_name(run_dir), rollout_id)  # no iteration is expected after a stop
                     trainer.stop_on_red_flag(result)
                     if progress_id is not None:
                         update_progress_artifact(progress_id,
@@ -101,7 +104,7 @@ def run_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Service
                 with clock("checkpoint"):
                     trainer.save_checkpoint(chunk.stop - 1)
             if chunk.stop >= config.rollout.num_rollout:
-                emit_finished(Path(run_dir).name, chunk.stop - 1)
+                emit_finished(run_name(run_dir), chunk.stop - 1)
         except Exception as exc:
             down = [i for i in range(len(services.engine_urls)) if not engine_alive(services.prefix, i)]
             if down:
