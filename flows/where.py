@@ -7,21 +7,22 @@ from flows.prefect_server import PrefectServer
 from miles.config import MilesConfig
 
 
-def mlflow_ui_command(config: MilesConfig, run_dir: Path) -> str:
-    uri = config.tracking.mlflow_tracking_uri or f"sqlite:///{run_dir / 'mlflow.db'}"
+def mlflow_ui_command(config: MilesConfig) -> str:
+    uri = config.tracking.mlflow_tracking_uri
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
     return f"mlflow ui --backend-store-uri {uri}"
 
 
 def where_to_look(config: MilesConfig, server: PrefectServer) -> list[tuple[str, str]]:
-    run_dir = Path(config.train.run_dir).resolve()
+    """`config` is resolved: every path in it is absolute."""
+    run_dir = Path(config.train.run_dir)
     rows = [("Prefect UI", server.ui_url), ("run dir", str(run_dir)),
             ("journal", str(run_dir / "metrics.jsonl"))]
     if config.tracking.use_mlflow:
-        rows.append(("MLflow", mlflow_ui_command(config, run_dir)))
+        rows.append(("MLflow", mlflow_ui_command(config)))
     if config.tracking.use_wandb:
-        rows.append(("wandb", str(Path(config.tracking.wandb_dir or run_dir).resolve() / "wandb")
+        rows.append(("wandb", str(Path(config.tracking.wandb_dir) / "wandb")
                      + ("" if config.tracking.wandb_mode == "online" else "  (offline: `wandb sync` it)")))
     return rows
 

@@ -1,12 +1,12 @@
 """`python -m miles.train [flags]`: the whole GRPO loop in one process, no Prefect (Miles' train.py).
 
-With no flags it trains the tiny CPU policy on the arithmetic task: engines and router
-start on loopback, the training ranks (FSDP or Megatron) run as Ray actors, and RUN_DIR
-gets checkpoints and metrics.jsonl. The Prefect flow runs the same `RLTrainer` in retryable chunks instead.
+With no flags it trains the tiny CPU policy on the arithmetic task: resolve and check the
+flags, connect Ray, start the engines and router on loopback, then `miles.loop.run_loop`
+over every rollout (the Prefect flow runs the same loop in chunks). RUN_DIR gets
+checkpoints, metrics.jsonl and the logs.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,42 +23,39 @@ class RunSummary:
     base_eval: dict[str, float] = field(default_factory=dict)  # eval of the starting weights (fresh runs)
     final_metrics: dict[str, float] = field(default_factory=dict)  # the last iteration's row
     seconds: float = 0.0
+    stop_reason: str | None = None  # an observer stopped the run early
 
 
-def default_run_dir(config: MilesConfig) -> Path:
-    return Path(config.train.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSummary:
+    from miles.cluster.ray_connect import connect_ray, disconnect_ray
+    from miles.config.resolve import resolve
+    from miles.faults import FaultInjector
+    from miles.inference import start_inference
+    from miles.loop import run_loop
+    from miles.preflight import preflight
+    from miles.trainer import RLTrainer
 
-
-def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
-    from miles.services import start_services
-    from miles.trainer import RLTrainer, preflight
-
-    preflight(config)  # a bad hook or data path fails here, before any engine or actor starts
+    config = resolve(config)
+    preflight(config)  # a bad hook or data path fails here, before Ray, engines or ranks start
     start = time.time()
-    run_dir = default_run_dir(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    services = start_services(config, run_dir, use_router=use_router)
-    trainer = None
+    cluster = connect_ray(config.orchestration)
+    services = None
     try:
-        trainer = RLTrainer(config, run_dir, services.rollout_url, services.engine_urls)
-        first = trainer.resume()
-        base_eval = {}
-        if first == 0 and trainer.eval_sets:
-            base_eval = trainer.evaluate(0, log=False).metrics
-            (run_dir / "base_eval.json").write_text(json.dumps(base_eval, indent=2))
-            print("[trainer] base eval " + " ".join(f"{k}={v:.3f}" for k, v in base_eval.items()), flush=True)
-        result, saved = None, None
-        for rollout_id in range(first, config.rollout.num_rollout):
-            result = trainer.run_iteration(rollout_id)
-            interval = config.train.save_interval
-            if (interval and (rollout_id + 1) % interval == 0) or rollout_id == config.rollout.num_rollout - 1:
-                saved = trainer.save_checkpoint(rollout_id)
-        return RunSummary(run_dir, first, config.rollout.num_rollout - 1, saved, base_eval,
-                          result.metrics if result else {}, time.time() - start)
+        services = start_inference(config, use_router=use_router)
+        trainer = RLTrainer(config, services.rollout_url, services.engine_urls)
+        fault = FaultInjector(config.orchestration.inject_fault, config.train.run_dir,
+                              kill_engine=lambda: services.kill_engine(0))
+        outcome = run_loop(trainer, range(config.rollout.num_rollout), [fault, *observers])
+        last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1
+        return RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
+                          outcome.base_eval, outcome.last_metrics, time.time() - start, outcome.stop_reason)
     finally:
-        if trainer is not None:
-            trainer.close()
-        services.stop()
+        try:
+            if services is not None:
+                services.stop()
+        finally:
+            if cluster.started_here:
+                disconnect_ray()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     final = summary.final_metrics
     evals = {k: v for k, v in final.items() if k.startswith("eval/") and k != "eval/step"}
     print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"
-          f", checkpoint {summary.checkpoint}", flush=True)
+          f", checkpoint {summary.checkpoint}" + (f", stopped: {summary.stop_reason}" if summary.stop_reason else ""),
+          flush=True)
     for key, value in evals.items():
         base = summary.base_eval.get(key)
         print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))

@@ -12,7 +12,7 @@ from miles.backends.group import stop_named_group
 from miles.config import MilesConfig
 from miles.tracking.journal import read_journal
 from tasks.logs import library_logs_to_prefect
-from tasks.training import Services
+from tasks.training import RunServices
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,14 @@ class RunReport:
     red_flags: list[str] = field(default_factory=list)
 
 
-def mlflow_link(config: MilesConfig, run_dir: Path) -> str | None:
+def mlflow_link(config: MilesConfig) -> str | None:
     """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store."""
-    tracking = config.tracking
+    tracking, run_dir = config.tracking, Path(config.train.run_dir)
     if not tracking.use_mlflow:
         return None
     import mlflow
 
-    uri = tracking.mlflow_tracking_uri or f"sqlite:///{run_dir / 'mlflow.db'}"
+    uri = tracking.mlflow_tracking_uri
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(tracking.mlflow_experiment_name)
     if experiment is None:
@@ -46,10 +46,6 @@ def mlflow_link(config: MilesConfig, run_dir: Path) -> str | None:
     return f"{base.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{mine[0].info.run_id}"
 
 
-def trace_dir(config: MilesConfig, run_dir: Path) -> Path:
-    return Path(config.tracking.tensorboard_dir or run_dir / "tensorboard")
-
-
 def red_flags_markdown(flags: list[str]) -> str:
     if not flags:
         return "## Health\n\nNo red flags."
@@ -57,23 +53,24 @@ def red_flags_markdown(flags: list[str]) -> str:
 
 
 @task(name="finish_run", log_prints=True)
-def finish_run(config: MilesConfig, run_dir: str, services: Services) -> RunReport:
+def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
     """Ranks stopped cleanly, then the final-metrics table, link and health artifacts."""
+    run_dir = config.train.run_dir
     path = Path(run_dir)
     with library_logs_to_prefect():
-        stop_named_group(services.trainer_prefix, config.world_size)
+        stop_named_group(services.names, config.world_size)
     journal = read_journal(path / "metrics.jsonl")
     final = dict(journal[-1].metrics) if journal else {}
     create_table_artifact(key="grpo-final-metrics", table=[{"metric": k, "value": v} for k, v in sorted(final.items())],
                           description=f"final metrics of {run_dir}")
     links = {}
-    if (mlflow_url := mlflow_link(config, path)) is not None:
+    if (mlflow_url := mlflow_link(config)) is not None:
         links["mlflow-run"] = mlflow_url
-    traces = trace_dir(config, path)
+    traces = Path(config.tracking.tensorboard_dir)
     if traces.exists():
         links["traces"] = traces.resolve().as_uri()
     for key, url in links.items():
         create_link_artifact(key=f"grpo-{key}", link=url, description=f"{key} of {run_dir}")
     red_flags: list[str] = []  # filled by the health watch when it lands
     create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(red_flags), description="health red flags")
-    return RunReport(run_dir=run_dir, iterations=len(journal), final_metrics=final, links=links, red_flags=red_flags)
+    return RunReport(run_dir=run_dir, iterations=len({ln.rollout_id for ln in journal if ln.rollout_id >= 0}), final_metrics=final, links=links, red_flags=red_flags)

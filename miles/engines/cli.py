@@ -1,5 +1,7 @@
 """`miles engine`: serve a checkpoint over SGLang's HTTP API with the embedded engine, or start real SGLang.
 
+The first line it prints is its effective settings as one JSON object (as SGLang prints its server args).
+
     miles engine --model DIR --host 127.0.0.1 --port 30000 [--engine-max-batch-size 64]
     miles engine --engine sglang --model DIR --sglang-tp-size 2      # needs a GPU and the [gpu] extra
 """
@@ -9,12 +11,14 @@ import logging
 import sys
 
 from miles.config import ConfigError, EngineConfig, EngineServeConfig, parse_sections
+from miles.config.argv import print_settings
 
 
 def main(argv: list[str] | None = None) -> int:
     parsed = parse_sections([EngineServeConfig, EngineConfig], argv, prog="miles engine",
                             description=__doc__.strip().splitlines()[0])
     serve, engine = parsed[EngineServeConfig], parsed[EngineConfig]
+    print_settings("engine", serve, engine)
     if engine.engine == "sglang":
         return _run_sglang(serve, engine)
     return _run_embedded(serve, engine)

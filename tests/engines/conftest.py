@@ -6,6 +6,7 @@ import time
 import httpx
 import pytest
 
+from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
 
 MAX_BATCH = 16
@@ -14,9 +15,8 @@ MAX_QUEUED = 64
 
 @pytest.fixture(scope="session")
 def engine(base_model, tmp_path_factory):
-    handle = launch_engine(base_model, device="cpu", max_batch_size=MAX_BATCH,
-                           log_path=tmp_path_factory.mktemp("engine") / "engine.log",
-                           extra_args=["--engine-max-queued-requests", str(MAX_QUEUED)])
+    config = EngineConfig(engine_device="cpu", engine_max_batch_size=MAX_BATCH, engine_max_queued_requests=MAX_QUEUED)
+    handle = launch_engine(base_model, config, log_path=tmp_path_factory.mktemp("engine") / "engine.log")
     yield handle
     handle.stop()
 
