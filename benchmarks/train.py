@@ -111,13 +111,15 @@ def bench_backend(config, model_path: Path, rounds: int) -> dict:
 
 
 def bench_iterations(config, iterations: int) -> dict:
-    from miles.cluster.ray_connect import connect_ray, disconnect_ray
+    import ray
+
+    from miles.ray_cluster import connect
     from miles.config.resolve import resolve
     from miles.inference import start_inference
     from miles.trainer import RLTrainer
 
     config = resolve(config.replace(eval_interval=None, run_dir=tempfile.mkdtemp(prefix="miles-bench-")))
-    connect_ray(config.orchestration)
+    connect(None, config.orchestration.ray_num_cpus, config.orchestration.ray_object_store_mb)
     services = start_inference(config)
     trainer = None
     rows = []
@@ -130,7 +132,7 @@ def bench_iterations(config, iterations: int) -> dict:
         if trainer is not None:
             trainer.close()
         services.stop()
-        disconnect_ray()
+        ray.shutdown()
     keys = ["perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/step_time"]
     rows = rows[1:] or rows  # the first iteration pays one-off warm-up costs
     return {k.split("/")[1]: statistics.mean(row[k] for row in rows) for k in keys}

@@ -8,7 +8,7 @@ from typing import Callable
 
 import ray
 from prefect import Task, flow, get_run_logger
-from prefect.artifacts import create_progress_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.client.orchestration import get_client
 from prefect.states import Crashed
 from prefect_ray import RayTaskRunner
@@ -19,6 +19,7 @@ from miles.cluster.chunks import Chunk, plan_for
 from miles.cluster.service_actors import engine_alive, stop_run_actors
 from miles.config import ConfigError, MilesConfig
 from miles.config.resolve import run_names
+from miles.dashboard.cli import command as dashboard_command
 from miles.router.app import resolve_admin_token
 from tasks.finish import RunReport, finish_run
 from tasks.options import with_run_retries
@@ -32,8 +33,11 @@ POLL_S = 0.5
 def train_on_ray(config: MilesConfig) -> RunReport:
     """Everything that runs as Ray tasks (Ray itself is up: the task runner reuses it)."""
     o, names = config.orchestration, run_names(config)
-    progress_id = create_progress_artifact(progress=0.0, key="grpo-progress",
-                                           description=f"rollouts of {config.train.run_dir}")
+    run_dir = config.train.run_dir
+    progress_id = create_progress_artifact(progress=0.0, key="grpo-progress", description=f"rollouts of {run_dir}")
+    create_markdown_artifact(key="grpo-dashboard", description=f"the web view of {run_dir}",
+                             markdown=f"Watch this run (or a copy of its run dir) in the browser:\n\n"
+                                      f"```\n{dashboard_command(Path(run_dir))}\n```")
     # Ray must never re-run a task on its own: a rerun would be invisible to Prefect.
     with remote_options(max_retries=0), ProgressBar(config.rollout.num_rollout) as bar:
         try:
@@ -44,8 +48,8 @@ def train_on_ray(config: MilesConfig) -> RunReport:
                                                             progress_id=progress_id),
                                           config, heal=lambda: heal_engines(config, services), on_progress=bar)
                 if result.stop_reason:
-                    get_run_logger().warning(f"the run stopped after rollout {chunk.first + result.iterations_run - 1}"
-                                             f": {result.stop_reason}")
+                    get_run_logger().warning(f"the run stopped in {task.name}[{chunk.first}-{chunk.stop}]: "
+                                             f"{result.stop_reason}")
                     break
             return with_run_retries(finish_run, o).submit(config, services).result()
         finally:

@@ -40,23 +40,31 @@ class InferenceServices:
             raise errors[0]
 
 
+def timeline_args(engine: str, run_dir: Path) -> list[str]:
+    """The flag that makes an embedded engine add its batches to the run's timeline (SGLang cannot)."""
+    from miles.tracking.timeline import TIMELINE_NAME
+
+    return ["--timeline-path", str(run_dir / TIMELINE_NAME)] if engine == "embedded" else []
+
+
 def start_inference(config, use_router: bool = True) -> InferenceServices:
     """Launch the engines on the resolved config's model, then the router when `use_router`;
     everything binds to loopback and logs to RUN_DIR/logs."""
     from miles.engines.launch import launch_engine
 
-    logs = Path(config.train.run_dir) / "logs"
+    run_dir = Path(config.train.run_dir)
     services = InferenceServices(rollout_url="")
     try:
         for i in range(config.rollout.rollout_num_engines):
             services.engines.append(launch_engine(config.rollout.hf_checkpoint, config.engine, host="127.0.0.1",
-                                                  log_path=logs / f"engine-{i}.log"))
+                                                  log_path=run_dir / "logs" / f"engine-{i}.log",
+                                                  serve_args=timeline_args(config.engine.engine, run_dir)))
         services.rollout_url = services.engines[0].url
         if use_router:
             from miles.router.launch import launch_router
 
             services.router = launch_router(config.router, host="127.0.0.1", worker_urls=services.engine_urls,
-                                            log_path=logs / "router.log")
+                                            log_path=run_dir / "logs" / "router.log")
             services.rollout_url = services.router.url
     except BaseException:
         services.stop()

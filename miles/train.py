@@ -7,11 +7,14 @@ checkpoints, metrics.jsonl and the logs.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from miles.config import MilesConfig, parse_config
+from miles.tracking.mlflow_ui import is_server_uri, start_ui, ui_command
+from miles.tracking.names import map_metrics
 
 
 @dataclass
@@ -27,24 +30,35 @@ class RunSummary:
 
 
 def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSummary:
-    from miles.cluster.ray_connect import connect_ray, disconnect_ray
+    """Resolve and check `config`, then run the driver loop over every rollout with `observers`
+    (see `miles.loop`); engines, router and a Ray started here are stopped at the end."""
     from miles.config.resolve import resolve
-    from miles.faults import FaultInjector
-    from miles.inference import start_inference
-    from miles.loop import run_loop
     from miles.preflight import preflight
-    from miles.trainer import RLTrainer
+    from miles.run_lock import RunDirLock
 
     config = resolve(config)
     preflight(config)  # a bad hook or data path fails here, before Ray, engines or ranks start
+    with RunDirLock(Path(config.train.run_dir)):  # a second trainer on this run dir fails here, naming the holder
+        return _train_locked(config, use_router, observers)
+
+
+def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummary:
+    import ray
+
+    from miles.faults import FaultInjector
+    from miles.inference import start_inference
+    from miles.loop import run_loop
+    from miles.ray_cluster import connect
+    from miles.trainer import RLTrainer
+
     start = time.time()
-    cluster = connect_ray(config.orchestration)
+    o = config.orchestration
+    started_ray = not ray.is_initialized() and connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
     services = None
     try:
         services = start_inference(config, use_router=use_router)
         trainer = RLTrainer(config, services.rollout_url, services.engine_urls)
-        fault = FaultInjector(config.orchestration.inject_fault, config.train.run_dir,
-                              kill_engine=lambda: services.kill_engine(0))
+        fault = FaultInjector(o.inject_fault, config.train.run_dir, kill_engine=lambda: services.kill_engine(0))
         outcome = run_loop(trainer, range(config.rollout.num_rollout), [fault, *observers])
         last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1
         return RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
@@ -54,21 +68,36 @@ def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSumm
             if services is not None:
                 services.stop()
         finally:
-            if cluster.started_here:
-                disconnect_ray()
+            if started_ray:
+                ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(argv, prog="python -m miles.train")
-    summary = train(config)
+    from miles.backends.base import NonFiniteError
+
+    from miles.config.resolve import resolve
+
+    config = resolve(parse_config(argv, prog="python -m miles.train"))  # one run dir for the run and its MLflow UI
+    mlflow_uri = config.tracking.mlflow_tracking_uri
+    if config.tracking.mlflow_ui:
+        ui = start_ui(mlflow_uri, Path(config.train.run_dir))
+        print(f"[trainer] MLflow UI {ui.url} (pid {ui.pid}, left up: stop it with `kill {ui.pid}`)", flush=True)
+    try:
+        summary = train(config)
+    except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
+        print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        return 1
     final = summary.final_metrics
-    evals = {k: v for k, v in final.items() if k.startswith("eval/") and k != "eval/step"}
+    evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}
+    base_eval = map_metrics(summary.base_eval)
     print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"
           f", checkpoint {summary.checkpoint}" + (f", stopped: {summary.stop_reason}" if summary.stop_reason else ""),
           flush=True)
     for key, value in evals.items():
-        base = summary.base_eval.get(key)
+        base = base_eval.get(key)
         print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))
+    if config.tracking.use_mlflow and not config.tracking.mlflow_ui and not is_server_uri(mlflow_uri):
+        print(f"  MLflow: {ui_command(mlflow_uri)}", flush=True)
     return 0
 
 

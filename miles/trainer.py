@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 from transformers import AutoTokenizer
@@ -25,11 +27,15 @@ from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import evaluate, load_eval_sets
 from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.router.app import resolve_admin_token
 from miles.tracking import open_tracking
+from miles.tracking.samples import samples_due
+from miles.tracking.timeline import TIMELINE_NAME, TimelineWriter
+from miles.tracking.tokens import write_tokens
 
 
 @dataclass
@@ -59,6 +65,7 @@ class RLTrainer:
         self.data = DataSource(read_prompts(r.prompt_data, r.input_key, r.label_key), seed=config.train.seed)
         self.eval_sets = load_eval_sets(r) if r.eval_interval is not None else []
         self.reward = RewardModel(r.rm_type, r.custom_rm_path, self.args)
+        self.generate_fn = load_generate_function(config.generate)
         self.params = SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
                                      r.rollout_max_response_len)
         self.save_dir, self.load_dir = Path(config.train.save), Path(config.train.load)
@@ -67,6 +74,7 @@ class RLTrainer:
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
                                in_memory=config.train.colocate, admin_token=resolve_admin_token(config.router))
         self.weight_version = 0
+        self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -102,7 +110,7 @@ class RLTrainer:
         self.group.call("set_weight_version", version)
 
     def save_checkpoint(self, rollout_id: int) -> Path:
-        with timed("checkpoint"):
+        with self.phase("checkpoint", rollout_id):
             staged = checkpoint.staging_dir(self.save_dir, rollout_id)
             self.group.call("save", str(staged))
             state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
@@ -118,42 +126,60 @@ class RLTrainer:
         cfg = self.config
         times: dict[str, float] = {}
         start = time.perf_counter()
-        with timed("rollout", times):
+        with self.phase("rollout", rollout_id, times):
             samples, advantages = self._rollout(rollout_id)
         # rollout/ and passrate/ go out through the rollout logger (a custom one may replace them)
         rollout_logged = rollout_metrics(samples, advantages, cfg.rollout.n_samples_per_prompt,
                                          binary_reward=cfg.rollout.custom_rm_path is None)
         self.tracker.log_rollout(rollout_id, self.args, samples, dict(rollout_logged), times["rollout"])
 
-        t_train = time.perf_counter()  # log_probs and actor_train are phases inside the ranks
-        batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id)
-        summary = combine(self.group.train(batches))
-        train_time = time.perf_counter() - t_train
+        logged = samples_due(cfg.tracking.log_samples_interval, rollout_id)
+        with self.phase("train", rollout_id, times):  # log_probs and actor_train are phases inside the ranks
+            batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id,
+                                      return_token_stats=logged)
+            summary = combine(self.group.train(batches))
+        self._write_rank_phases(rollout_id, summary)
+        if logged:
+            with self.phase("log_tokens", rollout_id):
+                write_tokens(self.run_dir, rollout_id, samples, self.tokenizer, summary.token_stats)
 
-        with timed("update_weights", times):
+        with self.phase("update_weights", rollout_id, times, version=self.weight_version + 1):
             self.weight_version += 1
             self.sync.push(self.weight_version)
         step_time = time.perf_counter() - start
 
         metrics = dict(summary.metrics)
         metrics.update(self._router_metrics())
-        metrics.update(perf_metrics(times, train_time, step_time, summary, cfg))
+        metrics.update(perf_metrics(times, step_time, summary, cfg))
         steps = cfg.train.num_steps_per_rollout
         metrics.update({"train/step": float(rollout_id * steps + steps - 1), "rollout/step": float(rollout_id)})
         evaluated = {}
         if self._eval_due(rollout_id):
-            with timed("eval", times):
+            with self.phase("eval", rollout_id, times):
                 evaluated = self.evaluate(rollout_id)  # goes out through the eval logger, with eval/step
             metrics["perf/eval_time"] = times["eval"]
         self.tracker.record(rollout_id, metrics)
         return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated}, samples)
+
+    @contextmanager
+    def phase(self, name: str, rollout_id: int, times: dict[str, float] | None = None, **span) -> Iterator[None]:
+        """One named phase of an iteration: timed through `miles.phases` (where profiling hooks in) and
+        written as a span of the run's timeline."""
+        with timed(name, times), self.timeline.span(name, rollout_id, **span):
+            yield
+
+    def _write_rank_phases(self, rollout_id: int, summary) -> None:
+        for rank, phases in summary.phases.items():
+            for name, begin, end in phases:
+                self.timeline.add(name, begin, end, rollout_id, lane=f"rank{rank}")
 
     def _rollout(self, rollout_id: int) -> tuple[list[Sample], list[float]]:
         r = self.config.rollout
         prompts = self.data.next_batch(r.rollout_batch_size)
         samples = generate_groups(self.rollout_url, prompts, r.n_samples_per_prompt, self.tokenizer, self.params,
                                   seed=self.config.train.seed, stream="train", rollout_id=rollout_id,
-                                  concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template)
+                                  concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template,
+                                  generate_fn=self.generate_fn, args=self.args)
         self.reward.score(samples)
         advantages = compute_advantages(samples, self.config.train.advantage_estimator,
                                         self.config.train.normalize_advantages_std)
@@ -166,7 +192,10 @@ class RLTrainer:
         the last iteration (none when rollouts go straight to one engine)."""
         if self.sync.router_url is None:
             return {}
-        stats = httpx.get(f"{self.sync.router_url}/router_stats", timeout=30.0).raise_for_status().json()
+        token = self.sync.admin_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
+                          timeout=30.0).raise_for_status().json()
         return {f"rollout/{key}": float(value) for key, value in stats.items()
                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
@@ -180,16 +209,16 @@ class RLTrainer:
         """Eval metrics (with `eval/step` = `rollout_id`) of the weights the engines serve now, handed to
         the eval logger hook and recorded with the iteration."""
         result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
-                          seed=self.config.train.seed, step=rollout_id)
+                          seed=self.config.train.seed, step=rollout_id, generate_fn=self.generate_fn, args=self.args)
         self.tracker.log_eval(rollout_id, self.args, result.data, dict(result.metrics))
         return result.metrics
 
     def evaluate_base(self) -> dict[str, float]:
         """The starting weights' eval, before any training: Miles logs it at `eval/step` 0, as its own
         journal line; also written to RUN_DIR/base_eval.json for the final comparison."""
-        with timed("eval"):
+        with self.phase("eval", 0):
             result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
-                              seed=self.config.train.seed, step=0)
+                              seed=self.config.train.seed, step=0, generate_fn=self.generate_fn, args=self.args)
         self.tracker.log_base_eval(self.args, result.data, dict(result.metrics))
         (self.run_dir / "base_eval.json").write_text(json.dumps(result.metrics, indent=2))
         return result.metrics
@@ -202,11 +231,15 @@ class RLTrainer:
             if self.group.actors and self.group.names is None:
                 self.group.stop()
         finally:
-            self.tracker.close(final=final)
+            try:
+                self.tracker.close(final=final)
+            finally:
+                self.timeline.close()
 
 
-def perf_metrics(times: dict[str, float], train_time: float, step_time: float, summary, config) -> dict[str, float]:
+def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> dict[str, float]:
     """Miles' `perf/*` keys from the phase times of one iteration."""
+    train_time = times["train"]
     metrics = {
         "perf/rollout_time": times["rollout"], "perf/train_time": train_time,
         "perf/actor_train_time": summary.actor_train_time, "perf/log_probs_time": summary.log_probs_time,

@@ -1,18 +1,53 @@
-"""Cluster bring-up task: connect to `--ray-address` or start a local Ray, and report what it has."""
+"""Cluster bring-up: connect to `--ray-address` (or the Ray job's cluster) or start a local Ray sized for this machine."""
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
+
+import ray
 from prefect import get_run_logger, task
 
-from miles.cluster.ray_connect import ClusterInfo, connect_ray, disconnect_ray
 from miles.config import OrchestrationConfig
+from miles.ray_cluster import connect
+from miles.run_info import FLOW_RUN_URL_ENV
 
-__all__ = ["ClusterInfo", "bring_up_cluster", "shut_down_cluster"]
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """The Ray cluster a run uses; `started_here` clusters are shut down by the run."""
+
+    address: str
+    started_here: bool
+    num_nodes: int
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+def worker_env(api_url: str, flow_run_url: str | None = None) -> dict[str, str]:
+    """What every Ray worker must see: the flow's one Prefect API, our cache dir, the flow run's link
+    (for the tracker runs' tags)."""
+    env = {"PREFECT_API_URL": api_url, **({FLOW_RUN_URL_ENV: flow_run_url} if flow_run_url else {})}
+    for name in ("MILES_CACHE_DIR",):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return env
+
+
+def connect_ray(orchestration: OrchestrationConfig, api_url: str, flow_run_url: str | None = None) -> ClusterInfo:
+    """ray.init in this process (the flow's): the Ray task runner then submits to this cluster."""
+    if ray.is_initialized():
+        started_here = False
+    else:
+        started_here = connect(orchestration.ray_address, orchestration.ray_num_cpus,
+                               orchestration.ray_object_store_mb, runtime_env={"env_vars": worker_env(api_url, flow_run_url)})
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return ClusterInfo(address=ray.get_runtime_context().gcs_address, started_here=started_here,
+                       num_nodes=len(nodes), resources=dict(ray.cluster_resources()))
 
 
 @task(name="bring_up_cluster")
-def bring_up_cluster(orchestration: OrchestrationConfig, api_url: str) -> ClusterInfo:
+def bring_up_cluster(orchestration: OrchestrationConfig, api_url: str, flow_run_url: str | None = None) -> ClusterInfo:
     """Connect or start Ray and report what the cluster has."""
-    cluster = connect_ray(orchestration, api_url)
+    cluster = connect_ray(orchestration, api_url, flow_run_url)
     how = "started a local" if cluster.started_here else "connected to the"
     shown = {k: v for k, v in cluster.resources.items() if not k.startswith("node:")}
     get_run_logger().info(f"{how} Ray cluster at {cluster.address}: {cluster.num_nodes} node(s), {shown}")
@@ -21,4 +56,5 @@ def bring_up_cluster(orchestration: OrchestrationConfig, api_url: str) -> Cluste
 
 def shut_down_cluster() -> None:
     """Disconnect from Ray; a local cluster the run started goes away with it, an existing one stays."""
-    disconnect_ray()
+    if ray.is_initialized():
+        ray.shutdown()

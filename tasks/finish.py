@@ -11,6 +11,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from miles.backends.group import stop_named_group
 from miles.config import MilesConfig
 from miles.tracking.journal import read_journal
+from miles.tracking.mlflow_ui import DEFAULT_PORT, is_server_uri
 from tasks.logs import library_logs_to_prefect
 from tasks.training import RunServices
 
@@ -26,9 +27,10 @@ class RunReport:
     red_flags: list[str] = field(default_factory=list)
 
 
-def mlflow_link(config: MilesConfig) -> str | None:
-    """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store."""
-    tracking, run_dir = config.tracking, Path(config.train.run_dir)
+def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -> str | None:
+    """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store
+    (`ui_url`, default the address `mlflow ui` takes unless told otherwise)."""
+    tracking = config.tracking
     if not tracking.use_mlflow:
         return None
     import mlflow
@@ -42,7 +44,7 @@ def mlflow_link(config: MilesConfig) -> str | None:
     mine = [r for r in runs if r.info.run_name in (tracking.mlflow_run_name, run_dir.name)] or runs[:1]
     if not mine:
         return None
-    base = uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    base = uri if is_server_uri(uri) else ui_url or f"http://127.0.0.1:{DEFAULT_PORT}"
     return f"{base.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{mine[0].info.run_id}"
 
 
@@ -64,7 +66,7 @@ def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
     create_table_artifact(key="grpo-final-metrics", table=[{"metric": k, "value": v} for k, v in sorted(final.items())],
                           description=f"final metrics of {run_dir}")
     links = {}
-    if (mlflow_url := mlflow_link(config)) is not None:
+    if (mlflow_url := mlflow_link(config, path)) is not None:
         links["mlflow-run"] = mlflow_url
     traces = Path(config.tracking.tensorboard_dir)
     if traces.exists():
@@ -73,4 +75,5 @@ def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
         create_link_artifact(key=f"grpo-{key}", link=url, description=f"{key} of {run_dir}")
     red_flags: list[str] = []  # filled by the health watch when it lands
     create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(red_flags), description="health red flags")
-    return RunReport(run_dir=run_dir, iterations=len({ln.rollout_id for ln in journal if ln.rollout_id >= 0}), final_metrics=final, links=links, red_flags=red_flags)
+    iterations = len({ln.rollout_id for ln in journal if ln.rollout_id >= 0})  # not the base eval's line
+    return RunReport(run_dir=run_dir, iterations=iterations, final_metrics=final, links=links, red_flags=red_flags)

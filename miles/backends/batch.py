@@ -17,10 +17,12 @@ class MicroBatch:
     step: int  # which optimizer step it belongs to
     input_ids: torch.Tensor  # (B, T) right-padded
     attention_mask: torch.Tensor  # (B, T)
-    response_mask: torch.Tensor  # (B, T-1) 1.0 on positions that predict a response token
+    response_mask: torch.Tensor  # (B, T-1) 1.0 on positions that predict a response token the model wrote
+    # (observation tokens of a multi-turn sample are 0: out of the loss, the KL and every token metric)
     advantages: torch.Tensor  # (B, T-1) the sample's advantage on its response positions
     rollout_log_probs: torch.Tensor  # (B, T-1) engine log-probs on response positions
     num_tokens: int  # real (unpadded) tokens
+    rows: list[int]  # which of the rank batch's samples, in order
 
 
 def collate(batch: RankBatch, rows: list[int], step: int, pad_id: int, device: torch.device) -> MicroBatch:
@@ -36,13 +38,14 @@ def collate(batch: RankBatch, rows: list[int], step: int, pad_id: int, device: t
         ids[r, : len(tokens)] = torch.tensor(tokens)
         attn[r, : len(tokens)] = 1
         start = len(tokens) - n_resp - 1
-        resp[r, start: start + n_resp] = 1.0
+        mask = batch.loss_masks[i] if batch.loss_masks else None
+        resp[r, start: start + n_resp] = 1.0 if mask is None else torch.tensor(mask, dtype=resp.dtype)
         adv[r, start: start + n_resp] = batch.advantages[i]
         if batch.rollout_log_probs[i]:
             rlp[r, start: start + n_resp] = torch.tensor(batch.rollout_log_probs[i])
     num_tokens = int(attn.sum())
     return MicroBatch(step, ids.to(device), attn.to(device), resp.to(device), adv.to(device), rlp.to(device),
-                      num_tokens)
+                      num_tokens, list(rows))
 
 
 def micro_batches(batch: RankBatch, micro_batch_size: int, pad_id: int, device: torch.device) -> list[MicroBatch]:

@@ -11,9 +11,12 @@ gradients are averaged over ranks. One rank or two therefore take the same step.
 """
 from __future__ import annotations
 
+import math
 import os
+import pickle
 import random
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends import hf_weights as W
-from miles.backends.base import ActorInfo, RankBatch, RankTrainResult
+from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainResult
 from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
@@ -67,11 +70,50 @@ def rng_state() -> dict:
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
 
 
+def load_state_file(path: Path) -> dict:
+    """A checkpoint's .pt file, read with weights_only=True: tensors and plain containers only, so a
+    crafted pickle cannot run code (the manifest checks integrity, not who wrote the file)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path} holds objects other than tensors and plain values (refused by "
+                         f"torch.load(weights_only=True)); miles never writes such a file") from None
+
+
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+@dataclass
+class SampleLosses:
+    """Per-sample (B,) means over the tokens the model wrote (the micro-batch's response mask)."""
+
+    loss: torch.Tensor  # what is minimised: pg - entropy_coef * entropy (+ kl_loss_coef * kl)
+    pg: torch.Tensor
+    entropy: torch.Tensor
+    clipfrac: torch.Tensor
+    ppo_kl: torch.Tensor
+    kl: torch.Tensor | None  # with --use-kl-loss
+
+
+def sample_losses(stats: TokenStats, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor | None,
+                  mb: MicroBatch, cfg) -> SampleLosses:
+    """The PPO loss terms of one micro-batch. Every term is a masked mean, so a token outside the mask
+    (padding, prompt, a tool's observation) changes nothing, whatever its advantage or log-prob."""
+    m = mb.response_mask
+    eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+    policy = ppo_clip_loss(stats.log_probs, old_log_probs, mb.advantages, cfg.eps_clip, eps_high)
+    pg = sample_mean(policy.pg_losses, m)
+    entropy = sample_mean(stats.entropy, m)
+    loss = pg - cfg.entropy_coef * entropy
+    kl = None
+    if ref_log_probs is not None:
+        kl = sample_mean(approx_kl(stats.log_probs, ref_log_probs, cfg.kl_loss_type), m)
+        loss = loss + cfg.kl_loss_coef * kl
+    return SampleLosses(loss, pg, entropy, sample_mean(policy.clipfrac, m), sample_mean(policy.ppo_kl, m), kl)
 
 
 class PPORank:
@@ -111,6 +153,11 @@ class PPORank:
         limit = self.config.train.clip_grad or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        # The norm is of the world's averaged gradients, so every rank refuses the same step together.
+        if not math.isfinite(float(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"non-finite gradient norm ({float(norm)}) at optimizer step {self.optimizer_steps}: "
+                                 f"the loss, advantages or rewards hold NaN/Inf; the step was not applied")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
@@ -139,11 +186,12 @@ class PPORank:
         mbs = micro_batches(batch, cfg.micro_batch_size, self.pad_id, self.device)
 
         times: dict[str, float] = {}
-        with timed("log_probs", times):
+        phases: list[tuple[str, float, float]] = []  # (phase, wall start, wall end) for the run's timeline
+        with timed("log_probs", times, phases):
             old = self._score(self.model, mbs)
         ref = None
         if self.ref_model is not None:
-            with timed("ref_log_probs", times):
+            with timed("ref_log_probs", times, phases):
                 ref = self._score(self.ref_model, mbs)
         for i, mb in enumerate(mbs):
             m = mb.response_mask
@@ -157,7 +205,7 @@ class PPORank:
 
         self.model.train()
         step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": []}
-        with timed("actor_train", times):
+        with timed("actor_train", times, phases):
             for step in range(len(batch.step_sizes)):
                 self.optimizer.zero_grad(set_to_none=True)
                 for i, mb in enumerate(mbs):
@@ -167,28 +215,23 @@ class PPORank:
                 step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
                 step_values["train/grad_norm"].append(self.clip_and_step())
         num_tokens = sum(mb.num_tokens for mb in mbs)
+        token_stats = {}
+        if batch.return_token_stats:
+            with timed("token_stats", times, phases):
+                token_stats = response_token_stats(batch, mbs, old)
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, times["log_probs"],
-                               times.get("ref_log_probs", 0.0), times["actor_train"])
+                               times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats)
 
     def _backward(self, mb: MicroBatch, old_log_probs, ref_log_probs, global_step_size: int, sums) -> None:
-        cfg = self.config.train
-        m = mb.response_mask
-        stats = self.token_stats(self.model, mb)
-        eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
-        policy = ppo_clip_loss(stats.log_probs, old_log_probs, mb.advantages, cfg.eps_clip, eps_high)
-        pg = sample_mean(policy.pg_losses, m)  # (B,)
-        entropy = sample_mean(stats.entropy, m)
-        per_sample = pg - cfg.entropy_coef * entropy
-        if ref_log_probs is not None:
-            kl = sample_mean(approx_kl(stats.log_probs, ref_log_probs, cfg.kl_loss_type), m)
-            per_sample = per_sample + cfg.kl_loss_coef * kl
-            sums["train/kl_loss"] += kl.sum().item()
-        (per_sample.sum() * (self.world_size / global_step_size)).backward()
-        sums["train/loss"] += per_sample.sum().item()
-        sums["train/pg_loss"] += pg.sum().item()
-        sums["train/entropy_loss"] += entropy.sum().item()
-        sums["train/pg_clipfrac"] += sample_mean(policy.clipfrac, m).sum().item()
-        sums["train/ppo_kl"] += sample_mean(policy.ppo_kl, m).sum().item()
+        terms = sample_losses(self.token_stats(self.model, mb), old_log_probs, ref_log_probs, mb, self.config.train)
+        (terms.loss.sum() * (self.world_size / global_step_size)).backward()
+        if terms.kl is not None:
+            sums["train/kl_loss"] += terms.kl.sum().item()
+        sums["train/loss"] += terms.loss.sum().item()
+        sums["train/pg_loss"] += terms.pg.sum().item()
+        sums["train/entropy_loss"] += terms.entropy.sum().item()
+        sums["train/pg_clipfrac"] += terms.clipfrac.sum().item()
+        sums["train/ppo_kl"] += terms.ppo_kl.sum().item()
 
     # ---- checkpoint files, the same for every backend -----------------------------------
     def save_files(self, out: Path, model_state: dict, optim_state: dict) -> list[str]:
@@ -208,9 +251,24 @@ class PPORank:
         return written
 
     def load_schedule_and_rng(self, src: Path) -> None:
-        sched = torch.load(src / "scheduler.pt", weights_only=False)
+        sched = load_state_file(src / "scheduler.pt")
         self.scheduler.load_state_dict(sched["scheduler"])
         self.optimizer_steps, self.weight_version = sched["optimizer_steps"], sched["weight_version"]
         rng_file = src / f"rng_rank{self.rank}.pt"
         if rng_file.exists():  # a checkpoint from a different world size has no file for new ranks
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(load_state_file(rng_file))
+
+
+def response_token_stats(batch: RankBatch, mbs: list[MicroBatch], stats: list[TokenStats]
+                         ) -> dict[int, dict[str, list[float]]]:
+    """Each sample's log-probs and entropy on its response tokens, keyed by its rollout index
+    (asked for on logged rollouts only: one copy to the CPU per micro-batch)."""
+    out = {}
+    for mb, st in zip(mbs, stats):
+        log_probs, entropy = st.log_probs.detach().cpu(), st.entropy.detach().cpu()
+        for r, row in enumerate(mb.rows):
+            n_resp = batch.response_lengths[row]
+            start = len(batch.tokens[row]) - n_resp - 1  # position t predicts token t+1
+            out[batch.sample_indices[row]] = {"log_probs": log_probs[r, start: start + n_resp].tolist(),
+                                              "entropy": entropy[r, start: start + n_resp].tolist()}
+    return out

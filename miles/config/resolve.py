@@ -25,13 +25,14 @@ def _absolute(value: str | None) -> str | None:
 def resolve(config):
     """A copy of `config` with every default the run needs filled in (idempotent)."""
     from miles.rollout.evaluation import DEFAULT_EVAL_NAME
-    from miles.tiny.warmstart import default_task_data, ensure_base_model
+    from miles.tiny.defaults import tiny_model, tiny_task_data
 
     r, t, tr = config.rollout, config.train, config.tracking
+    multi_turn = config.generate.custom_generate_function_path is not None  # the tiny calculator task's defaults
     run_dir = Path(_absolute(t.run_dir) or default_run_dir().resolve())
     prompt_data, eval_pairs = _absolute(r.prompt_data), list(r.eval_prompt_data)
-    if prompt_data is None:  # the tiny arithmetic task: its train set and, unless given, its eval set
-        train_path, eval_path = default_task_data()
+    if prompt_data is None:  # the tiny task: its train set and, unless given, its eval set
+        train_path, eval_path = tiny_task_data(multi_turn)
         prompt_data = str(train_path)
         eval_pairs = eval_pairs or [DEFAULT_EVAL_NAME, str(eval_path)]
     save = _absolute(t.save) or str(run_dir / "checkpoints")
@@ -40,7 +41,7 @@ def resolve(config):
     return config.replace(
         sglang_tp_size=tp_size,
         run_dir=str(run_dir),
-        hf_checkpoint=_absolute(r.hf_checkpoint) or str(ensure_base_model(progress=False)),
+        hf_checkpoint=_absolute(r.hf_checkpoint) or str(tiny_model(multi_turn)),
         prompt_data=prompt_data,
         eval_prompt_data=[v if i % 2 == 0 else _absolute(v) for i, v in enumerate(eval_pairs)],
         save=save, load=_absolute(t.load) or save,

@@ -6,9 +6,11 @@ and the proxy report what they saw and ask this module what to do.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import random
 from dataclasses import dataclass, field
 from typing import Iterable
+from urllib.parse import urlsplit
 
 from miles.router.upstream import Endpoint
 
@@ -29,9 +31,18 @@ def check_worker_url(url: object) -> str:
     if url.startswith("https://"):
         raise WorkerError(f"worker url {url!r}: the router talks plain http to engines")
     try:
+        parts = urlsplit(url)
+        port = parts.port
         Endpoint.from_url(url)
     except ValueError as exc:
-        raise WorkerError(str(exc)) from None
+        raise WorkerError(f"worker url {url!r}: {exc}") from None
+    if parts.username is not None or parts.password is not None:
+        # never stored: /list_workers, /workers and /metrics would show them to anyone
+        raise WorkerError("worker url must not carry credentials (user:password@); the router does not send them")
+    if port == 0:
+        raise WorkerError(f"worker url {url!r}: port 0 is not a port a worker can listen on")
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        raise WorkerError(f"worker url {url!r}: give only http://host:port (a path, query or fragment is not used)")
     return url.rstrip("/")
 
 
@@ -126,8 +137,10 @@ class WorkerPool:
         self._healthy = [w for w in self._workers.values() if w.healthy]
 
     # selection
-    def choose(self, exclude: Iterable[Worker] = ()) -> Worker | None:
-        """A healthy worker by the policy, avoiding `exclude` when another is available; None if none is healthy."""
+    def choose(self, exclude: Iterable[Worker] = (), routing_key: bytes | None = None) -> Worker | None:
+        """A healthy worker by the policy, avoiding `exclude` when another is available; None if none is healthy.
+        With a routing key, the key's own worker (rendezvous hashing: every request of a key goes to the
+        same worker while it is healthy, and to the same next one when it is not)."""
         candidates = self._healthy
         if exclude:
             others = [w for w in candidates if w not in exclude]
@@ -136,6 +149,8 @@ class WorkerPool:
             return None
         if len(candidates) == 1:
             return candidates[0]
+        if routing_key:
+            return max(candidates, key=lambda w: _affinity(routing_key, w))
         if self.policy == "least-inflight":
             return min(candidates, key=_inflight)
         if self.policy == "round-robin":
@@ -171,6 +186,10 @@ class WorkerPool:
             self._refresh()
             return HealthVerdict(readmitted=True)
         return HealthVerdict()
+
+
+def _affinity(routing_key: bytes, worker: Worker) -> bytes:
+    return hashlib.blake2b(routing_key + b"|" + worker.url.encode(), digest_size=8).digest()
 
 
 def _inflight(worker: Worker) -> int:

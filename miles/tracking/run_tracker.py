@@ -10,14 +10,15 @@ from typing import Any
 
 import yaml
 
+from miles.run_info import describe, run_name, run_tags
 from miles.tracking.delivery import FinishReport
 from miles.tracking.delivery_process import DeliveryProcess, spooled
 from miles.tracking.hooks import load_hooks
 from miles.tracking.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
 from miles.tracking.names import map_metrics
 from miles.tracking.report import REPORT_NAME, write_report
-from miles.tracking.row import format_row
-from miles.tracking.samples import write_samples
+from miles.tracking.row import format_eval, format_row
+from miles.tracking.samples import samples_due, write_samples
 from miles.tracking.secrets import public_params, scrubber_for
 from miles.tracking.sinks.base import SinkSpec
 from miles.tracking.sinks.mlflow_sink import default_tracking_uri
@@ -49,7 +50,9 @@ def build_specs(config: Any, run_dir: Path, previous: DeliveryState, extra: dict
         local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
         specs["mlflow"] = SinkSpec("mlflow", dict(
             tracking_uri=uri, experiment=t.mlflow_experiment_name, run_id=t.mlflow_run_id or known("mlflow"),
-            run_name=t.mlflow_run_name, artifact_dir=str(run_dir / "mlartifacts") if local else None))
+            run_name=t.mlflow_run_name or run_name(run_dir), artifact_dir=str(run_dir / "mlartifacts") if local else None,
+            tags=run_tags(config, run_dir), description=describe(config, run_dir),
+            system_metrics=t.mlflow_system_metrics))
     if t.use_tensorboard:
         specs["tensorboard"] = SinkSpec("tensorboard", dict(log_dir=str(t.tensorboard_dir or run_dir / "tensorboard")))
     return specs
@@ -131,8 +134,7 @@ class RunTracker:
     def log_rollout(self, rollout_id: int, args: Any, samples: list, extra_metrics: dict,
                     rollout_time: float) -> None:
         self._start({})
-        interval = self.config.tracking.log_samples_interval
-        if interval and rollout_id % interval == 0:
+        if samples_due(self.config.tracking.log_samples_interval, rollout_id):
             write_samples(self.run_dir, rollout_id, samples)
         if self.hooks.rollout is not None and self.hooks.rollout(rollout_id, args, samples, extra_metrics,
                                                                  rollout_time):
@@ -154,8 +156,7 @@ class RunTracker:
             return
         metrics = map_metrics({**extra_metrics, "eval/step": 0})
         self.journal.append(JournalLine(BASE_EVAL_ROLLOUT_ID, time.time(), metrics))
-        print("[trainer] base eval " + " ".join(f"{k}={v:.3f}" for k, v in metrics.items() if k != "eval/step"),
-              flush=True)
+        print(format_eval("base eval", {k: v for k, v in metrics.items() if k != "eval/step"}), flush=True)
 
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
         self._start({})

@@ -1,5 +1,9 @@
 """Sample-generation tables: `RUN_DIR/samples/rollout_<id>.jsonl`, one row per sample,
-written every `--log-samples-interval` rollouts and delivered with that rollout's metrics."""
+written every `--log-samples-interval` rollouts and delivered with that rollout's metrics.
+
+A multi-turn sample's row also holds its conversation turn by turn (`turns`: {role, text,
+tool_call?}) and the same as chat `messages` (assistant tool calls as `tool_calls`), which the
+dashboard shows; its per-token loss mask is in the token file (`miles/tracking/tokens.py`)."""
 from __future__ import annotations
 
 import json
@@ -12,13 +16,41 @@ def samples_path(run_dir: Path, rollout_id: int) -> Path:
     return run_dir / SAMPLES_DIR / f"rollout_{rollout_id:06d}.jsonl"
 
 
+def samples_due(interval: int | None, rollout_id: int) -> bool:
+    """Whether `--log-samples-interval` logs this rollout's samples (and their per-token file)."""
+    return bool(interval) and rollout_id % interval == 0
+
+
+def sample_row(rollout_id: int, s) -> dict:
+    row = dict(rollout_id=rollout_id, index=s.index, group_index=s.group_index, prompt=s.prompt,
+               response=s.response, label=s.label, reward=s.reward, raw_reward=s.raw_reward,
+               response_length=s.response_length, status=getattr(s.status, "value", str(s.status)),
+               advantage=s.metadata.get("advantage"), weight_version=s.weight_version,
+               num_turns=getattr(s, "num_turns", 1))
+    turns = getattr(s, "turns", None)
+    if turns:  # a multi-turn trajectory: its turns with roles (and tool calls)
+        row["turns"] = turns
+    messages = (chat_messages(turns) if turns else None) or s.metadata.get("messages")
+    if messages:
+        row["messages"] = messages
+    return row
+
+
+def chat_messages(turns: list[dict]) -> list[dict]:
+    """Turns as chat messages: {role, content}, each tool call on the assistant message that made it."""
+    messages: list[dict] = []
+    for turn in turns:
+        call = turn.get("tool_call")
+        if turn["role"] == "tool" and call and messages and messages[-1]["role"] == "assistant":
+            messages[-1].setdefault("tool_calls", []).append({"type": "function", "function": call})
+        messages.append({"role": turn["role"], "content": turn["text"]})
+    return messages
+
+
 def write_samples(run_dir: Path, rollout_id: int, samples: list) -> Path:
     path = samples_path(run_dir, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [dict(rollout_id=rollout_id, prompt=s.prompt, response=s.response, label=s.label, reward=s.reward,
-                 raw_reward=s.raw_reward, response_length=s.response_length,
-                 status=getattr(s.status, "value", str(s.status)))
-            for s in samples]
+    rows = [sample_row(rollout_id, s) for s in samples]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(path)

@@ -14,9 +14,16 @@ MAX_QUEUED = 64
 
 
 @pytest.fixture(scope="session")
-def engine(base_model, tmp_path_factory):
+def engine_dir(tmp_path_factory):
+    """The live engine's log and timeline file."""
+    return tmp_path_factory.mktemp("engine")
+
+
+@pytest.fixture(scope="session")
+def engine(base_model, engine_dir):
     config = EngineConfig(engine_device="cpu", engine_max_batch_size=MAX_BATCH, engine_max_queued_requests=MAX_QUEUED)
-    handle = launch_engine(base_model, config, log_path=tmp_path_factory.mktemp("engine") / "engine.log")
+    handle = launch_engine(base_model, config, log_path=engine_dir / "engine.log",
+                           serve_args=["--timeline-path", str(engine_dir / "timeline.jsonl")])
     yield handle
     handle.stop()
 

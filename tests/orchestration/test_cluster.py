@@ -16,7 +16,7 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 
 from miles.config import ConfigError, OrchestrationConfig
-from miles.cluster.ray_connect import check_reachable
+from miles.ray_cluster import check_reachable
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.options import with_run_retries
 

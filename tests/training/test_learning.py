@@ -23,3 +23,14 @@ def test_default_config_raises_eval_pass_at_1(tmp_path):
     assert rows[0]["rollout_id"] == -1 and rows[0]["eval/step"] == 0
     assert rows[0]["eval/arithmetic"] == pytest.approx(base)
     assert [r["rollout_id"] for r in rows[1:]] == list(range(config.rollout.num_rollout))
+    check_timeline(tmp_path / "run", config.rollout.num_rollout)
+
+
+def check_timeline(run_dir, num_rollout):
+    """Every process wrote its lane: the trainer, both ranks and the engine (its decoding batches)."""
+    from miles.tracking.timeline import read_spans
+
+    spans = read_spans(run_dir / "timeline.jsonl")
+    lanes = {s.lane for s in spans}
+    assert {"trainer", "rank0", "rank1"} <= lanes and any(lane.startswith("engine 127.0.0.1:") for lane in lanes)
+    assert {s.rollout_id for s in spans if s.lane == "trainer" and s.name == "rollout"} == set(range(num_rollout))
