@@ -18,6 +18,7 @@ from miles.config import ConfigError, MilesConfig, parse_config
 from miles.config.resolve import default_run_dir, resolve
 from miles.config.secrets import export_secrets, secrets_to_env
 from miles.preflight import preflight
+from miles.rollout.generate_hook import load_generate_function
 from miles.run_info import describe, run_name, task_name
 from miles.run_lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config = parse_config(argv)  # a bad flag is reported before any server or cluster starts
+    load_generate_function(config.generate)  # ... and so is a bad generate hook or tool flag
     if config.train.run_dir is None:  # one run dir for the flow and for what is printed here
         argv += ["--run-dir", str(default_run_dir().resolve())]
     config = resolve(parse_config(argv))

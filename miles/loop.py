@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from miles.trainer import IterationResult, RLTrainer
+if TYPE_CHECKING:  # the trainer's module defines observers of its own: no import cycle at run time
+    from miles.trainer import IterationResult, RLTrainer
 
 
 class Observer:

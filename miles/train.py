@@ -49,7 +49,7 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
     from miles.inference import start_inference
     from miles.loop import run_loop
     from miles.ray_cluster import connect
-    from miles.trainer import RLTrainer
+    from miles.trainer import RedFlagStopper, RLTrainer
 
     start = time.time()
     o = config.orchestration
@@ -59,7 +59,7 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
         services = start_inference(config, use_router=use_router)
         trainer = RLTrainer(config, services.rollout_url, services.engine_urls)
         fault = FaultInjector(o.inject_fault, config.train.run_dir, kill_engine=lambda: services.kill_engine(0))
-        outcome = run_loop(trainer, range(config.rollout.num_rollout), [fault, *observers])
+        outcome = run_loop(trainer, range(config.rollout.num_rollout), [fault, RedFlagStopper(trainer), *observers])
         last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1
         return RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
                           outcome.base_eval, outcome.last_metrics, time.time() - start, outcome.stop_reason)
@@ -74,6 +74,7 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
 
 def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
+    from miles.health import RedFlagStop
 
     from miles.config.resolve import resolve
 
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(config)
     except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
         print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        return 1
+    except RedFlagStop as exc:  # --on-red-flag stop: checkpointed; a failed run, not a crash
+        print(f"[trainer] stopped: {exc}", flush=True)
         return 1
     final = summary.final_metrics
     evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}

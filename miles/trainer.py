@@ -22,6 +22,8 @@ from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
 from miles.cluster.names import RunNames
 from miles.config.resolve import resolve
+from miles.health import HealthReport, HealthWatch, RedFlagStop, stop_message
+from miles.loop import Observer
 from miles.phases import timed
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
@@ -33,6 +35,7 @@ from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.router.app import resolve_admin_token
 from miles.tracking import open_tracking
+from miles.tracking.journal import JOURNAL_NAME, read_journal
 from miles.tracking.samples import samples_due
 from miles.tracking.timeline import TIMELINE_NAME, TimelineWriter
 from miles.tracking.tokens import write_tokens
@@ -43,6 +46,7 @@ class IterationResult:
     rollout_id: int
     metrics: dict[str, float]  # every train/ rollout/ passrate/ perf/ (eval/) metric and the step counters
     samples: list[Sample]
+    health: HealthReport  # the health watch's verdicts on this rollout
 
 
 class RLTrainer:
@@ -70,6 +74,7 @@ class RLTrainer:
                                      r.rollout_max_response_len)
         self.save_dir, self.load_dir = Path(config.train.save), Path(config.train.load)
         self.tracker = open_tracking(config, self.run_dir)
+        self.health = HealthWatch(config, self.run_dir)
         self.group = ActorGroup(config, str(self.model_path), names)
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
                                in_memory=config.train.colocate, admin_token=resolve_admin_token(config.router))
@@ -88,6 +93,7 @@ class RLTrainer:
             self.data.load_state_dict({"epoch": 0, "offset": 0})
             self.weight_version = 0
             self.tracker.resume(None, {})
+            self.health.resume([])
             self._engines_serve(self.model_path, 0)
             return 0
         state = scan.state
@@ -95,6 +101,7 @@ class RLTrainer:
         self.data.load_state_dict(state.data_cursor)
         self.weight_version = state.weight_version
         self.tracker.resume(state.rollout_id, state.extra)
+        self.health.resume(read_journal(self.run_dir / JOURNAL_NAME))
         self._engines_serve(scan.path, state.weight_version)
         print(f"[trainer] resumed from {scan.path} (rollout {state.rollout_id})", flush=True)
         return state.rollout_id + 1
@@ -158,8 +165,17 @@ class RLTrainer:
             with self.phase("eval", rollout_id, times):
                 evaluated = self.evaluate(rollout_id)  # goes out through the eval logger, with eval/step
             metrics["perf/eval_time"] = times["eval"]
+        health = self.health.observe(rollout_id, self.tracker.line_for(rollout_id, metrics))
+        metrics.update(health.metrics)  # health/<signal> joins the iteration's own journal line
         self.tracker.record(rollout_id, metrics)
-        return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated}, samples)
+        return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated, **health.metrics}, samples,
+                               health)
+
+    def stop_on_red_flag(self, result: IterationResult) -> None:
+        """With --on-red-flag stop, a red flag checkpoints this rollout and ends the run (RedFlagStop)."""
+        if self.config.health.on_red_flag == "stop" and result.health.red:
+            path = self.save_checkpoint(result.rollout_id)
+            raise RedFlagStop(stop_message(result.health.red, path))
 
     @contextmanager
     def phase(self, name: str, rollout_id: int, times: dict[str, float] | None = None, **span) -> Iterator[None]:
@@ -251,3 +267,14 @@ def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> 
     if config.train.use_kl_loss:
         metrics["perf/ref_log_probs_time"] = summary.ref_log_probs_time
     return metrics
+
+
+class RedFlagStopper(Observer):
+    """--on-red-flag stop as a loop observer: a red flag checkpoints its rollout and ends the run
+    with `RedFlagStop` (see `RLTrainer.stop_on_red_flag`)."""
+
+    def __init__(self, trainer: RLTrainer):
+        self.trainer = trainer
+
+    def after_iteration(self, result: IterationResult) -> None:
+        self.trainer.stop_on_red_flag(result)

@@ -22,8 +22,11 @@ def retry_delays(orchestration: OrchestrationConfig) -> list[float]:
 
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
-    """A bad flag or path stays bad: retrying it would only delay the error."""
-    return not isinstance(state.data, ConfigError)
+    """A bad flag or path stays bad, and a health stop is meant to end the run: retrying those
+    would only delay the error."""
+    from miles.health import RedFlagStop
+
+    return not isinstance(state.data, (ConfigError, RedFlagStop))
 
 
 def with_run_retries(task: T, orchestration: OrchestrationConfig, retries: bool = True) -> T:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from uuid import UUID
 
 from prefect import task
@@ -11,6 +12,7 @@ from miles.cluster.chunks import Chunk
 from miles.cluster.names import RunNames
 from miles.config import MilesConfig
 from miles.loop import Observer
+from tasks.health import emit_finished, emit_health
 from tasks.logs import library_logs_to_prefect
 
 
@@ -46,6 +48,19 @@ class ProgressArtifact(Observer):
             update_progress_artifact(self.progress_id, 100.0 * (result.rollout_id + 1) / self.num_rollout)
 
 
+class HealthEvents(Observer):
+    """The health watch's Prefect events: one per iteration (and per red flag that starts), and one when
+    the run's last rollout is done (it closes the stall watch's window)."""
+
+    def __init__(self, config: MilesConfig):
+        self.run_name, self.num_rollout = Path(config.train.run_dir).name, config.rollout.num_rollout
+
+    def after_iteration(self, result) -> None:
+        emit_health(self.run_name, result.rollout_id, self.num_rollout, result.health)
+        if result.rollout_id == self.num_rollout - 1:
+            emit_finished(self.run_name, result.rollout_id)
+
+
 @task(name="start_training_ranks")
 def start_training_ranks(config: MilesConfig, names: RunNames) -> int:
     """The run's training ranks as named Ray actors on the base weights, started while the engines
@@ -62,12 +77,13 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices, progress
     from miles.cluster.service_actors import kill_engine
     from miles.faults import FaultInjector
     from miles.loop import run_loop
-    from miles.trainer import RLTrainer
+    from miles.trainer import RedFlagStopper, RLTrainer
 
     with library_logs_to_prefect():
         trainer = RLTrainer(config, services.router_url, services.engine_urls, services.names)
         observers = [FaultInjector(config.orchestration.inject_fault, config.train.run_dir,
                                    kill_engine=lambda: kill_engine(services.names, 0)),
+                     HealthEvents(config), RedFlagStopper(trainer),
                      ProgressArtifact(progress_id, config.rollout.num_rollout)]
         outcome = run_loop(trainer, chunk.rollouts, observers)
     return ChunkResult(chunk.first, chunk.stop, outcome.resumed_at, len(outcome.rollout_ids), outcome.last_metrics,

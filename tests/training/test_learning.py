@@ -23,6 +23,10 @@ def test_default_config_raises_eval_pass_at_1(tmp_path):
     assert rows[0]["rollout_id"] == -1 and rows[0]["eval/step"] == 0
     assert rows[0]["eval/arithmetic"] == pytest.approx(base)
     assert [r["rollout_id"] for r in rows[1:]] == list(range(config.rollout.num_rollout))
+    # the health watch's defaults are calibrated so that the default run raises nothing
+    assert not (tmp_path / "run" / "health.jsonl").exists()
+    assert all("health/loss" in row for row in rows[1:])
+    assert all(v == 0.0 for row in rows for k, v in row.items() if k.startswith("health/"))
     check_timeline(tmp_path / "run", config.rollout.num_rollout)
 
 
