@@ -34,6 +34,8 @@ def rollouts_of(lines: Iterable[JournalLine]) -> list[Rollout]:
     """One merged row per rollout (an eval line joins its iteration's), `health/*` keys left out."""
     merged: dict[int, dict[str, float]] = {}
     for line in lines:
+        if line.rollout_id < 0:
+            continue  # the eval before training (rollout id -1) is not an iteration
         row = merged.setdefault(line.rollout_id, {})
         row.update({k: v for k, v in line.metrics.items() if not k.startswith("health/")})
     return [Rollout(rid, metrics) for rid, metrics in sorted(merged.items())]
@@ -70,10 +72,10 @@ class RedFlagStop(RuntimeError):
     """--on-red-flag stop: the run was checkpointed and ends on a red flag (the message says which and why)."""
 
 
-def stop_message(red: list[Verdict], checkpoint: Path) -> str:
+def stop_message(red: list[Verdict]) -> str:
     flags = "; ".join(f"{v.signal} at rollout {v.rollout_id}: {v.message} "
                       f"({', '.join(f'{k}={x:.4g}' for k, x in v.values.items())})" for v in red)
-    return f"health red flag, stopped by --on-red-flag stop: {flags}. Checkpoint: {checkpoint}"
+    return f"health red flag, stopped by --on-red-flag stop: {flags}"
 
 
 @dataclass
