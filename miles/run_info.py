@@ -18,8 +18,13 @@ def run_name(run_dir: str | Path) -> str:
 
 
 def model_name(config) -> str:
+    """The checkpoint's directory name; the built-in tiny model's when none is given (as `miles train` resolves it)."""
     checkpoint = config.rollout.hf_checkpoint
-    return Path(checkpoint).name if checkpoint else "tiny-qwen3 (built in)"
+    if checkpoint:
+        return Path(checkpoint).name
+    from miles.tiny.warmstart import base_model_dir
+
+    return base_model_dir().name
 
 
 def task_name(config) -> str:
