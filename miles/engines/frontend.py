@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
 from miles.engines.model_runner import ModelRunner
-from miles.engines.protocol import GenerationResult, RequestError, SamplingParams
+from miles.engines.sglang_request import GenerationResult, RequestError, SamplingParams
 from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
 
 # NFC normalisation can fold up to 3 code points into one; 4 keeps the character bound below safe.

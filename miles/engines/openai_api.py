@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from miles.engines.detokenize import IncrementalText, final_text
 from miles.engines.http import read_json, sse
 from miles.engines.openai_tools import assistant_text, request_parser, stop_at_call_end, tool_message
-from miles.engines.protocol import (DEFAULT_MAX_NEW_TOKENS, GenerationResult, RequestError, SamplingParams,
+from miles.engines.sglang_request import (DEFAULT_MAX_NEW_TOKENS, GenerationResult, RequestError, SamplingParams,
                                     parse_sampling_params)
 from miles.engines.scheduler import TokenEvent
 

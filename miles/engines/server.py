@@ -20,14 +20,14 @@ from starlette.concurrency import run_in_threadpool
 
 from miles import auth
 from miles.config.engine import EngineConfig
-from miles.engines import checkpoint
+from miles.engines import weight_update
 from miles.engines.detokenize import final_text
 from miles.engines.http import read_json, sse
 from miles.engines.frontend import EngineFrontend
 from miles.engines.metrics import EngineMetrics
 from miles.engines.model_runner import ModelRunner
 from miles.engines.openai_api import add_openai_routes
-from miles.engines.protocol import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
+from miles.engines.sglang_request import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import Scheduler, TokenEvent
 from miles.tracking.timeline import TimelineWriter
 
@@ -215,7 +215,7 @@ class EngineServer:
         path = body["model_path"]
         try:
             named = await run_in_threadpool(self._read_checked_dir, path)
-        except checkpoint.WeightUpdateError as exc:
+        except weight_update.WeightUpdateError as exc:
             return weight_failure(str(exc))
         await self._swap(named, version, model_path=path)
         return {"success": True, "message": f"Succeeded to update model weights from {path}.",
@@ -226,20 +226,20 @@ class EngineServer:
         data = await request.body()
         try:
             named = await run_in_threadpool(self._read_checked_bytes, data)
-        except checkpoint.WeightUpdateError as exc:
+        except weight_update.WeightUpdateError as exc:
             return weight_failure(str(exc))
         await self._swap(named, version)
         return {"success": True, "message": f"Succeeded to update {len(named)} tensors in memory.",
                 "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
 
     def _read_checked_dir(self, path: str):
-        named = checkpoint.read_checkpoint_dir(path, self.runner.config)
-        checkpoint.check_tensors(named, self.runner.model, require_all=True)
+        named = weight_update.read_checkpoint_dir(path, self.runner.config)
+        weight_update.check_tensors(named, self.runner.model, require_all=True)
         return named
 
     def _read_checked_bytes(self, data: bytes):
-        named = checkpoint.read_safetensors_bytes(data)
-        checkpoint.check_tensors(named, self.runner.model, require_all=False)  # a trainer may send a subset
+        named = weight_update.read_safetensors_bytes(data)
+        weight_update.check_tensors(named, self.runner.model, require_all=False)  # a trainer may send a subset
         return named
 
     async def _swap(self, named, version: str | None, model_path: str | None = None) -> None:
