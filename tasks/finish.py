@@ -10,7 +10,9 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from miles.backends.group import stop_named_group
 from miles.config import MilesConfig
+from miles.health import RED, Verdict, read_health_log
 from miles.tracking.journal import read_journal
+from miles.tracking.mlflow_ui import DEFAULT_PORT, is_server_uri
 from tasks.logs import library_logs_to_prefect
 from tasks.training import Services
 
@@ -26,8 +28,9 @@ class RunReport:
     red_flags: list[str] = field(default_factory=list)
 
 
-def mlflow_link(config: MilesConfig, run_dir: Path) -> str | None:
-    """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store."""
+def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -> str | None:
+    """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store
+    (`ui_url`, default the address `mlflow ui` takes unless told otherwise)."""
     tracking = config.tracking
     if not tracking.use_mlflow:
         return None
@@ -42,7 +45,7 @@ def mlflow_link(config: MilesConfig, run_dir: Path) -> str | None:
     mine = [r for r in runs if r.info.run_name in (tracking.mlflow_run_name, run_dir.name)] or runs[:1]
     if not mine:
         return None
-    base = uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    base = uri if is_server_uri(uri) else ui_url or f"http://127.0.0.1:{DEFAULT_PORT}"
     return f"{base.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{mine[0].info.run_id}"
 
 
@@ -50,10 +53,23 @@ def trace_dir(config: MilesConfig, run_dir: Path) -> Path:
     return Path(config.tracking.tensorboard_dir or run_dir / "tensorboard")
 
 
-def red_flags_markdown(flags: list[str]) -> str:
-    if not flags:
-        return "## Health\n\nNo red flags."
-    return "## Health: red flags\n\n" + "\n".join(f"- {flag}" for flag in flags)
+def red_flags(verdicts: list[Verdict]) -> list[str]:
+    """One line per red-flagged signal of the run's health log: first rollout, how often, the values."""
+    out = []
+    for signal in dict.fromkeys(v.signal for v in verdicts if v.severity == RED):
+        mine = [v for v in verdicts if v.signal == signal and v.severity == RED]
+        first = mine[0]
+        values = ", ".join(f"{k}={x:.4g}" for k, x in first.values.items())
+        out.append(f"`{signal}` from rollout {first.rollout_id} ({len(mine)} rollouts): {first.message} ({values})")
+    return out
+
+
+def red_flags_markdown(flags: list[str], warnings: list[str] = ()) -> str:
+    text = "## Health: red flags\n\n" + "\n".join(f"- {flag}" for flag in flags) if flags else \
+        "## Health\n\nNo red flags."
+    if warnings:
+        text += "\n\nWarnings: " + ", ".join(f"`{w}`" for w in warnings)
+    return text
 
 
 @task(name="finish_run", log_prints=True)
@@ -74,6 +90,9 @@ def finish_run(config: MilesConfig, run_dir: str, services: Services) -> RunRepo
         links["traces"] = traces.resolve().as_uri()
     for key, url in links.items():
         create_link_artifact(key=f"grpo-{key}", link=url, description=f"{key} of {run_dir}")
-    red_flags: list[str] = []  # filled by the health watch when it lands
-    create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(red_flags), description="health red flags")
-    return RunReport(run_dir=run_dir, iterations=len(journal), final_metrics=final, links=links, red_flags=red_flags)
+    verdicts = read_health_log(path)
+    flags = red_flags(verdicts)
+    warnings = sorted({v.signal for v in verdicts if v.severity != RED})
+    create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(flags, warnings),
+                             description="the health watch's red flags (RUN_DIR/health.jsonl)")
+    return RunReport(run_dir=run_dir, iterations=len(journal), final_metrics=final, links=links, red_flags=flags)
