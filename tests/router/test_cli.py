@@ -1,6 +1,7 @@
 """`miles router` as a process: serves on loopback, refuses an open admin API, never prints the token."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -25,6 +26,8 @@ def test_serves_registered_workers_and_stops_on_sigterm(stubs):
     proc = miles_router("--port", "0", "--worker-urls", stub.url, "--policy", "round-robin",
                         env={"MILES_ROUTER_ADMIN_TOKEN": token})
     try:
+        settings = json.loads(proc.stdout.readline())  # the effective settings come first, as one JSON line
+        assert settings["service"] == "router" and settings["settings"]["router_admin_token"] != token
         line = proc.stdout.readline()
         url = re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
         assert "round-robin" in line
