@@ -21,6 +21,7 @@ from miles.backends import check_backend
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
+from miles.profiling.driver import RunProfiler
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import EvalResult, evaluate, load_eval_sets
@@ -95,6 +96,8 @@ class RLTrainer:
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
                                in_memory=config.train.colocate, admin_token=router_admin_token(config))
         self.weight_version = 0
+        self.profiler = RunProfiler(config, self.run_dir, self.group.actors, self.engine_urls, router_url,
+                                    router_admin_token(config))
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -130,20 +133,23 @@ class RLTrainer:
         self.group.call("set_weight_version", version)
 
     def save_checkpoint(self, rollout_id: int) -> Path:
-        staged = checkpoint.staging_dir(self.save_dir, rollout_id)
-        self.group.call("save", str(staged))
-        state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
-                                        data_cursor=self.data.state_dict(), world_size=self.config.world_size,
-                                        extra=self.tracker.checkpoint_extra())
-        path = checkpoint.seal(staged, self.save_dir, state, self.config.train.keep_checkpoints)
+        with self.profiler.phase("checkpoint"):
+            staged = checkpoint.staging_dir(self.save_dir, rollout_id)
+            self.group.call("save", str(staged))
+            state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
+                                            data_cursor=self.data.state_dict(), world_size=self.config.world_size,
+                                            extra=self.tracker.checkpoint_extra())
+            path = checkpoint.seal(staged, self.save_dir, state, self.config.train.keep_checkpoints)
         self.tracker.commit(rollout_id)
         return path
 
     # ---- one iteration ----------------------------------------------------------------------
     def run_iteration(self, rollout_id: int) -> IterationResult:
         cfg = self.config
+        self.profiler.begin_iteration(rollout_id)
         start = time.perf_counter()
-        samples, advantages = self._rollout(rollout_id)
+        with self.profiler.phase("rollout"):
+            samples, advantages = self._rollout(rollout_id)
         rollout_time = time.perf_counter() - start
         # rollout/ and passrate/ go out through the rollout logger (a custom one may replace them)
         rollout_logged = rollout_metrics(samples, advantages, cfg.rollout.n_samples_per_prompt,
@@ -157,7 +163,8 @@ class RLTrainer:
 
         t_sync = time.perf_counter()
         self.weight_version += 1
-        self.sync.push(self.weight_version)
+        with self.profiler.phase("update_weights"):
+            self.sync.push(self.weight_version)
         update_time = time.perf_counter() - t_sync
         step_time = time.perf_counter() - start
 
@@ -179,7 +186,8 @@ class RLTrainer:
         evaluated = {}
         if self._eval_due(rollout_id):
             t_eval = time.perf_counter()
-            evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
+            with self.profiler.phase("eval"):
+                evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
             metrics["perf/eval_time"] = time.perf_counter() - t_eval
         self.tracker.record(rollout_id, metrics)
         return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated}, samples)
@@ -226,6 +234,7 @@ class RLTrainer:
         """Stop the ranks cleanly and close the trackers (and Ray, when this trainer started it).
         `keep_actors` leaves named ranks running for the next chunk's trainer to attach to."""
         try:
+            self.profiler.close()
             if self.group.actors and not keep_actors:
                 self.group.stop()
         finally:

@@ -27,6 +27,9 @@ from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
 from miles.backends.schedule import lr_at
+from miles.profiling.rank import RankProfiler
+from miles.profiling.summary import WindowSummary
+from miles.profiling.window import ProfileWindow
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> torch.device:
@@ -88,6 +91,7 @@ class PPORank:
         self.model_path: Path | None = None  # the base HF checkpoint: its config files go into every save
         self.tied = False  # tie_word_embeddings: the HF files then hold no lm_head
         self.pad_id = 0
+        self.profiler = RankProfiler(rank)
 
     # ---- what a backend supplies --------------------------------------------------------
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
@@ -123,7 +127,32 @@ class PPORank:
             dist.destroy_process_group()
 
     def info(self) -> ActorInfo:
-        return ActorInfo(self.rank, self.world_size, self.weight_version, self.optimizer_steps)
+        return ActorInfo(self.rank, self.world_size, self.weight_version, self.optimizer_steps,
+                         extra={"pid": os.getpid()})
+
+    # ---- profiling windows (miles.profiling.driver drives these) --------------------------
+    def profile_open(self, window: ProfileWindow) -> bool:
+        """Arm a profiling window on this rank (False: this rank does not profile)."""
+        return self.profiler.open(window)
+
+    def profile_iteration(self, rollout_id: int) -> None:
+        """A `train_overall` iteration starts (the previous one ends)."""
+        self.profiler.begin("train_overall", rollout_id)
+
+    def profile_span(self, name: str, begin: bool) -> None:
+        """A trainer-side phase (rollout, update_weights, checkpoint, eval) starts or ends."""
+        if begin:
+            self.profiler.enter_span(name)
+        else:
+            self.profiler.exit_span(name)
+
+    def profile_close(self) -> tuple[list[WindowSummary], str | None]:
+        """Stop the window: its summaries, and the error (if any) that lost some of it."""
+        error, self.profiler.error = self.profiler.error, None
+        try:
+            return self.profiler.close(), error
+        except Exception as exc:  # disk full, export error: reported by the trainer, training goes on
+            return [], f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version
@@ -138,12 +167,13 @@ class PPORank:
         sums: dict[str, float] = defaultdict(float)
         mbs = micro_batches(batch, cfg.micro_batch_size, self.pad_id, self.device)
 
-        t0 = time.perf_counter()
-        old = self._score(self.model, mbs)
-        log_probs_time = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        ref = self._score(self.ref_model, mbs) if self.ref_model is not None else None
-        ref_time = time.perf_counter() - t1
+        with self.profiler.section("train_log_probs", batch.rollout_id), self.profiler.span("log_probs"):
+            t0 = time.perf_counter()
+            old = self._score(self.model, mbs)
+            log_probs_time = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            ref = self._score(self.ref_model, mbs) if self.ref_model is not None else None
+            ref_time = time.perf_counter() - t1
         for i, mb in enumerate(mbs):
             m = mb.response_mask
             sums["rollout/log_probs"] += sample_mean(old[i].log_probs, m).sum().item()
@@ -157,14 +187,15 @@ class PPORank:
         t2 = time.perf_counter()
         self.model.train()
         step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": []}
-        for step in range(len(batch.step_sizes)):
-            self.optimizer.zero_grad(set_to_none=True)
-            for i, mb in enumerate(mbs):
-                if mb.step == step:
-                    self._backward(mb, old[i].log_probs, None if ref is None else ref[i].log_probs,
-                                   batch.global_step_sizes[step], sums)
-            step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
-            step_values["train/grad_norm"].append(self.clip_and_step())
+        with self.profiler.section("train_actor", batch.rollout_id), self.profiler.span("actor_train"):
+            for step in range(len(batch.step_sizes)):
+                self.optimizer.zero_grad(set_to_none=True)
+                for i, mb in enumerate(mbs):
+                    if mb.step == step:
+                        self._backward(mb, old[i].log_probs, None if ref is None else ref[i].log_probs,
+                                       batch.global_step_sizes[step], sums)
+                step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
+                step_values["train/grad_norm"].append(self.clip_and_step())
         actor_train_time = time.perf_counter() - t2
         num_tokens = sum(mb.num_tokens for mb in mbs)
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, log_probs_time, ref_time,

@@ -83,6 +83,8 @@ class MilesConfig:
             raise ConfigError("--kl-loss-coef", "must be > 0 with --use-kl-loss")
         if self.rollout.n_samples_per_prompt == 1 and self.train.advantage_estimator == "grpo":
             raise ConfigError("--n-samples-per-prompt", "GRPO needs groups of at least 2 samples per prompt")
+        self.profiling.validate_run(self.rollout.num_rollout, self.world_size, {
+            "--run-dir": self.train.run_dir or ".", "--tensorboard-dir": self.tracking.tensorboard_dir})
 
     def sections(self) -> list[Any]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]

@@ -7,6 +7,7 @@ request fields are ignored, as SGLang does; known fields of the wrong type are a
 from __future__ import annotations
 
 import asyncio
+import os
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from miles.engines.model_runner import ModelRunner
 from miles.engines.openai_api import add_openai_routes
 from miles.engines.protocol import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
+from miles.profiling.engine import EngineProfiler, parse_profile_request
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -68,6 +70,7 @@ class EngineServer:
         self.scheduler = Scheduler(runner, self.metrics, config.engine_max_batch_size,
                                    config.engine_max_queued_requests, weight_version)
         self.started_at = time.time()
+        self.profiler = EngineProfiler()
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
         self.app.add_exception_handler(RequestError, self._request_error)
         self._add_routes()
@@ -161,6 +164,9 @@ class EngineServer:
         app.post("/update_weights_from_disk")(self.update_weights_from_disk)
         app.post("/update_weights_from_tensor")(self.update_weights_from_tensor)
         app.get("/metrics")(self.prometheus_metrics)
+        for method in (app.get, app.post):
+            method("/start_profile")(self.start_profile)
+            method("/stop_profile")(self.stop_profile)
 
     async def generate(self, request: Request):
         call = parse_generate(await read_json(request))
@@ -221,6 +227,7 @@ class EngineServer:
         stats = asdict(self.scheduler.stats())
         return {
             "engine": "embedded",
+            "pid": os.getpid(),  # for py-spy dumps of the run's processes
             "model_path": self.runner.model_path,
             "tokenizer_path": self.runner.model_path,
             "device": str(self.runner.device),
@@ -249,6 +256,18 @@ class EngineServer:
             raise RequestError("give the `rid` of the request to abort, or \"abort_all\": true", param="rid")
         found = self.scheduler.abort(None if abort_all else rid)
         return {"success": True, "aborted": found}
+
+    async def start_profile(self, request: Request):
+        """SGLang's /start_profile: a torch profiler over the scheduler's batches until /stop_profile."""
+        raw = await request.body()
+        profile_request = parse_profile_request(await read_json(request) if raw.strip() else None)
+        await asyncio.wrap_future(self.scheduler.call_between_batches(
+            lambda: self.profiler.start(profile_request)))
+        return Response(content="Start profiling.\n")
+
+    async def stop_profile(self):
+        path = await asyncio.wrap_future(self.scheduler.call_between_batches(self.profiler.stop))
+        return Response(content=f"Stop profiling. Trace: {path}\n")
 
     async def pause_generation(self):
         self.scheduler.set_paused(True)
