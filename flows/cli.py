@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "base-model": ("miles.tiny.cli:main", "make the tiny warm-started base checkpoint if missing; print its dir"),
     "doctor": ("miles.doctor:main", "check the installation and the services a run needs"),
     "replay-spool": ("miles.tracking.cli:main", "deliver tracker points spooled during an outage"),
+    "py-spy": ("miles.profiling.cli:main", "one py-spy dump of every process of a live run (RUN_DIR)"),
 }
 
 

@@ -10,7 +10,7 @@ from typing import Iterator
 from uuid import UUID
 
 from prefect import task
-from prefect.artifacts import update_progress_artifact
+from prefect.artifacts import create_table_artifact, update_progress_artifact
 
 from miles.config import MilesConfig
 from tasks.chunks import Chunk
@@ -147,5 +147,13 @@ def train_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Servi
 def profile_window(config: MilesConfig, run_dir: str, chunk: Chunk, services: Services,
                    progress_id: UUID | None = None) -> ChunkResult:
     """Exactly the profiled rollouts (--profile-step-start .. --profile-step-end), as their own task:
-    the trainer opens the profiler for these ids; the task keeps the window visible and retryable."""
-    return run_chunk(config, run_dir, chunk, services, progress_id)
+    the trainer opens the profiler for these ids; the task keeps the window visible and retryable and
+    leaves the window's summary (top operators, span totals, trace files) as a table artifact."""
+    from miles.profiling.summary import read_summaries, summary_rows
+
+    result = run_chunk(config, run_dir, chunk, services, progress_id)
+    summaries = read_summaries(Path(run_dir), chunk.first, chunk.stop)
+    create_table_artifact(summary_rows(summaries), key=f"profile-window-{chunk.first}-{chunk.stop}",
+                          description=f"Profiled rollouts {chunk.first}-{chunk.stop - 1}: top operators by self "
+                                      f"time and span totals per trace (files under {run_dir})")
+    return result

@@ -69,7 +69,8 @@ def dump(pid: int, out: Path) -> Path:
 def dump_all(run_dir: Path, processes: dict[str, int] | None = None) -> list[Path]:
     """One dump of every live listed process, into RUN_DIR/profiler/py-spy/<time>/<name>.txt."""
     processes = read_processes(run_dir) if processes is None else processes
-    folder = dump_dir(run_dir) / time.strftime("%Y%m%d-%H%M%S")
+    now = time.time()
+    folder = dump_dir(run_dir) / f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}.{int(now * 1000) % 1000:03d}"
     written = []
     for name, pid in processes.items():
         if not _alive(pid):

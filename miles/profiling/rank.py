@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
@@ -102,9 +101,8 @@ class RankProfiler:
 
     def _collect(self, on: bool) -> None:
         if self.prof is None:
-            memory = self.memory and not torch.cuda.is_available()  # the CPU timeline needs all three
-            self.prof = profile(activities=self.activities, record_shapes=memory, profile_memory=memory,
-                                with_stack=memory)
+            memory = self.memory and not torch.cuda.is_available()  # the CPU timeline: allocation events
+            self.prof = profile(activities=self.activities, profile_memory=memory)
             self.prof.start()
             self.collecting = True
         if on != self.collecting:
@@ -165,12 +163,7 @@ class RankProfiler:
             raw = read_trace(raw_path)
         finally:
             raw_path.unlink(missing_ok=True)
-        memory = None
-        if window.memory_path is not None and not torch.cuda.is_available():
-            memory = window.memory_file(self.rank)
-            write_memory_timeline(prof, memory)
-        elif window.memory_path is not None:
-            memory = window.memory_file(self.rank)
+        memory = window.memory_file(self.rank)
         summaries = []
         markers = [e for e in raw.get("traceEvents", []) if str(e.get("name", "")).startswith(MARK)]
         for i, target in enumerate(window.targets):
@@ -188,21 +181,25 @@ class RankProfiler:
             summaries.append(summarize_trace(path, target=target, rank=self.rank, start=min(done),
                                              end=max(done) + 1, run_dir=Path(window.run_dir),
                                              memory=memory if i == 0 else None, trace=sliced))
+        if memory is not None and not torch.cuda.is_available():
+            write_memory_timeline(raw, memory)
         return summaries
 
 
-def write_memory_timeline(prof: profile, path: Path) -> None:
-    """The profiler's CPU memory timeline: `.json`/`.json.gz` plot points, `.html` a plot; any other
-    name (e.g. Miles' `snapshot.pickle`) gets the same points pickled."""
+def write_memory_timeline(trace: dict, path: Path) -> None:
+    """The CPU memory timeline of a window from the profiler's allocation events (profile_memory):
+    {"device", "events": [[ts_us, bytes, total_allocated], ...], "peak_allocated"}, as JSON for a
+    `.json`/`.json.gz` name, else pickled (Miles' `snapshot.pickle`)."""
+    events = [[e["ts"], e["args"].get("Bytes", 0), e["args"].get("Total Allocated", 0)]
+              for e in trace.get("traceEvents", []) if e.get("name") == "[memory]" and "args" in e]
+    events.sort()
+    timeline = {"device": "cpu", "unit": "bytes", "events": events,
+                "peak_allocated": max((e[2] for e in events), default=0)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of the CUDA-only history
-        if str(path).endswith((".json", ".json.gz", ".html")):
-            prof.export_memory_timeline(str(path), "cpu")
-            return
-        tmp = path.with_name(path.name + ".tmp.json")
-        prof.export_memory_timeline(str(tmp), "cpu")
-    points = json.loads(tmp.read_text())
-    tmp.unlink()
-    with open(path, "wb") as f:
-        pickle.dump({"device": "cpu", "timeline": points}, f)
+    if path.name.endswith(".json.gz"):
+        write_trace(timeline, path)
+    elif path.name.endswith(".json"):
+        path.write_text(json.dumps(timeline))
+    else:
+        with open(path, "wb") as f:
+            pickle.dump(timeline, f)
