@@ -101,6 +101,7 @@ def run_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Service
                 raise EngineDown(f"engines {down} are down ({exc!r}); the flow relaunches them") from exc
             raise
         finally:
+            trainer.profiler.close()  # a window ends with its chunk at the latest
             with clock("trackers"):
                 # the report and artifacts once, at the run's last chunk (or its retry)
                 trainer.tracker.close(final=chunk.stop >= config.rollout.num_rollout)
