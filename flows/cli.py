@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "doctor": ("miles.doctor:main", "check the installation and the services a run needs"),
     "replay-spool": ("miles.tracking.cli:main", "deliver tracker points spooled during an outage"),
     "py-spy": ("miles.profiling.cli:main", "one py-spy dump of every process of a live run (RUN_DIR)"),
+    "dashboard": ("miles.dashboard.cli:main", "serve a run directory's web view (metrics, timeline, samples, tokens)"),
 }
 
 

@@ -30,6 +30,9 @@ from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.tracking import open_tracking
+from miles.tracking.samples import samples_due
+from miles.tracking.timeline import TIMELINE_NAME, TimelineWriter
+from miles.tracking.tokens import write_tokens
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,7 @@ class RLTrainer:
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
                                in_memory=config.train.colocate, admin_token=router_admin_token(config))
         self.weight_version = 0
+        self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
         self.profiler = RunProfiler(config, self.run_dir, self.group.actors, self.engine_urls, router_url,
                                     router_admin_token(config))
 
@@ -133,6 +137,7 @@ class RLTrainer:
         self.group.call("set_weight_version", version)
 
     def save_checkpoint(self, rollout_id: int) -> Path:
+        started = time.time()
         with self.profiler.phase("checkpoint"):
             staged = checkpoint.staging_dir(self.save_dir, rollout_id)
             self.group.call("save", str(staged))
@@ -141,6 +146,7 @@ class RLTrainer:
                                             extra=self.tracker.checkpoint_extra())
             path = checkpoint.seal(staged, self.save_dir, state, self.config.train.keep_checkpoints)
         self.tracker.commit(rollout_id)
+        self.timeline.add("checkpoint", started, time.time(), rollout_id)
         return path
 
     # ---- one iteration ----------------------------------------------------------------------
@@ -148,7 +154,7 @@ class RLTrainer:
         cfg = self.config
         self.profiler.begin_iteration(rollout_id)
         start = time.perf_counter()
-        with self.profiler.phase("rollout"):
+        with self.timeline.span("rollout", rollout_id), self.profiler.phase("rollout"):
             samples, advantages = self._rollout(rollout_id)
         rollout_time = time.perf_counter() - start
         # rollout/ and passrate/ go out through the rollout logger (a custom one may replace them)
@@ -157,13 +163,21 @@ class RLTrainer:
         self.tracker.log_rollout(rollout_id, self.args, samples, dict(rollout_logged), rollout_time)
 
         t_train = time.perf_counter()
-        batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id)
-        summary = combine(self.group.train(batches))
+        logged = samples_due(cfg.tracking.log_samples_interval, rollout_id)
+        with self.timeline.span("train", rollout_id):
+            batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id,
+                                      return_token_stats=logged)
+            summary = combine(self.group.train(batches))
         train_time = time.perf_counter() - t_train
+        self._write_rank_phases(rollout_id, summary)
+        if logged:
+            with self.timeline.span("log_tokens", rollout_id):
+                write_tokens(self.run_dir, rollout_id, samples, self.tokenizer, summary.token_stats)
 
         t_sync = time.perf_counter()
-        self.weight_version += 1
-        with self.profiler.phase("update_weights"):
+        with self.timeline.span("update_weights", rollout_id, version=self.weight_version + 1), \
+                self.profiler.phase("update_weights"):
+            self.weight_version += 1
             self.sync.push(self.weight_version)
         update_time = time.perf_counter() - t_sync
         step_time = time.perf_counter() - start
@@ -186,11 +200,16 @@ class RLTrainer:
         evaluated = {}
         if self._eval_due(rollout_id):
             t_eval = time.perf_counter()
-            with self.profiler.phase("eval"):
+            with self.timeline.span("eval", rollout_id), self.profiler.phase("eval"):
                 evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
             metrics["perf/eval_time"] = time.perf_counter() - t_eval
         self.tracker.record(rollout_id, metrics)
         return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated}, samples)
+
+    def _write_rank_phases(self, rollout_id: int, summary) -> None:
+        for rank, phases in summary.phases.items():
+            for name, begin, end in phases:
+                self.timeline.add(name, begin, end, rollout_id, lane=f"rank{rank}")
 
     def _rollout(self, rollout_id: int) -> tuple[list[Sample], list[float]]:
         r = self.config.rollout
@@ -239,5 +258,6 @@ class RLTrainer:
                 self.group.stop()
         finally:
             self.tracker.close()
+            self.timeline.close()
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()

@@ -20,6 +20,8 @@ class RankBatch:
     step_sizes: list[int]  # this rank's samples in each optimizer step (sum = len(tokens))
     global_step_sizes: list[int]  # all ranks' samples in each step: the loss normaliser
     rollout_id: int = 0
+    sample_indices: list[int] = field(default_factory=list)  # each row's index in the rollout
+    return_token_stats: bool = False  # a logged rollout: send back per-token log-probs and entropy
 
 
 @dataclass
@@ -33,6 +35,10 @@ class RankTrainResult:
     log_probs_time: float
     ref_log_probs_time: float
     actor_train_time: float
+    # (phase, unix start, unix end) of this rank's log_probs and actor_train, for the run's timeline
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
+    # sample index -> {"log_probs": [...], "entropy": [...]} per response token (logged rollouts only)
+    token_stats: dict[int, dict[str, list[float]]] = field(default_factory=dict)
 
 
 @dataclass

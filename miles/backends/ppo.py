@@ -168,9 +168,10 @@ class PPORank:
         mbs = micro_batches(batch, cfg.micro_batch_size, self.pad_id, self.device)
 
         with self.profiler.section("train_log_probs", batch.rollout_id), self.profiler.span("log_probs"):
-            t0 = time.perf_counter()
+            wall0, t0 = time.time(), time.perf_counter()
             old = self._score(self.model, mbs)
             log_probs_time = time.perf_counter() - t0
+            phases = [("log_probs", wall0, wall0 + log_probs_time)]
             t1 = time.perf_counter()
             ref = self._score(self.ref_model, mbs) if self.ref_model is not None else None
             ref_time = time.perf_counter() - t1
@@ -184,7 +185,7 @@ class PPORank:
             if ref is not None:
                 sums["rollout/ref_log_probs"] += sample_mean(ref[i].log_probs, m).sum().item()
 
-        t2 = time.perf_counter()
+        wall2, t2 = time.time(), time.perf_counter()
         self.model.train()
         step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": []}
         with self.profiler.section("train_actor", batch.rollout_id), self.profiler.span("actor_train"):
@@ -197,9 +198,15 @@ class PPORank:
                 step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
                 step_values["train/grad_norm"].append(self.clip_and_step())
         actor_train_time = time.perf_counter() - t2
+        phases.append(("actor_train", wall2, wall2 + actor_train_time))
         num_tokens = sum(mb.num_tokens for mb in mbs)
+        token_stats = {}
+        if batch.return_token_stats:
+            wall3 = time.time()
+            token_stats = response_token_stats(batch, mbs, old)
+            phases.append(("token_stats", wall3, time.time()))
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, log_probs_time, ref_time,
-                               actor_train_time)
+                               actor_train_time, phases, token_stats)
 
     def _backward(self, mb: MicroBatch, old_log_probs, ref_log_probs, global_step_size: int, sums) -> None:
         cfg = self.config.train
@@ -245,3 +252,18 @@ class PPORank:
         rng_file = src / f"rng_rank{self.rank}.pt"
         if rng_file.exists():  # a checkpoint from a different world size has no file for new ranks
             set_rng_state(torch.load(rng_file, weights_only=False))
+
+
+def response_token_stats(batch: RankBatch, mbs: list[MicroBatch], stats: list[TokenStats]
+                         ) -> dict[int, dict[str, list[float]]]:
+    """Each sample's log-probs and entropy on its response tokens, keyed by its rollout index
+    (asked for on logged rollouts only: one copy to the CPU per micro-batch)."""
+    out = {}
+    for mb, st in zip(mbs, stats):
+        log_probs, entropy = st.log_probs.detach().cpu(), st.entropy.detach().cpu()
+        for r, row in enumerate(mb.rows):
+            n_resp = batch.response_lengths[row]
+            start = len(batch.tokens[row]) - n_resp - 1  # position t predicts token t+1
+            out[batch.sample_indices[row]] = {"log_probs": log_probs[r, start: start + n_resp].tolist(),
+                                              "entropy": entropy[r, start: start + n_resp].tolist()}
+    return out

@@ -20,6 +20,8 @@ class EngineServeConfig:
                                           "(SGLang's --weight-version)")
     log_level: str = flag("warning", "log level of the engine's HTTP server",
                           choices=("critical", "error", "warning", "info", "debug"))
+    timeline_path: str | None = flag(None, "append the engine's decoding batches as spans to this file (the run's "
+                                           "RUN_DIR/timeline.jsonl; embedded engine only)")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 from miles.config import ConfigError, EngineConfig, EngineServeConfig, parse_sections
 
@@ -33,6 +34,8 @@ def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     if serve.model is None:
         raise ConfigError("--model", "--engine sglang needs --model (an HF checkpoint directory or hub id)")
+    if serve.timeline_path:
+        raise ConfigError("--timeline-path", "only the embedded engine writes timeline spans (SGLang does not)")
     try:
         sglang_launcher.check_available()
     except sglang_launcher.SGLangUnavailable as exc:
@@ -49,12 +52,15 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     from miles.engines.model_runner import ModelRunner
     from miles.engines.server import EngineServer
+    from miles.tracking.timeline import TimelineWriter
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = _model_dir(serve)
     runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length,
                          cpu_threads=engine.engine_cpu_threads)
-    server = EngineServer(runner, engine, weight_version=serve.weight_version)
+    timeline = TimelineWriter(Path(serve.timeline_path) if serve.timeline_path else None,
+                              lane=f"engine {serve.host}:{serve.port}")
+    server = EngineServer(runner, engine, weight_version=serve.weight_version, timeline=timeline)
     print(f"miles engine: serving {model_dir} on http://{serve.host}:{serve.port} ({runner.device}, "
           f"max batch {engine.engine_max_batch_size})", file=sys.stderr, flush=True)
     uvicorn.run(server.app, host=serve.host, port=serve.port, log_level=serve.log_level)

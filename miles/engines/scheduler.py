@@ -22,6 +22,7 @@ from miles.engines.metrics import EngineMetrics
 from miles.engines.model_runner import ModelRunner
 from miles.engines.protocol import FinishReason, GenerationResult, RequestError, SamplingParams
 from miles.engines.sampling import RowSampler, choose
+from miles.tracking.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,9 @@ class QueueFull(RequestError):
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, metrics: EngineMetrics, max_batch_size: int, max_queued: int,
-                 weight_version: str = "default"):
+                 weight_version: str = "default", timeline: TimelineWriter | None = None):
         self.runner = runner
+        self.timeline = timeline or TimelineWriter(None)  # one span per decoding batch, when the run asked
         self.metrics = metrics
         self.max_batch_size = max_batch_size
         self.max_queued = max_queued
@@ -190,7 +192,7 @@ class Scheduler:
         self._batched_requests += len(batch)
         self._max_seen = max(self._max_seen, len(batch))
         self.metrics.batch_size.observe(len(batch))
-        started = time.perf_counter()
+        started, wall_start = time.perf_counter(), time.time()
         version = self.weight_version
         live = [r for r in batch if not self._finished_before_start(r, version)]
         if not live:
@@ -222,6 +224,7 @@ class Scheduler:
             logits = self.runner.decode(next_tokens, state)
         elapsed = time.perf_counter() - started
         self.metrics.gen_throughput.set(generated / elapsed if elapsed > 0 else 0.0)
+        self.timeline.add("batch", wall_start, wall_start + elapsed, requests=len(batch), tokens=generated)
 
     def _finished_before_start(self, req: EngineRequest, version: str) -> bool:
         if req.abort_requested:

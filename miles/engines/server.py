@@ -7,8 +7,8 @@ request fields are ignored, as SGLang does; known fields of the wrong type are a
 from __future__ import annotations
 
 import asyncio
-import os
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -28,6 +28,7 @@ from miles.engines.openai_api import add_openai_routes
 from miles.engines.protocol import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
 from miles.profiling.engine import EngineProfiler, parse_profile_request
+from miles.tracking.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -62,13 +63,14 @@ class RequestChannel:
 
 
 class EngineServer:
-    def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default"):
+    def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default",
+                 timeline: TimelineWriter | None = None):
         self.runner = runner
         self.config = config
         self.tokenizer = runner.tokenizer  # used on the event loop thread only
         self.metrics = EngineMetrics(model_name=runner.model_path)
         self.scheduler = Scheduler(runner, self.metrics, config.engine_max_batch_size,
-                                   config.engine_max_queued_requests, weight_version)
+                                   config.engine_max_queued_requests, weight_version, timeline)
         self.started_at = time.time()
         self.profiler = EngineProfiler()
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
