@@ -59,25 +59,23 @@ def rollout(n: int):
 def phase(mode: str, group, run_dir: Path, first: int, iterations: int, samples, advantages) -> tuple[list[float], float]:
     """Iteration times of one phase, and the time its window took to close (inside only)."""
     config = config_for(mode, run_dir, first, iterations)
-    quiet = contextlib.redirect_stdout(io.StringIO())  # the window's printed summary stays out of the table
-    with quiet:
+    with contextlib.redirect_stdout(io.StringIO()):  # the window's printed lines stay out of the table
         profiler = RunProfiler(config, run_dir, group.actors, engine_urls=[])
-    times = []
-    for rollout_id in range(first, first + iterations):
-        start = time.perf_counter()
-        profiler.begin_iteration(rollout_id)
-        with profiler.phase("rollout"):
-            batches = split_for_ranks(samples, advantages, config.global_batch_size, 1, rollout_id)
-        group.train(batches)
-        with profiler.phase("update_weights"):
-            group.call("set_weight_version", rollout_id)
-        with profiler.phase("checkpoint"):
-            group.call("info")
-        times.append(time.perf_counter() - start)
-    closing = time.perf_counter()
-    with quiet:
+        times = []
+        for rollout_id in range(first, first + iterations):
+            start = time.perf_counter()
+            profiler.begin_iteration(rollout_id)
+            with profiler.phase("rollout"):
+                batches = split_for_ranks(samples, advantages, config.global_batch_size, 1, rollout_id)
+            group.train(batches)
+            with profiler.phase("update_weights"):
+                group.call("set_weight_version", rollout_id)
+            with profiler.phase("checkpoint"):
+                group.call("info")
+            times.append(time.perf_counter() - start)
+        closing = time.perf_counter()
         profiler.close()
-    return times, time.perf_counter() - closing
+        return times, time.perf_counter() - closing
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,8 @@ class TrackingConfig:
     mlflow_run_name: str | None = flag(None, "MLflow run name")
     mlflow_run_id: str | None = flag(None, "MLflow run id to continue")
     use_tensorboard: bool = flag(False, "write TensorBoard scalars")
-    tensorboard_dir: str | None = flag(None, "TensorBoard / profiler trace directory (default: RUN_DIR/tensorboard)")
+    tensorboard_dir: str | None = flag(None, "TensorBoard scalars (default: RUN_DIR/tensorboard) and "
+                                                 "profiler traces (default: RUN_DIR/profiler)")
     log_samples_interval: int | None = flag(10, "log a table of sample generations every N rollouts", minimum=1)
     custom_rollout_log_function_path: str | None = flag(
         None, "dotted path of fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool")

@@ -120,3 +120,15 @@ def test_a_failing_export_is_reported_once_and_training_goes_on(make_config, gro
     out = capsys.readouterr().out
     assert out.count("[profiler] error") == 1 and "training goes on" in out
     assert ray.get(group.actors[0].info.remote()).optimizer_steps == steps + 6  # all three rollouts trained
+
+def test_a_window_requested_while_training_opens_at_its_first_rollout(make_config, groups, tmp_path):
+    config = make_config()  # no profiling flags: only the requested window profiles
+    group = groups["megatron"]
+    profiler = RunProfiler(config, tmp_path / "run", group.actors, engine_urls=[])
+    run_iterations(profiler, group, config, [0])
+    profiler.request_window(1, 2)  # what a health watch asks after a red flag at rollout 0
+    run_iterations(profiler, group, config, [1, 2])
+    profiler.close()
+    assert [(s.target, s.start, s.end) for s in profiler.summaries] == [("train_overall", 1, 2)]
+    steps, _, _ = steps_and_spans(tmp_path / "run" / "profiler" / "train_overall_rollouts_1-2" / "rank0.pt.trace.json.gz")
+    assert steps == ["ProfilerStep#1"]
