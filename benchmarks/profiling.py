@@ -40,7 +40,7 @@ BIG = 1_000_000  # rollout ids per mode block, so every phase's ids are fresh an
 
 def config_for(mode: str, run_dir: Path, first: int, iterations: int):
     argv = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--micro-batch-size", "8",
-            "--num-steps-per-rollout", "2", "--num-rollout", str(10 * BIG), "--run-dir", str(run_dir)]
+            "--num-steps-per-rollout", "2", "--num-rollout", str(100 * BIG), "--run-dir", str(run_dir)]
     if mode != "off":
         # outside: a window that lies after this phase's rollouts; inside: exactly this phase's rollouts
         start = first + iterations + BIG // 2 if mode == "outside" else first

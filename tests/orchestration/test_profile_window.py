@@ -1,6 +1,6 @@
 """The `profile_window` task of the GRPO flow profiles its rollouts for real: rank traces with the
 trainer's spans, an engine trace per engine (found through the router), the Ray timeline, and the
-window's summary as the task's table artifact."""
+window's summary as the task's table artifact, the traces as MLflow artifacts."""
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +28,7 @@ def artifacts_of(task_run_id) -> list:
 def test_profile_window_task_profiles_its_rollouts_and_leaves_a_summary(run_grpo):
     state, run_dir = run_grpo("--use-pytorch-profiler", "--profile-step-start", "1", "--profile-step-end", "2",
                               "--profile-target", "train_overall", "train_actor", "--profile-rollout",
-                              "--ray-timeline")
+                              "--ray-timeline", "--use-mlflow")
     assert state.is_completed(), state.message
     assert journal_steps(run_dir) == [0, 1, 2, 3]
     task = next(r for r in task_runs_of(state.state_details.flow_run_id) if r.name == "profile_window[1-2]")
@@ -45,6 +45,8 @@ def test_profile_window_task_profiles_its_rollouts_and_leaves_a_summary(run_grpo
     assert not any(n.startswith("ProfilerStep#") and n != "ProfilerStep#1" for n in names)
     assert (profiler / "rollout_rollouts_1-2" / "engine0-TP-0.trace.json.gz").exists()
     assert isinstance(json.loads((profiler / "ray-timeline.json").read_text()), list)
+    uploaded = [p.relative_to(run_dir / "mlartifacts") for p in (run_dir / "mlartifacts").rglob("*.pt.trace.json.gz")]
+    assert any(str(p).endswith("profiler/train_actor_rollouts_1-2/rank0.pt.trace.json.gz") for p in uploaded)
     lines = [json.loads(line) for line in (profiler / "summaries.jsonl").read_text().splitlines()]
     assert {(s["target"], s["start"], s["end"]) for s in lines} == {
         ("train_overall", 1, 2), ("train_actor", 1, 2), ("rollout", 1, 2)}
