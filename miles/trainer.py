@@ -229,7 +229,10 @@ class RLTrainer:
         the last iteration (none when rollouts go straight to one engine)."""
         if self.sync.router_url is None:
             return {}
-        stats = httpx.get(f"{self.sync.router_url}/router_stats", timeout=30.0).raise_for_status().json()
+        token = self.sync.admin_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
+                          timeout=30.0).raise_for_status().json()
         return {f"rollout/{key}": float(value) for key, value in stats.items()
                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
 

@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+class NonFiniteError(RuntimeError):
+    """A loss or gradient norm that is NaN or infinite: the step is refused before the optimizer
+    sees it, so neither the weights nor a checkpoint ever hold it; the run stops with this message."""
+
+
 @dataclass
 class RankBatch:
     """One rank's share of a rollout, already split into optimizer steps."""

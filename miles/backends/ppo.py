@@ -11,7 +11,9 @@ gradients are averaged over ranks. One rank or two therefore take the same step.
 """
 from __future__ import annotations
 
+import math
 import os
+import pickle
 import random
 import time
 from collections import defaultdict
@@ -22,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends import hf_weights as W
-from miles.backends.base import ActorInfo, RankBatch, RankTrainResult
+from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainResult
 from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
@@ -70,6 +72,16 @@ def rng_state() -> dict:
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
 
 
+def load_state_file(path: Path) -> dict:
+    """A checkpoint's .pt file, read with weights_only=True: tensors and plain containers only, so a
+    crafted pickle cannot run code (the manifest checks integrity, not who wrote the file)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path} holds objects other than tensors and plain values (refused by "
+                         f"torch.load(weights_only=True)); miles never writes such a file") from None
+
+
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
@@ -115,6 +127,11 @@ class PPORank:
         limit = self.config.train.clip_grad or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        # The norm is of the world's averaged gradients, so every rank refuses the same step together.
+        if not math.isfinite(float(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"non-finite gradient norm ({float(norm)}) at optimizer step {self.optimizer_steps}: "
+                                 f"the loss, advantages or rewards hold NaN/Inf; the step was not applied")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
@@ -246,12 +263,12 @@ class PPORank:
         return written
 
     def load_schedule_and_rng(self, src: Path) -> None:
-        sched = torch.load(src / "scheduler.pt", weights_only=False)
+        sched = load_state_file(src / "scheduler.pt")
         self.scheduler.load_state_dict(sched["scheduler"])
         self.optimizer_steps, self.weight_version = sched["optimizer_steps"], sched["weight_version"]
         rng_file = src / f"rng_rank{self.rank}.pt"
         if rng_file.exists():  # a checkpoint from a different world size has no file for new ranks
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(load_state_file(rng_file))
 
 
 def response_token_stats(batch: RankBatch, mbs: list[MicroBatch], stats: list[TokenStats]

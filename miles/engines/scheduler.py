@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 class TokenEvent:
     token_id: int
     logprob: float
+    weight_version: str
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class EngineRequest:
     output_logprobs: list[float] = field(default_factory=list)
     abort_requested: bool = False
     first_token_at: float | None = None
+    weight_version: str = "default"  # of the batch decoding it
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,8 +187,16 @@ class Scheduler:
             self._run_batch(batch)
         except Exception as exc:  # the loop must survive; each request learns why it ended
             log.exception("batch of %d requests failed", len(batch))
+            unstarted = [r for r in batch if not r.finished and not r.output_ids]
             for req in batch:
-                self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+                if not req.finished and req.output_ids:  # tokens already went out: cannot start over
+                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+            if len(batch) == 1:
+                for req in unstarted:
+                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+                return
+            for req in unstarted:  # one at a time, so only the request that breaks fails
+                self._run_batch_safely([req])
 
     def _run_batch(self, batch: list[EngineRequest]) -> None:
         self._num_batches += 1
@@ -197,6 +208,8 @@ class Scheduler:
         live = [r for r in batch if not self._finished_before_start(r, version)]
         if not live:
             return
+        for req in live:
+            req.weight_version = version
         samplers = {id(r): RowSampler(r.params, self._generator(r.params.seed)) for r in live}
         self.metrics.prompt_tokens.inc(sum(len(r.prompt_ids) for r in live))
         logits, state = self.runner.prefill([r.prompt_ids for r in live])
@@ -255,7 +268,7 @@ class Scheduler:
         req.output_ids.append(token)
         req.output_logprobs.append(logprob)
         if req.stream:
-            req.sink(TokenEvent(token, logprob))
+            req.sink(TokenEvent(token, logprob, req.weight_version))
         if req.abort_requested:
             return FinishReason("abort", message="aborted by /abort_request")
         if not req.params.ignore_eos and token in self.runner.eos_ids:
@@ -278,6 +291,7 @@ class Scheduler:
         return next((s for s in req.params.stop if s in tail), None)
 
     def _finish(self, req: EngineRequest, reason: FinishReason, version: str | None = None) -> None:
+        req.finished = True
         latency = time.perf_counter() - req.created
         self.metrics.record_finish(req, reason.type, latency)
         req.sink(FinishEvent(GenerationResult(
