@@ -51,7 +51,7 @@ def config_for(mode: str, run_dir: Path, first: int, iterations: int):
 
 
 def rollout(n: int):
-    from conftest import made_up_rollout  # the profiling tests' made-up arithmetic rollout
+    from profiling_helpers import made_up_rollout  # the profiling tests' made-up arithmetic rollout
 
     return made_up_rollout(n)
 

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 import ray
-from conftest import made_up_rollout, profiling_config
+from profiling_helpers import made_up_rollout, profiling_config
 
 from miles.backends.group import ActorGroup
 from miles.backends.pack import split_for_ranks
