@@ -7,7 +7,9 @@ rollout / update_weights / checkpoint phases, the ranks' sections). Rounds run t
 order that rotates each round, so drift on a busy machine hits every mode alike. Outside the window
 the profiler must cost nothing: the headline is the median over rounds of outside/off, beside
 inside/off (what a window costs while it runs, trace writing excluded: it happens at the window's
-end, shown apart). Prints a table per round and pooled, then the figures as one JSON line.
+end, shown apart). Because round-to-round noise on a small shared machine is far larger than the
+hooks' cost, it also times the outside-window hooks themselves (trainer and rank side) per iteration,
+a figure noise barely moves. Prints a table per round and pooled, then the figures as one JSON line.
 
     .venv/bin/python benchmarks/profiling.py [--rounds 6] [--iterations 8]
 """
@@ -32,6 +34,7 @@ from miles.backends.group import ActorGroup  # noqa: E402
 from miles.backends.pack import split_for_ranks  # noqa: E402
 from miles.config import parse_config  # noqa: E402
 from miles.profiling.driver import RunProfiler  # noqa: E402
+from miles.profiling.rank import RankProfiler  # noqa: E402
 from miles.tiny.warmstart import ensure_base_model  # noqa: E402
 
 MODES = ("off", "outside", "inside")
@@ -78,6 +81,27 @@ def phase(mode: str, group, run_dir: Path, first: int, iterations: int, samples,
         return times, time.perf_counter() - closing
 
 
+def hook_cost_us(run_dir: Path, calls: int = 20000) -> float:
+    """Microseconds per iteration that the profiling hooks cost outside a window, timed in this process:
+    the trainer's begin_iteration and four phases, the rank's two sections and two spans (the same code
+    the ranks run; the ranks are not called at all outside a window). Noise barely moves this figure."""
+    config = config_for("outside", run_dir, 0, 2)
+    with contextlib.redirect_stdout(io.StringIO()):
+        profiler = RunProfiler(config, run_dir, [], engine_urls=[])
+    rank = RankProfiler(0)
+    start = time.perf_counter()
+    for rollout_id in range(calls):
+        profiler.begin_iteration(rollout_id)
+        for name in ("rollout", "update_weights", "checkpoint", "eval"):
+            with profiler.phase(name):
+                pass
+        with rank.section("train_log_probs", rollout_id), rank.span("log_probs"):
+            pass
+        with rank.section("train_actor", rollout_id), rank.span("actor_train"):
+            pass
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds of the three modes, order rotating")
@@ -116,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{pooled['inside']:>9.3f} {pooled['outside'] / pooled['off']:>8.3f} "
               f"{pooled['inside'] / pooled['off']:>7.3f}")
         print(f"window close (trace export, slicing, summaries): median {statistics.median(closes):.2f} s")
+        hooks = hook_cost_us(work / "hooks")
+        print(f"hooks outside a window: {hooks:.2f} us per iteration = "
+              f"{hooks / 1e6 / pooled['off'] * 100:.5f}% of the off iteration")
         print(json.dumps({
             "rounds": args.rounds, "iterations_per_phase": args.iterations,
             "iteration_s": {mode: round(pooled[mode], 4) for mode in MODES},
@@ -124,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             "pooled_ratio_outside_over_off": round(pooled["outside"] / pooled["off"], 4),
             "pooled_ratio_inside_over_off": round(pooled["inside"] / pooled["off"], 4),
             "window_close_s_median": round(statistics.median(closes), 3),
+            "hooks_outside_us_per_iteration": round(hooks, 3),
+            "hooks_outside_share_of_iteration": round(hooks / 1e6 / pooled["off"], 8),
         }))
     finally:
         group.stop()

@@ -193,11 +193,11 @@ class PPORank:
         else:
             self.profiler.exit_span(name)
 
-    def profile_close(self) -> tuple[list[WindowSummary], str | None]:
-        """Stop the window: its summaries, and the error (if any) that lost some of it."""
+    def profile_close(self, end: int | None = None) -> tuple[list[WindowSummary], str | None]:
+        """Stop the window (early at `end`): its summaries, and the error (if any) that lost some of it."""
         error, self.profiler.error = self.profiler.error, None
         try:
-            return self.profiler.close(), error
+            return self.profiler.close(end), error
         except Exception as exc:  # disk full, export error: reported by the trainer, training goes on
             return [], f"rank {self.rank}: {type(exc).__name__}: {exc}"
 

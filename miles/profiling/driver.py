@@ -6,9 +6,11 @@ waits. A failure (disk full, an export error) is printed once and the window dro
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -18,11 +20,19 @@ import ray
 from miles.profiling import pyspy
 from miles.profiling.ray_timeline import save_ray_timeline
 from miles.profiling.summary import WindowSummary, append_summaries, format_table, summarize_trace
-from miles.profiling.window import ProfileWindow, window_from_config
+from miles.profiling.window import ProfileWindow, profiler_dir, window_from_config
 
 log = logging.getLogger(__name__)
 _IDLE = nullcontext()
 TRAINER_SPANS = ("rollout", "update_weights", "checkpoint", "eval")  # log_probs, actor_train: inside the ranks
+REQUESTED = "requested_windows.jsonl"  # windows asked for while training (request_window), for later chunks
+
+
+def requested(run_dir: Path) -> list[tuple[int, int]]:
+    path = profiler_dir(run_dir) / REQUESTED
+    if not path.exists():
+        return []
+    return [(w["start"], w["end"]) for w in map(json.loads, path.read_text().splitlines()) if w]
 
 
 class RunProfiler:
@@ -35,6 +45,7 @@ class RunProfiler:
         self.admin_token = admin_token
         p = config.profiling
         self.pending: list[ProfileWindow] = [window_from_config(config, run_dir)] if p.use_pytorch_profiler else []
+        self.pending += [window_from_config(config, run_dir, start, end) for start, end in requested(self.run_dir)]
         self.active: ProfileWindow | None = None
         self.ranks: list = []  # the actors profiling the active window
         self.engines: list[str] = []  # engines profiling the active window
@@ -56,7 +67,14 @@ class RunProfiler:
             raise ValueError(f"a profiling window needs end > start, got [{start}, {end})")
         window = window_from_config(self.config, self.run_dir, start, end)
         self.pending.append(window)
+        self._guard(lambda: self._remember(start, end))
         return window
+
+    def _remember(self, start: int, end: int) -> None:
+        path = profiler_dir(self.run_dir) / REQUESTED
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:  # the next chunk's trainer (another process, maybe) finds it here
+            f.write(json.dumps({"start": start, "end": end}) + "\n")
 
     def begin_iteration(self, rollout_id: int) -> None:
         """Called before each iteration: closes a window that ended, opens one that starts here."""
@@ -68,7 +86,8 @@ class RunProfiler:
             due = next((w for w in self.pending if rollout_id in w), None)
             if due is not None:
                 self.pending.remove(due)
-                self._open(due)
+                # resumed inside the window: profile (and name the files after) what is left of it
+                self._open(replace(due, start=rollout_id))
         if self.overall:
             self._guard(lambda: ray.get([a.profile_iteration.remote(rollout_id) for a in self.ranks]))
 
@@ -109,7 +128,8 @@ class RunProfiler:
             return []
         summaries: list[WindowSummary] = []
         ranks, self.ranks = self.ranks, []
-        for result in self._guard(lambda: ray.get([a.profile_close.remote() for a in ranks])) or []:
+        end = self.last_rollout + 1  # earlier than window.end when the run or chunk ends inside it
+        for result in self._guard(lambda: ray.get([a.profile_close.remote(end) for a in ranks])) or []:
             found, error = result
             summaries += found
             if error:
@@ -152,7 +172,7 @@ class RunProfiler:
     def processes(self) -> dict[str, int]:
         """The run's processes: this trainer, its training ranks, the engines and the router."""
         found = {"trainer": os.getpid()}
-        for rank, info in enumerate(ray.get([a.info.remote() for a in self.actors])):
+        for rank, info in enumerate(ray.get([a.info.remote() for a in self.actors]) if self.actors else []):
             found[f"rank{rank}"] = info.extra["pid"]
         for i, url in enumerate(self.engine_urls):
             pid = self._pid(f"{url}/get_server_info")

@@ -14,6 +14,7 @@ import json
 import logging
 import pickle
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -127,11 +128,14 @@ class RankProfiler:
             rec.__exit__(None, None, None)
 
     # ---- close ----------------------------------------------------------------------------
-    def close(self) -> list[WindowSummary]:
-        """Stop the profiler; write each target's trace (and the memory file); return the summaries."""
+    def close(self, end: int | None = None) -> list[WindowSummary]:
+        """Stop the profiler; write each target's trace (and the memory file); return the summaries.
+        `end`: the window stopped early (its chunk ended), files are named after the rollouts it ran."""
         window, self.window = self.window, None
         if window is None:
             return []
+        if end is not None and window.start < end < window.end:
+            window = replace(window, end=end)
         for name in list(self.spans):
             self.exit_span(name)
         for target in list(self.open_sections):

@@ -132,3 +132,19 @@ def test_a_window_requested_while_training_opens_at_its_first_rollout(make_confi
     assert [(s.target, s.start, s.end) for s in profiler.summaries] == [("train_overall", 1, 2)]
     steps, _, _ = steps_and_spans(tmp_path / "run" / "profiler" / "train_overall_rollouts_1-2" / "rank0.pt.trace.json.gz")
     assert steps == ["ProfilerStep#1"]
+
+
+def test_requested_window_survives_into_the_next_trainer_and_resumes_where_it_left(make_config, groups, tmp_path):
+    config = make_config()
+    group = groups["megatron"]
+    first = RunProfiler(config, tmp_path / "run", group.actors, engine_urls=[])
+    first.request_window(2, 5)
+    run_iterations(first, group, config, [0, 1, 2])
+    first.close()  # a chunk ends inside the window: rollout 2 profiled
+    second = RunProfiler(config, tmp_path / "run", group.actors, engine_urls=[])  # the next chunk, resumed at 3
+    run_iterations(second, group, config, [3, 4, 5])
+    second.close()
+    assert [(s.start, s.end) for s in first.summaries + second.summaries] == [(2, 3), (3, 5)]
+    assert first.summaries[0].trace == "profiler/train_overall_rollouts_2-3/rank0.pt.trace.json.gz"
+    steps, _, _ = steps_and_spans(tmp_path / "run" / "profiler" / "train_overall_rollouts_3-5" / "rank0.pt.trace.json.gz")
+    assert steps == ["ProfilerStep#3", "ProfilerStep#4"]
