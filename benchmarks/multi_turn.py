@@ -38,7 +38,7 @@ def main() -> int:
     config = parse_config(["--config", str(ROOT / "configs" / "tiny-multi-turn.yaml"), "--run-dir", str(run_dir),
                            *flags])
     summary = train(config)
-    lines = [ln.metrics for ln in read_journal(run_dir / "metrics.jsonl")]
+    lines = [ln.metrics for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]  # not the base eval
     key = next(k for k in summary.final_metrics if k.startswith("eval/") and k.endswith("-pass@1"))
     base, final = summary.base_eval[key], summary.final_metrics[key]
     tool_first = lines[0]["multi_turn/tool_use_ratio"]

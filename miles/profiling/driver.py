@@ -17,6 +17,8 @@ from typing import Iterator
 import httpx
 import ray
 
+from miles.loop import Observer
+from miles.phases import add_phase_hook, remove_phase_hook
 from miles.profiling import pyspy
 from miles.profiling.ray_timeline import save_ray_timeline
 from miles.profiling.summary import WindowSummary, append_summaries, format_table, summarize_trace
@@ -35,8 +37,10 @@ def requested(run_dir: Path) -> list[tuple[int, int]]:
     return [(w["start"], w["end"]) for w in map(json.loads, path.read_text().splitlines()) if w]
 
 
-class RunProfiler:
-    """Profiling for one trainer: the configured window, windows asked for later, py-spy, Ray timeline."""
+class RunProfiler(Observer):
+    """Profiling for one trainer: the configured window, windows asked for later, py-spy, Ray timeline.
+    A loop observer (windows open and close at iterations, everything stops at the loop's end) and a
+    phase hook (the trainer's phases become spans of `train_overall`)."""
 
     def __init__(self, config, run_dir: Path, actors: list, engine_urls: list[str], router_url: str | None = None,
                  admin_token: str | None = None):
@@ -55,9 +59,18 @@ class RunProfiler:
         self.reported: set[str] = set()
         self.summaries: list[WindowSummary] = []  # every window closed by this trainer
         self.dumps = None
+        self.closed = False
         if p.py_spy_interval is not None:
             self.dumps = pyspy.PeriodicDumps(self.run_dir, p.py_spy_interval, self.processes).start()
         self._record_processes()
+        add_phase_hook(self.phase)
+
+    # ---- the loop's observer interface --------------------------------------------------------
+    def before_iteration(self, rollout_id: int) -> None:
+        self.begin_iteration(rollout_id)
+
+    def end(self, outcome) -> None:
+        self.close()
 
     # ---- windows ------------------------------------------------------------------------------
     def request_window(self, start: int, end: int) -> ProfileWindow:
@@ -195,7 +208,11 @@ class RunProfiler:
         self._guard(lambda: pyspy.write_processes(self.run_dir, self.processes()))
 
     def close(self) -> None:
-        """End of the run or chunk: close an open window, stop the dumps, save the Ray timeline."""
+        """End of the run or chunk: close an open window, stop the dumps, save the Ray timeline (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        remove_phase_hook(self.phase)
         if self.active is not None:
             self.close_window()
         if self.dumps is not None:
