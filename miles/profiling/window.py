@@ -15,9 +15,13 @@ def profiler_dir(run_dir: Path) -> Path:
 
 
 def trace_root(config, run_dir: Path) -> Path:
-    """Where traces go: --tensorboard-dir when given (the TensorBoard profile plugin reads it), else RUN_DIR/profiler."""
+    """Where traces go: a --tensorboard-dir the user gave (the TensorBoard profile plugin reads it), else
+    RUN_DIR/profiler (a resolved config carries RUN_DIR/tensorboard when none was given: not a choice)."""
     given = config.tracking.tensorboard_dir
-    return Path(given).expanduser().absolute() if given else profiler_dir(run_dir).absolute()
+    default = (Path(run_dir) / "tensorboard").absolute()
+    if given and Path(given).expanduser().absolute() != default:
+        return Path(given).expanduser().absolute()
+    return profiler_dir(run_dir).absolute()
 
 
 @dataclass(frozen=True)

@@ -57,3 +57,15 @@ def test_good_window_and_miles_pyspy_env(monkeypatch):
     with pytest.raises(ConfigError) as err:
         parse_config([])
     assert err.value.flag == "--py-spy-interval"
+
+
+def test_traces_go_to_run_dir_profiler_unless_a_tensorboard_dir_is_given(tmp_path):
+    from miles.profiling.window import trace_root
+
+    run = tmp_path / "run"
+    # a resolved config always carries RUN_DIR/tensorboard for the scalars: that is not a choice of trace dir
+    default = parse_config([*ON, "--tensorboard-dir", str(run / "tensorboard")])
+    assert trace_root(default, run) == run / "profiler"
+    assert trace_root(parse_config(ON), run) == run / "profiler"
+    given = parse_config([*ON, "--tensorboard-dir", str(tmp_path / "tb")])
+    assert trace_root(given, run) == tmp_path / "tb"
