@@ -20,6 +20,7 @@ from miles.cluster.service_actors import engine_alive, stop_run_actors
 from miles.config import ConfigError, MilesConfig
 from miles.config.resolve import run_names
 from miles.dashboard.cli import command as dashboard_command
+from miles.inference import timeline_args
 from miles.router.app import resolve_admin_token
 from tasks.finish import RunReport, finish_run
 from tasks.options import with_run_retries
@@ -63,7 +64,7 @@ def bring_up_services(config: MilesConfig) -> RunServices:
     ranks = with_run_retries(start_training_ranks, o).submit(config, names)
     router = with_run_retries(start_router, o).submit(config.router, names, log_dir(config))
     engines = [with_run_retries(launch_engine, o).submit(config.engine, config.rollout.hf_checkpoint, names, i,
-                                                         log_dir(config))
+                                                         log_dir(config), engine_args(config))
                for i in range(config.rollout.rollout_num_engines)]
     services = RunServices(names, router.result().url, [e.result().url for e in engines])
     register_all(config, services.router_url, services.engine_urls)
@@ -73,6 +74,11 @@ def bring_up_services(config: MilesConfig) -> RunServices:
 
 def log_dir(config: MilesConfig) -> str:
     return str(Path(config.train.run_dir) / "logs")
+
+
+def engine_args(config: MilesConfig) -> tuple[str, ...]:
+    """Serve flags of the run's engines: their decoding goes to the run's timeline (embedded engines)."""
+    return tuple(timeline_args(config.engine.engine, Path(config.train.run_dir)))
 
 
 def register_all(config: MilesConfig, router_url: str, engine_urls: list[str]) -> None:
@@ -90,7 +96,8 @@ def heal_engines(config: MilesConfig, services: RunServices) -> None:
         return
     get_run_logger().warning(f"engines {dead} are down: relaunching and re-registering them")
     relaunched = [with_run_retries(launch_engine, config.orchestration).submit(
-        config.engine, config.rollout.hf_checkpoint, services.names, i, log_dir(config)) for i in dead]
+        config.engine, config.rollout.hf_checkpoint, services.names, i, log_dir(config), engine_args(config))
+        for i in dead]
     register_all(config, services.router_url, [r.result().url for r in relaunched])
 
 

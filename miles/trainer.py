@@ -29,7 +29,7 @@ from miles.profiling.driver import RunProfiler
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import evaluate, load_eval_sets
-from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.generate import RolloutSampling, generate_groups
 from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
@@ -71,7 +71,7 @@ class RLTrainer:
         self.eval_sets = load_eval_sets(r) if r.eval_interval is not None else []
         self.reward = RewardModel(r.rm_type, r.custom_rm_path, self.args)
         self.generate_fn = load_generate_function(config.generate)
-        self.params = SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
+        self.params = RolloutSampling(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
                                      r.rollout_max_response_len)
         self.save_dir, self.load_dir = Path(config.train.save), Path(config.train.load)
         self.tracker = open_tracking(config, self.run_dir)

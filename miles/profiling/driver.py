@@ -161,21 +161,21 @@ class RunProfiler(Observer):
         """The engines behind the router (its /list_workers), or the trainer's own list."""
         if self.router_url is None:
             return list(self.engine_urls)
-        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
-        answer = httpx.get(f"{self.router_url}/list_workers", headers=headers, timeout=30.0).raise_for_status()
+        answer = httpx.get(f"{self.router_url}/list_workers", headers=self._headers(), timeout=30.0).raise_for_status()
         return [u.rstrip("/") for u in answer.json()["urls"]]
 
     def _start_engines(self, window: ProfileWindow) -> None:
         out = window.engine_trace_dir()
         for i, url in enumerate(self._engine_urls()):
             httpx.post(f"{url}/start_profile", json={"output_dir": str(out), "profile_id": f"engine{i}",
-                                                     "activities": ["CPU", "GPU"]}, timeout=60.0).raise_for_status()
+                                                     "activities": ["CPU", "GPU"]},
+                       headers=self._headers(), timeout=60.0).raise_for_status()
             self.engines.append(url)
 
     def _stop_engines(self, window: ProfileWindow, engines: list[str]) -> list[WindowSummary]:
         summaries = []
         for i, url in enumerate(engines):
-            httpx.post(f"{url}/stop_profile", timeout=300.0).raise_for_status()
+            httpx.post(f"{url}/stop_profile", headers=self._headers(), timeout=300.0).raise_for_status()
             path = window.engine_trace_dir() / f"engine{i}-TP-0.trace.json.gz"
             summaries.append(summarize_trace(path, target="rollout", rank=i, start=self.first,
                                              end=self.last_rollout + 1, run_dir=self.run_dir))
@@ -197,10 +197,12 @@ class RunProfiler(Observer):
                 found["router"] = pid
         return found
 
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
     def _pid(self, url: str) -> int | None:
-        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
         try:
-            return httpx.get(url, headers=headers, timeout=10.0).json().get("pid")
+            return httpx.get(url, headers=self._headers(), timeout=10.0).json().get("pid")
         except (httpx.HTTPError, ValueError, AttributeError):
             return None  # an engine without a pid field (SGLang) or a service that went away
 
@@ -241,7 +243,7 @@ class RunProfiler(Observer):
         try:
             ray.get([a.profile_close.remote() for a in ranks])
             for url in engines:
-                httpx.post(f"{url}/stop_profile", timeout=60.0)
+                httpx.post(f"{url}/stop_profile", headers=self._headers(), timeout=60.0)
         except Exception:  # already reported the first failure; the rest is cleanup
             log.debug("cleanup after a profiling failure failed", exc_info=True)
 

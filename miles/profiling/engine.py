@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from miles.engines.protocol import RequestError
+from miles.engines.sglang_request import RequestError
 
 ACTIVITIES = ("CPU", "GPU", "MEM")  # SGLang's names; CUDA_PROFILER and RPD need tools this engine lacks
 DEFAULT_DIR_ENV = "SGLANG_TORCH_PROFILER_DIR"
