@@ -17,11 +17,13 @@ from miles.tracking.journal import JournalLine
 
 @dataclass(frozen=True)
 class Delivery:
-    """Consecutive committed journal lines; `samples` maps a line's position in `lines` to the
-    sample-generation table of its rollout (attached to the rollout's first line)."""
+    """Consecutive committed journal lines, the first being line `first` of the journal; `samples`
+    maps a line's position in `lines` to the sample-generation table of its rollout (attached to
+    the rollout's first line)."""
 
     lines: list[JournalLine]
     samples: dict[int, Path] = field(default_factory=dict)
+    first: int = 0
 
 
 @dataclass(frozen=True)

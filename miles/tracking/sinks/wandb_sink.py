@@ -1,5 +1,11 @@
 """wandb as a sink: offline unless an API key is available, `define_metric` step axes per namespace.
 
+Each row is logged at wandb step = its journal line's index, so a line delivered again (after a
+crash between a log call and the cursor save) is below the run's current step, which wandb
+ignores instead of doubling the point; online too, where a resumed run continues at the step
+after the last one the server holds. Offline, a new process writes a new offline dir, so the
+cursor is corrected from the offline files instead (`durable_cursor`).
+
 The key is read from `WANDB_API_KEY` (or `--wandb-key`, handed to wandb's settings and
 never to its config). wandb's own metadata capture (argv, environment, git, code) is
 off, since argv may carry `--wandb-key`.
@@ -78,7 +84,7 @@ class WandbSink:
             row: dict[str, Any] = dict(line.metrics)
             if i in delivery.samples:
                 row[SAMPLES_KEY] = self._table(delivery.samples[i])
-            self.run.log(row)
+            self.run.log(row, step=delivery.first + i, commit=True)
 
     def _table(self, path: Path):
         import json
