@@ -1,8 +1,8 @@
 """`miles replay-spool RUN_DIR [--follow]`: the one delivery program. Without `--follow` it
 delivers the committed points a tracker missed (an outage that outlived the run), stores the
 run's artifacts and finishes its tracker runs. With `--follow` it is a run's delivery process
-(the trainer starts it when a tracker is on): it delivers each commit as it lands, finishes
-when the trainer closes, and leaves when the trainer is gone."""
+(the trainer starts it when a tracker is on): it delivers each commit as it lands, finishes as
+the trainer's close asks, and leaves when the trainer is gone."""
 from __future__ import annotations
 
 import argparse
@@ -10,28 +10,29 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from miles.config.fields import is_secret_name
 from miles.tracking.delivery import DeliveryLoop
 from miles.tracking.secrets import MIN_SECRET_LEN, Scrubber
+from miles.tracking.sinks.base import SINK_CLASSES
 from miles.tracking.state import (COMMITTED_PATH, DELIVERY_LOCK_PATH, DELIVERY_LOG_PATH, CommitState, DeliveryState,
                                   TrackingState, try_delivery_lock)
 
 log = logging.getLogger("miles.tracking")
 SECRETS_ENV = "MILES_TRACKING_SCRUB_SECRETS"  # flag secrets the trainer hands over to scrub (a JSON list)
-NICENESS = 10  # once the trackers are open: a small share of a busy CPU, never none (see `lower_priority`)
-LOCK_WAIT_S = 120.0  # a previous delivery process of this run dir still leaving
+NICENESS = 10  # once the trackers are open: a small share of a busy CPU, never none (see `follow`)
+LOCK_WAIT_S = 120.0  # for a previous delivery process of this run dir to leave
 
 
 class DeliveryBusy(RuntimeError):
     pass
 
 
-def env_secrets() -> tuple[str, ...]:
-    found = {v for k, v in os.environ.items() if is_secret_name(k)}
-    found.update(json.loads(os.environ.get(SECRETS_ENV) or "[]"))
-    return tuple(sorted((v for v in found if len(v) >= MIN_SECRET_LEN), key=len, reverse=True))
+def env_scrubber() -> Scrubber:
+    found = {v for k, v in os.environ.items() if is_secret_name(k)} | set(json.loads(os.environ.get(SECRETS_ENV, "[]")))
+    return Scrubber(tuple(sorted((v for v in found if len(v) >= MIN_SECRET_LEN), key=len, reverse=True)))
 
 
 class ScrubbingFormatter(logging.Formatter):
@@ -43,32 +44,8 @@ class ScrubbingFormatter(logging.Formatter):
         return self.scrubber.scrub(super().format(record))
 
 
-def log_to(run_dir: Path, scrubber: Scrubber, to_stderr: bool) -> None:
-    """Everything logged (ours, wandb's, MLflow's) to RUN_DIR/tracking/delivery.log, scrubbed."""
-    path = run_dir / DELIVERY_LOG_PATH
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handlers: list[logging.Handler] = [logging.FileHandler(path)]
-    if to_stderr:
-        handlers.append(logging.StreamHandler())
-    for handler in handlers:
-        handler.setFormatter(ScrubbingFormatter(scrubber))
-        logging.getLogger().addHandler(handler)
-    logging.getLogger().setLevel(logging.WARNING)
-    log.setLevel(logging.INFO)
-
-
-def lower_priority() -> None:
-    """Nice 10: against one busy training thread per core the kernel still gives delivery about a
-    tenth of a core (SCHED_IDLE, used before, gave it none until training paused, so points
-    arrived only at the end of a run). Its work per commit is milliseconds, so lag stays seconds."""
-    os.nice(max(0, NICENESS - os.nice(0)))
-
-
 def acquire_lock(run_dir: Path, wait_s: float):
-    """The run dir's delivery lock (the one writer of delivery.json), waiting up to `wait_s` for
-    a previous delivery process to leave; DeliveryBusy past that."""
-    import time
-
+    """The run dir's delivery lock (the one writer of delivery.json), waiting up to `wait_s`."""
     deadline = time.monotonic() + wait_s
     while (lock := try_delivery_lock(run_dir)) is None:
         if time.monotonic() >= deadline:
@@ -84,30 +61,31 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0) -> dict[s
     if not TrackingState.load(run_dir).exists():
         raise FileNotFoundError(f"{run_dir} has no {COMMITTED_PATH}: not a run directory")
     with acquire_lock(run_dir, 0.0):
-        commits, state = CommitState.load(run_dir), DeliveryState.load(run_dir)
-        names = [name for name in {**commits.trackers, **state.sinks}
-                 if (commits.trackers.get(name) or state.sinks[name].spec).kind != "null"
-                 and (name not in state.sinks or state.sinks[name].cursor < commits.committed
-                      or not state.sinks[name].uploaded)]
-        loop = DeliveryLoop(run_dir, names, Scrubber(env_secrets()), retry_interval)
+        commits, sinks = CommitState.load(run_dir), DeliveryState.load(run_dir).sinks
+        names = [name for name in {**commits.trackers, **sinks}
+                 if (commits.trackers.get(name) or sinks[name].spec).kind in SINK_CLASSES
+                 and (name not in sinks or sinks[name].cursor < commits.committed or not sinks[name].uploaded)]
+        loop = DeliveryLoop(run_dir, names, env_scrubber(), retry_interval)
         return loop.finish([Path(p) for p in commits.artifacts], timeout)
 
 
-def follow(run_dir: Path, session: str | None, timeout: float, retry_interval: float) -> tuple[str, dict[str, int]]:
+def follow(run_dir: Path, session: str | None, retry_interval: float) -> tuple[str, dict[str, int]]:
     """Deliver the run's commits live; at the trainer's close finish as it asks ("closed"); when
     the trainer is gone leave the tracker runs open for its resume ("gone")."""
     with acquire_lock(run_dir, LOCK_WAIT_S):
-        commits = CommitState.load(run_dir)
-        session = session or (commits.trainer or {}).get("session")
-        loop = DeliveryLoop(run_dir, list(commits.trackers), Scrubber(env_secrets()), retry_interval, session)
-        loop.catch_up_all()  # opens every tracker: start-up at the trainer's priority, then the small share
-        lower_priority()
+        session = session or (CommitState.load(run_dir).trainer or {}).get("session")
+        loop = DeliveryLoop(run_dir, list(CommitState.load(run_dir).trackers), env_scrubber(), retry_interval,
+                            session)
+        loop.catch_up_all()  # opens every tracker, at the trainer's priority
+        # Then nice 10: against one busy training thread per core the kernel still gives delivery
+        # about a tenth of a core (SCHED_IDLE, used before, gave it none until training paused, so
+        # points arrived at the end of the run); its work per commit is milliseconds.
+        os.nice(max(0, NICENESS - os.nice(0)))
         status = loop.follow()
         if status == "gone":
             return status, loop.pending()
         close = loop.commits.close
-        files = [Path(p) for p in loop.commits.artifacts]
-        return status, loop.finish(files, close.get("timeout", timeout), close.get("final", True))
+        return status, loop.finish([Path(p) for p in loop.commits.artifacts], close["timeout"], close["final"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,11 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="the run directory (holds metrics.jsonl and tracking/)")
     parser.add_argument("--follow", action="store_true",
                         help="deliver commits as they land until the run's trainer closes or is gone")
-    parser.add_argument("--session", default=None, help="with --follow: the trainer session to follow "
-                        "(default: the run's current one)")
+    parser.add_argument("--session", help="with --follow: the trainer session to follow (default: the current one)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to keep retrying a failed tracker")
-    parser.add_argument("--retry-interval", type=float, default=1.0, help="seconds between retries of a failed "
-                        "tracker")
+    parser.add_argument("--retry-interval", type=float, default=1.0, help="seconds between tries of a failed tracker")
     args = parser.parse_args(argv)
     for flag, value in (("--timeout", args.timeout), ("--retry-interval", args.retry_interval)):
         if value < 0:
@@ -128,10 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     if not TrackingState.load(run_dir).exists():
         print(f"miles replay-spool: error: {run_dir} has no {COMMITTED_PATH}: not a run directory", file=sys.stderr)
         return 2
-    log_to(run_dir, Scrubber(env_secrets()), to_stderr=not args.follow)
+    # everything logged (ours, wandb's, MLflow's) goes to RUN_DIR/tracking/delivery.log, scrubbed
+    handlers = [logging.FileHandler(run_dir / DELIVERY_LOG_PATH)] + ([] if args.follow else [logging.StreamHandler()])
+    for handler in handlers:
+        handler.setFormatter(ScrubbingFormatter(env_scrubber()))
+        logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.WARNING)
+    log.setLevel(logging.INFO)
     try:
         if args.follow:
-            status, undelivered = follow(run_dir, args.session, args.timeout, args.retry_interval)
+            status, undelivered = follow(run_dir, args.session, args.retry_interval)
         else:
             status, undelivered = "replayed", replay(run_dir, args.timeout, args.retry_interval)
     except DeliveryBusy as exc:
@@ -143,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, count in undelivered.items():
         log.warning("tracking: %d committed lines for %s are still spooled; deliver them with "
                     "`miles replay-spool %s`", count, name, run_dir)
-    print(f"replay-spool: {status}; " + ("still spooled: " + ", ".join(f"{n} {c} lines" for n, c in undelivered.items())
-                                         if undelivered else f"every tracker of {run_dir} holds all "
-                                         f"{TrackingState.load(run_dir).committed} committed lines"), flush=True)
+    committed = TrackingState.load(run_dir).committed
+    print(f"replay-spool: {status}; " + (", ".join(f"{n} {c} lines still spooled" for n, c in undelivered.items())
+                                         or f"every tracker of {run_dir} holds all {committed} committed lines"),
+          flush=True)
     if status == "gone":
         logging.shutdown()
         os._exit(0)  # no atexit teardown of tracker runs: they stay resumable, as after a kill

@@ -142,7 +142,7 @@ class DeliveryLoop:
         slot.state.spec = slot.sink.spec()  # now with its run id
         slot.state.uploaded = False  # the run is open again until this process finishes it
         slot.state.session = self.session
-        slot.state.cursor = slot.sink.durable_cursor(slot.state.cursor)
+        slot.state.cursor = min(self.commits.committed, slot.sink.durable_cursor(slot.state.cursor))
         self.state.save()
         log.info("tracking: %s open %s", slot.name, slot.state.spec.options)
 

@@ -1,14 +1,11 @@
-"""wandb as a sink: offline unless an API key is available, `define_metric` step axes per namespace.
+"""wandb as a sink: offline unless WANDB_API_KEY is set, `define_metric` step axes per namespace.
 
-Each row is logged at wandb step = its journal line's index, so a line delivered again (after a
-crash between a log call and the cursor save) is below the run's current step, which wandb
-ignores instead of doubling the point; online too, where a resumed run continues at the step
-after the last one the server holds. Offline, a new process writes a new offline dir, so the
-cursor is corrected from the offline files instead (`durable_cursor`).
-
-The key is read from `WANDB_API_KEY` (or `--wandb-key`, handed to wandb's settings and
-never to its config). wandb's own metadata capture (argv, environment, git, code) is
-off, since argv may carry `--wandb-key`.
+wandb's own metadata capture (argv, environment, git, code) is off. Each row is logged at
+wandb step = its journal line's index, so a line delivered again (a crash between a log call
+and the cursor save) is below the run's current step, which wandb ignores instead of doubling
+the point; online too, where a resumed run continues after the last step the server holds.
+Offline, a new process writes a new offline dir, so the cursor is corrected from the offline
+files instead (`durable_cursor`).
 """
 from __future__ import annotations
 
@@ -43,11 +40,9 @@ class WandbSink:
     name = "wandb"
 
     def __init__(self, params: dict[str, Any], run_id: str, directory: str, mode: str, project: str,
-                 group: str | None = None, entity: str | None = None, run_name: str | None = None,
-                 api_key: str | None = None):
+                 group: str | None = None, entity: str | None = None, run_name: str | None = None):
         self.params, self.run_id, self.directory, self.mode = params, run_id, directory, mode
         self.project, self.group, self.entity, self.run_name = project, group, entity, run_name
-        self.api_key = api_key  # not in spec(): a replay reads WANDB_API_KEY instead
         self.run = None
 
     def spec(self) -> SinkSpec:
@@ -61,8 +56,7 @@ class WandbSink:
         Path(self.directory).mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(console="off", silent=True, x_disable_meta=True, disable_git=True,
                                   save_code=False, x_disable_stats=True,
-                                  x_transaction_log_flush_interval=FLUSH_INTERVAL_S,
-                                  **({"api_key": self.api_key} if self.api_key else {}))
+                                  x_transaction_log_flush_interval=FLUSH_INTERVAL_S)
         self.run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=self.run_name,
                               id=self.run_id, resume="allow", mode=self.mode, dir=self.directory,
                               config=self.params, settings=settings, reinit="create_new")
