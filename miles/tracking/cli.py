@@ -62,20 +62,21 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0) -> dict[s
         raise FileNotFoundError(f"{run_dir} has no {COMMITTED_PATH}: not a run directory")
     with acquire_lock(run_dir, 0.0):
         commits, sinks = CommitState.load(run_dir), DeliveryState.load(run_dir).sinks
-        names = [name for name in {**commits.trackers, **sinks}
-                 if (commits.trackers.get(name) or sinks[name].spec).kind in SINK_CLASSES
-                 and (name not in sinks or sinks[name].cursor < commits.committed or not sinks[name].uploaded)]
-        loop = DeliveryLoop(run_dir, names, env_scrubber(), retry_interval)
-        return loop.finish([Path(p) for p in commits.artifacts], timeout)
+        # the delivery state's spec has the run id its tracker opened; one never opened, the trainer's
+        specs = {**commits.trackers, **{name: s.spec for name, s in sinks.items()}}
+        todo = {name: spec for name, spec in specs.items() if spec.kind in SINK_CLASSES and
+                (name not in sinks or sinks[name].cursor < commits.committed or not sinks[name].uploaded)}
+        return DeliveryLoop(run_dir, todo, env_scrubber(), retry_interval).finish(
+            [Path(p) for p in commits.artifacts], timeout)
 
 
 def follow(run_dir: Path, session: str | None, retry_interval: float) -> tuple[str, dict[str, int]]:
     """Deliver the run's commits live; at the trainer's close finish as it asks ("closed"); when
     the trainer is gone leave the tracker runs open for its resume ("gone")."""
     with acquire_lock(run_dir, LOCK_WAIT_S):
-        session = session or (CommitState.load(run_dir).trainer or {}).get("session")
-        loop = DeliveryLoop(run_dir, list(CommitState.load(run_dir).trackers), env_scrubber(), retry_interval,
-                            session)
+        commits = CommitState.load(run_dir)
+        session = session or (commits.trainer or {}).get("session")
+        loop = DeliveryLoop(run_dir, commits.trackers, env_scrubber(), retry_interval, session)
         loop.catch_up_all()  # opens every tracker, at the trainer's priority
         # Then nice 10: against one busy training thread per core the kernel still gives delivery
         # about a tenth of a core (SCHED_IDLE, used before, gave it none until training paused, so

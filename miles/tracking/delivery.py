@@ -1,10 +1,9 @@
 """The delivery loop of `miles replay-spool`: moves committed journal lines into each tracker,
-keeps going when a tracker fails and catches it up when it is back; single-threaded, reading
-the trainer's `committed.json` and writing only `delivery.json` (see `state`).
+single-threaded, reading the trainer's `committed.json` and writing only `delivery.json`.
 
-Per tracker a cursor counts the journal lines it holds. A failure is reported once per
-outage; the lines simply stay behind the cursor (in the journal on disk) and are retried
-every `retry_interval` seconds.
+Per tracker a cursor counts the journal lines it holds. A failure is logged once per outage;
+the lines stay behind the cursor (in the journal on disk) and are retried every
+`retry_interval` seconds, so training never waits on a tracker.
 """
 from __future__ import annotations
 
@@ -26,6 +25,9 @@ from miles.tracking.state import COMMITTED_PATH, CONFIG_ARTIFACT, CommitState, D
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
 POLL_S = 0.5  # how often committed.json and the trainer's liveness are checked while following
+# Following, a delivery waits this long after the previous one, so frequent commits go out in one
+# call per tracker: MLflow's SQL store spends ~4x less CPU per point in a batch of a few lines.
+BATCH_S = 4.0
 
 
 @dataclass
@@ -40,46 +42,43 @@ class Slot:
     next_try: float = 0.0
 
 
-def merged_spec(asked: SinkSpec | None, known: SinkState | None) -> SinkSpec:
-    """The trainer's spec, with the run id the delivery state knows when the trainer had none."""
-    if asked is None:
-        return known.spec
-    run_id = known.spec.options.get("run_id") if known is not None and known.spec.kind == asked.kind else None
-    if run_id and not asked.options.get("run_id"):
-        return SinkSpec(asked.kind, {**asked.options, "run_id": run_id})
-    return asked
-
-
 class DeliveryLoop:
-    """Delivers one run directory's committed lines; the caller holds the delivery lock."""
+    """Delivers one run directory's committed lines to `specs`; the caller holds the delivery lock."""
 
-    def __init__(self, run_dir: Path, names: list[str], scrubber: Scrubber, retry_interval: float,
+    def __init__(self, run_dir: Path, specs: dict[str, SinkSpec], scrubber: Scrubber, retry_interval: float,
                  session: str | None = None):
         self.run_dir, self.scrubber, self.retry_interval, self.session = run_dir, scrubber, retry_interval, session
-        self.commits = CommitState.load(run_dir)
-        self.state = DeliveryState.load(run_dir)
+        self.commits, self.state = CommitState.load(run_dir), DeliveryState.load(run_dir)
         self.journal = JournalFollower(run_dir / JOURNAL_NAME)
-        config_path = run_dir / CONFIG_ARTIFACT
-        params = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-        self.slots = []
-        for name in names:
-            spec = merged_spec(self.commits.trackers.get(name), self.state.sinks.get(name))
-            sink_state = self.state.sinks.setdefault(name, SinkState(spec))
-            self.slots.append(Slot(name, build_sink(spec, params), sink_state))
+        config = run_dir / CONFIG_ARTIFACT
+        params = yaml.safe_load(config.read_text()) if config.exists() else {}
+        self.slots = [Slot(name, build_sink(spec, params), self.state.sinks.setdefault(name, SinkState(spec)))
+                      for name, spec in specs.items()]
         self._seen: tuple | None = None
         self._cut_back()
 
-    # -- following the trainer ---------------------------------------------------
-    def refresh(self) -> None:
-        """Re-read committed.json when it changed (a stat per poll otherwise)."""
-        try:
-            st = os.stat(self.run_dir / COMMITTED_PATH)
-        except FileNotFoundError:
-            return
-        if (st.st_mtime_ns, st.st_size, st.st_ino) != self._seen:
-            self._seen = (st.st_mtime_ns, st.st_size, st.st_ino)
-            self.commits = CommitState.load(self.run_dir)
-            self._cut_back()
+    def follow(self) -> str:
+        """Deliver commits as they land until the trainer's close ("closed") or its end ("gone": it
+        died, or another trainer took the run over)."""
+        next_delivery = 0.0
+        while True:
+            try:  # re-read committed.json only when it changed: one stat per poll otherwise
+                st = os.stat(self.run_dir / COMMITTED_PATH)
+                if (st.st_mtime_ns, st.st_size, st.st_ino) != self._seen:
+                    self._seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+                    self.commits = CommitState.load(self.run_dir)
+                    self._cut_back()
+            except FileNotFoundError:
+                pass
+            if time.monotonic() >= next_delivery and (self.pending() or not all(s.opened for s in self.slots)):
+                self.catch_up_all()
+                next_delivery = time.monotonic() + BATCH_S
+            if (self.commits.close or {}).get("session") == self.session:
+                return "closed"
+            if (self.commits.trainer or {}).get("session") != self.session or not self.commits.trainer_alive():
+                self.catch_up_all()  # what it committed last, before leaving
+                return "gone"
+            time.sleep(POLL_S)  # the poll interval: a commit is seen within it
 
     def _cut_back(self) -> None:
         if len(self.journal.lines) > self.commits.committed:  # a resume cut the journal before them
@@ -90,36 +89,23 @@ class DeliveryLoop:
                             "delivered again", slot.name, slot.state.cursor - self.commits.committed)
                 slot.state.cursor = self.commits.committed
 
-    def trainer_state(self) -> str:
-        """"closed" (its close is asked for), "gone" (dead, or another trainer took the run over) or "running"."""
-        trainer, close = self.commits.trainer or {}, self.commits.close or {}
-        if close.get("session") == self.session:
-            return "closed"
-        if trainer.get("session") != self.session or not self.commits.trainer_alive():
-            return "gone"
-        return "running"
-
-    def follow(self) -> str:
-        """Deliver as commits come until the trainer closes or is gone; returns which."""
-        while True:
-            self.refresh()
-            self.catch_up_all()
-            status = self.trainer_state()
-            if status != "running":
-                return status
-            time.sleep(POLL_S)  # the poll interval: commits are seen within it
-
-    # -- delivery ----------------------------------------------------------------
-    def catch_up_all(self, force: bool = False) -> None:
+    def catch_up_all(self) -> None:
         for slot in self.slots:
-            self.catch_up(slot, force)
+            self.catch_up(slot)
 
     def catch_up(self, slot: Slot, force: bool = False) -> bool:
         if slot.down_since is not None and not force and time.monotonic() < slot.next_try:
             return False
         try:
             if not slot.opened:
-                self._open(slot)
+                slot.sink.open()
+                slot.opened = True
+                slot.state.spec = slot.sink.spec()  # now with its run id
+                slot.state.uploaded = False  # the run is open again until this process finishes it
+                slot.state.session = self.session
+                slot.state.cursor = min(self.commits.committed, slot.sink.durable_cursor(slot.state.cursor))
+                self.state.save()
+                log.info("tracking: %s open %s", slot.name, slot.state.spec.options)
             lines = self.journal.read_through(self.commits.committed)
             while slot.state.cursor < len(lines):
                 start = slot.state.cursor
@@ -128,7 +114,13 @@ class DeliveryLoop:
                 slot.state.cursor = end
                 self.state.save()
         except Exception as exc:
-            self._report_down(slot, exc)
+            if slot.down_since is None:  # once per outage
+                slot.down_since = time.monotonic()
+                log.warning("tracking: %s failed (%s: %s); training goes on, its points stay spooled in the journal "
+                            "and are delivered when it is back (or by `miles replay-spool RUN_DIR`)",
+                            slot.name, type(exc).__name__, self.scrubber.scrub(str(exc))[:500])
+                log.debug("%s", self.scrubber.scrub(traceback.format_exc()))
+            slot.next_try = time.monotonic() + self.retry_interval
             return False
         if slot.down_since is not None:
             log.warning("tracking: %s is back after %.0fs; spooled points delivered",
@@ -136,33 +128,11 @@ class DeliveryLoop:
             slot.down_since = None
         return True
 
-    def _open(self, slot: Slot) -> None:
-        slot.sink.open()
-        slot.opened = True
-        slot.state.spec = slot.sink.spec()  # now with its run id
-        slot.state.uploaded = False  # the run is open again until this process finishes it
-        slot.state.session = self.session
-        slot.state.cursor = min(self.commits.committed, slot.sink.durable_cursor(slot.state.cursor))
-        self.state.save()
-        log.info("tracking: %s open %s", slot.name, slot.state.spec.options)
-
     def _delivery(self, lines: list, start: int, end: int) -> Delivery:
-        samples = {}
-        for i in range(start, end):
-            first_of_rollout = i == 0 or lines[i - 1].rollout_id != lines[i].rollout_id
-            path = existing_samples(self.run_dir, lines[i].rollout_id) if first_of_rollout else None
-            if path is not None:
-                samples[i - start] = path
-        return Delivery(lines[start:end], samples, first=start)
-
-    def _report_down(self, slot: Slot, exc: Exception) -> None:
-        if slot.down_since is None:  # once per outage
-            slot.down_since = time.monotonic()
-            log.warning("tracking: %s failed (%s: %s); training goes on, its points stay spooled in the journal "
-                        "and are delivered when it is back (or by `miles replay-spool RUN_DIR`)",
-                        slot.name, type(exc).__name__, self.scrubber.scrub(str(exc))[:500])
-            log.debug("%s", self.scrubber.scrub(traceback.format_exc()))
-        slot.next_try = time.monotonic() + self.retry_interval
+        """Lines start..end, with each rollout's sample table on its first line."""
+        samples = {i - start: existing_samples(self.run_dir, lines[i].rollout_id) for i in range(start, end)
+                   if i == 0 or lines[i - 1].rollout_id != lines[i].rollout_id}
+        return Delivery(lines[start:end], {i: p for i, p in samples.items() if p is not None}, first=start)
 
     def finish(self, files: list[Path], timeout: float, final: bool = True) -> dict[str, int]:
         """Deliver what is committed (retrying a failed tracker until `timeout`), upload `files` when
@@ -179,7 +149,8 @@ class DeliveryLoop:
                     slot.state.uploaded = final
                     self.state.save()
                 except Exception as exc:
-                    self._report_down(slot, exc)
+                    log.warning("tracking: %s could not finish its run (%s: %s); `miles replay-spool %s` does it",
+                                slot.name, type(exc).__name__, self.scrubber.scrub(str(exc))[:500], self.run_dir)
         return self.pending()
 
     def pending(self) -> dict[str, int]:

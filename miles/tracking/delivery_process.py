@@ -1,11 +1,7 @@
-"""The trainer's handle on its delivery process, `miles replay-spool RUN_DIR --follow`.
-
-A fresh interpreter (not a fork: the trainer has torch threads, Ray and wandb state), in its own
-session so a terminal's Ctrl-C reaches only the trainer. Nothing passes between the two but the
-state files (see `state`); the environment carries WANDB_API_KEY and the secrets to scrub, never
-the command line. Its output goes to RUN_DIR/tracking/delivery.log. If it dies, training goes on:
-that is reported once and the committed lines stay spooled for the next run or `miles replay-spool`.
-"""
+"""The trainer's handle on its delivery process, `miles replay-spool RUN_DIR --follow`: a fresh
+interpreter (not a fork of a trainer with torch threads and Ray) in its own session, so a
+terminal's Ctrl-C reaches only the trainer. The state files are all that passes between them; the
+environment carries WANDB_API_KEY and the secrets to scrub, never the command line."""
 from __future__ import annotations
 
 import json
@@ -22,23 +18,16 @@ log = logging.getLogger("miles.tracking")
 CLOSE_GRACE_S = 60.0  # past the retry timeout, for the final uploads and finishing the tracker runs
 
 
-class DeliveryProcessError(RuntimeError):
-    pass
-
-
 class DeliveryProcess:
     def __init__(self, run_dir: Path, session: str, retry_interval: float, secrets: tuple[str, ...],
                  wandb_key: str | None):
         self.run_dir = Path(run_dir).resolve()
-        env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the child runs this same `miles`, whatever its cwd
-        env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         env[SECRETS_ENV] = json.dumps(list(secrets))
         if wandb_key:
             env["WANDB_API_KEY"] = wandb_key
-        path = self.run_dir / DELIVERY_LOG_PATH
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as output:
+        with (self.run_dir / DELIVERY_LOG_PATH).open("ab") as output:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "miles.tracking.cli", str(self.run_dir), "--follow", "--session", session,
                  "--retry-interval", str(retry_interval)],
@@ -50,9 +39,9 @@ class DeliveryProcess:
         return self.proc.pid
 
     def check(self, closing: bool = False) -> bool:
-        """Whether it is still running; a stop without its trainer's close is reported once."""
+        """Whether it still runs; a failed exit is reported once (training goes on regardless)."""
         code = self.proc.poll()
-        if code is not None and code != 0 and not self.reported:
+        if code and not self.reported:
             self.reported = True
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             log.warning("tracking: the delivery process stopped (%s)%s; training goes on, the committed points "

@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from miles.tracking.delivery_process import DeliveryProcess, DeliveryProcessError
+from miles.tracking.delivery_process import DeliveryProcess
 from miles.tracking.hooks import load_hooks
 from miles.tracking.journal import Journal, JournalLine
 from miles.tracking.names import map_metrics
@@ -128,7 +128,7 @@ class RunTracker:
 
     def wait_open(self, timeout: float) -> None:
         """Block until every tracker run is open (benchmarks and tests that time or kill delivery);
-        TimeoutError after `timeout`, DeliveryProcessError if the delivery process is gone."""
+        TimeoutError after `timeout`, RuntimeError if the delivery process is gone."""
         self._require_open()
         deadline = time.monotonic() + timeout
         while self.delivery is not None:
@@ -136,7 +136,7 @@ class RunTracker:
             if all(name in sinks and sinks[name].session == self.session for name in self.specs):
                 return
             if not self.delivery.check():
-                raise DeliveryProcessError("the tracking delivery process exited before every tracker run was open")
+                raise RuntimeError("the tracking delivery process exited before every tracker run was open")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"trackers not open after {timeout}s")
             time.sleep(0.05)  # poll interval, bounded by the deadline

@@ -10,9 +10,8 @@ between the trainer and its delivery process (`miles replay-spool RUN_DIR --foll
   many journal lines it holds (`cursor`), the session that last opened it and whether its run is
   finished with the artifacts stored (`uploaded`).
 
-A tracker's spool is the journal past its cursor: committed lines are already on disk, so an
-outage spools nothing twice and loses nothing when a process ends. A run directory of the
-earlier single-file layout (`tracking/state.json`) is read as well.
+A tracker's spool is the journal past its cursor. A run directory of the earlier single-file
+layout (`tracking/state.json`) is read as well.
 """
 from __future__ import annotations
 
@@ -142,16 +141,16 @@ class TrackingState:
 
     @classmethod
     def load(cls, run_dir: Path) -> "TrackingState":
-        commits, delivery = CommitState.load(run_dir), DeliveryState.load(run_dir)
-        return cls(Path(run_dir), commits.committed, delivery.sinks, commits.artifacts)
+        commits = CommitState.load(run_dir)
+        return cls(Path(run_dir), commits.committed, DeliveryState.load(run_dir).sinks, commits.artifacts)
 
     def exists(self) -> bool:
         return any((self.run_dir / p).exists() for p in (COMMITTED_PATH, DELIVERY_PATH, LEGACY_STATE_PATH))
 
     def pending(self) -> dict[str, int]:
-        """Committed lines not yet delivered, per tracker."""
         return pending(self.committed, self.sinks)
 
 
 def pending(committed: int, sinks: dict[str, SinkState]) -> dict[str, int]:
+    """Committed lines not yet delivered, per tracker."""
     return {name: committed - s.cursor for name, s in sinks.items() if s.cursor < committed}
