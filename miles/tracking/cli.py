@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from miles.config.fields import is_secret_name
-from miles.tracking.delivery import DeliveryLoop
+from miles.tracking.delivery import POLL_S, DeliveryLoop
 from miles.tracking.secrets import MIN_SECRET_LEN, Scrubber
-from miles.tracking.sinks.base import SINK_CLASSES
+from miles.tracking.sinks.base import SINK_CLASSES, build_sink
 from miles.tracking.state import (COMMITTED_PATH, DELIVERY_LOCK_PATH, DELIVERY_LOG_PATH, CommitState, DeliveryState,
                                   TrackingState, try_delivery_lock)
 
@@ -76,7 +76,19 @@ def follow(run_dir: Path, session: str | None, retry_interval: float) -> tuple[s
     with acquire_lock(run_dir, LOCK_WAIT_S):
         commits = CommitState.load(run_dir)
         session = session or (commits.trainer or {}).get("session")
-        loop = DeliveryLoop(run_dir, commits.trackers, env_scrubber(), retry_interval, session)
+        # While the trainer reads its checkpoint: import the trackers, create the MLflow store
+        for name, spec in commits.trackers.items():
+            try:
+                build_sink(spec, {}).prepare()
+            except Exception as exc:  # its open will fail and report it
+                log.info("tracking: preparing %s failed: %s", name, env_scrubber().scrub(str(exc)))
+        waiting = DeliveryLoop(run_dir, {}, env_scrubber(), retry_interval, session)
+        while (status := waiting.trainer_state()) == "starting":
+            time.sleep(POLL_S)  # the poll interval, until the trainer opens the tracker
+            waiting.refresh()
+        if status == "gone" or not (waiting.commits.trainer or {}).get("open"):
+            return status, {}  # gone, or closed before it opened: nothing to open here
+        loop = DeliveryLoop(run_dir, waiting.commits.trackers, env_scrubber(), retry_interval, session)
         loop.catch_up_all()  # opens every tracker, at the trainer's priority
         # Then nice 10: against one busy training thread per core the kernel still gives delivery
         # about a tenth of a core (SCHED_IDLE, used before, gave it none until training paused, so

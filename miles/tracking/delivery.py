@@ -57,27 +57,41 @@ class DeliveryLoop:
         self._seen: tuple | None = None
         self._cut_back()
 
+    def refresh(self) -> None:
+        """Re-read committed.json when it changed: one stat per poll otherwise."""
+        try:
+            st = os.stat(self.run_dir / COMMITTED_PATH)
+        except FileNotFoundError:
+            return
+        if (st.st_mtime_ns, st.st_size, st.st_ino) != self._seen:
+            self._seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+            self.commits = CommitState.load(self.run_dir)
+            self._cut_back()
+
+    def trainer_state(self) -> str:
+        """"closed" (its close is asked for), "gone" (dead, or another trainer took the run over),
+        "open" (it read its checkpoint) or "starting"."""
+        trainer = self.commits.trainer or {}
+        if (self.commits.close or {}).get("session") == self.session:
+            return "closed"
+        if trainer.get("session") != self.session or not self.commits.trainer_alive():
+            return "gone"
+        return "open" if trainer.get("open") else "starting"
+
     def follow(self) -> str:
         """Deliver commits as they land until the trainer's close ("closed") or its end ("gone": it
         died, or another trainer took the run over)."""
         next_delivery = 0.0
         while True:
-            try:  # re-read committed.json only when it changed: one stat per poll otherwise
-                st = os.stat(self.run_dir / COMMITTED_PATH)
-                if (st.st_mtime_ns, st.st_size, st.st_ino) != self._seen:
-                    self._seen = (st.st_mtime_ns, st.st_size, st.st_ino)
-                    self.commits = CommitState.load(self.run_dir)
-                    self._cut_back()
-            except FileNotFoundError:
-                pass
+            self.refresh()
             if time.monotonic() >= next_delivery and (self.pending() or not all(s.opened for s in self.slots)):
                 self.catch_up_all()
                 next_delivery = time.monotonic() + BATCH_S
-            if (self.commits.close or {}).get("session") == self.session:
-                return "closed"
-            if (self.commits.trainer or {}).get("session") != self.session or not self.commits.trainer_alive():
+            status = self.trainer_state()
+            if status == "gone":
                 self.catch_up_all()  # what it committed last, before leaving
-                return "gone"
+            if status != "open":
+                return status
             time.sleep(POLL_S)  # the poll interval: a commit is seen within it
 
     def _cut_back(self) -> None:

@@ -85,41 +85,44 @@ class RunTracker:
         self.journal = Journal(self.run_dir)
         self.commits = CommitState.load(self.run_dir)
         self.pending: dict[int, dict[str, float]] = {}  # default rollout/eval metrics awaiting their record
-        self.session: str | None = None  # set by resume(), the open
-        self.specs: dict[str, SinkSpec] = {}  # the trackers that are on
-        self.delivery: DeliveryProcess | None = None  # None with every tracker off, or when it could not start
-        self.closed = False
+        self.opened = self.closed = False
         path = self.run_dir / CONFIG_ARTIFACT
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(self.params, sort_keys=True))
+        # The delivery process starts now, so it imports the trackers (and creates a local MLflow
+        # store) while the trainer starts; it opens their runs once `resume` read the checkpoint.
+        self.session = secrets.token_hex(8)
+        self.specs = build_specs(config, self.run_dir, DeliveryState.load(self.run_dir), {})
+        self.commits.trackers = dict(self.specs)
+        self.commits.claim(self.session)
+        self.commits.save()
+        self.delivery: DeliveryProcess | None = None  # None with every tracker off, or when it could not start
+        if self.specs:
+            t = config.tracking
+            try:
+                self.delivery = DeliveryProcess(self.run_dir, self.session, t.tracking_retry_interval,
+                                                self.scrubber.secrets, t.wandb_key)
+            except OSError as exc:  # training goes on without it
+                log.warning("tracking: cannot start the delivery process (%s); training goes on, the committed "
+                            "points stay spooled for `miles replay-spool %s`", self.scrubber.scrub(str(exc)),
+                            self.run_dir)
 
     def _require_open(self) -> None:
-        if self.session is None:
+        if not self.opened:
             raise RuntimeError("the tracker is not open: call resume(committed_rollout_id, extra) once the "
                                "checkpoint is read (resume(None, {}) for a fresh run)")
 
     # -- the contract -----------------------------------------------------------
     def resume(self, committed_rollout_id: int | None, extra: dict[str, Any]) -> None:
-        if self.session is not None:
-            raise RuntimeError("resume() opens the tracker once per process; it is already open")
+        if self.opened or self.closed:
+            raise RuntimeError("resume() opens the tracker once per process; it is already open or closed")
         self.journal.truncate_after(committed_rollout_id)
         self.commits.committed = len(self.journal.lines)  # the delivery process cuts cursors past it back
         self.pending.clear()
-        self.session = secrets.token_hex(8)
         self.specs = build_specs(self.config, self.run_dir, DeliveryState.load(self.run_dir), extra or {})
         self.commits.trackers = dict(self.specs)
-        self.commits.claim(self.session)
+        self.commits.trainer["open"] = self.opened = True
         self.commits.save()
-        if not self.specs:
-            return
-        t = self.config.tracking
-        try:
-            self.delivery = DeliveryProcess(self.run_dir, self.session, t.tracking_retry_interval,
-                                            self.scrubber.secrets, t.wandb_key)
-        except OSError as exc:  # training goes on without it
-            log.warning("tracking: cannot start the delivery process (%s); training goes on, the committed "
-                        "points stay spooled for `miles replay-spool %s`", self.scrubber.scrub(str(exc)),
-                        self.run_dir)
 
     @property
     def delivery_pid(self) -> int | None:
@@ -195,9 +198,15 @@ class RunTracker:
         committed lines are delivered and the tracker runs finished, but the report and artifacts
         wait for the final close (a chunk boundary should cost no more than it must). A tracker
         never opened (its loop failed before `resume`) closes as a no-op."""
-        if self.closed or self.session is None:
+        if self.closed:
             return FinishReport()
         self.closed = True
+        if not self.opened:  # its loop failed before `resume`: the delivery process just leaves
+            self.commits.close = {"session": self.session, "final": False, "timeout": 0.0}
+            self.commits.save()
+            if self.delivery is not None:
+                self.delivery.wait(0.0)
+            return FinishReport()
         if final:
             files = [self.run_dir / CONFIG_ARTIFACT, self.journal.path]
             if self.journal.lines:

@@ -2,9 +2,10 @@
 between the trainer and its delivery process (`miles replay-spool RUN_DIR --follow`).
 
 - `RUN_DIR/tracking/committed.json`, written only by the trainer: how many journal lines a
-  checkpoint covers (`committed`), the trackers that are on (`trackers`, their specs as first
-  asked for), the trainer process that owns the run now (`trainer`: pid, start time, session),
-  the files to upload at the end (`artifacts`) and, once the trainer closes, how (`close`);
+  checkpoint covers (`committed`), the trackers that are on (`trackers`, their specs), the trainer
+  process that owns the run now (`trainer`: pid, start time, session, and `open` once it read its
+  checkpoint: before that the delivery process only prepares), the files to upload at the end
+  (`artifacts`) and, once the trainer closes, how (`close`);
 - `RUN_DIR/tracking/delivery.json`, written only by whoever holds `RUN_DIR/tracking/delivery.lock`
   (the delivery process or `miles replay-spool`): per tracker its spec (run id included), how
   many journal lines it holds (`cursor`), the session that last opened it and whether its run is
@@ -87,7 +88,7 @@ class CommitState:
     committed: int = 0  # journal lines covered by a checkpoint
     trackers: dict[str, SinkSpec] = field(default_factory=dict)  # the trackers that are on
     artifacts: list[str] = field(default_factory=list)  # files to upload once the run ends
-    trainer: dict[str, Any] | None = None  # {"pid", "start", "session"} of the trainer process
+    trainer: dict[str, Any] | None = None  # {"pid", "start", "session", "open"} of the trainer process
     close: dict[str, Any] | None = None  # {"session", "final", "timeout"} once that trainer closes
 
     @classmethod
@@ -108,7 +109,7 @@ class CommitState:
 
     def claim(self, session: str) -> None:
         """This process is the run's trainer now (its delivery follows it until it closes or dies)."""
-        self.trainer = {"pid": os.getpid(), "start": process_start(os.getpid()), "session": session}
+        self.trainer = {"pid": os.getpid(), "start": process_start(os.getpid()), "session": session, "open": False}
         self.close = None
 
 

@@ -34,6 +34,11 @@ def mlflow_points(run_dir: Path) -> set[tuple[str, int]]:
         return set(rows)
 
 
+def delivery_log(run_dir: Path) -> str:
+    path = run_dir / "tracking" / "delivery.log"
+    return path.read_text()[-3000:] if path.exists() else "(none)"
+
+
 def test_committed_points_reach_mlflow_within_the_bound_while_the_run_goes_on(tmp_path, base_model):
     run_dir = tmp_path / "run"
     output = tmp_path / "train.log"
@@ -60,7 +65,8 @@ def test_committed_points_reach_mlflow_within_the_bound_while_the_run_goes_on(tm
                 lags.append(now - committed_at[delivered])
                 delivered += 1
             waiting = [line for line in range(delivered, len(committed_at)) if now - committed_at[line] > LAG_BOUND_S]
-            assert not waiting, f"journal lines {waiting} committed more than {LAG_BOUND_S}s ago are not in MLflow"
+            assert not waiting, (f"journal lines {waiting} committed more than {LAG_BOUND_S}s ago are not in MLflow; "
+                                 f"delivery log:\n{delivery_log(run_dir)}")
             if proc.poll() is not None and delivered_while_running is None:
                 delivered_while_running = delivered
             time.sleep(0.2)  # the watcher's poll interval

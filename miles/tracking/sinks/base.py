@@ -33,6 +33,9 @@ class SinkSpec:
 class Sink(Protocol):
     name: str
 
+    def prepare(self) -> None:
+        """What needs no run yet (imports, creating a local store), done while the trainer starts."""
+
     def open(self) -> None:
         """Start the tracker run, or reattach the one named in the spec."""
 

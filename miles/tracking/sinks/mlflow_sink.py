@@ -41,6 +41,11 @@ class MlflowSink:
         return SinkSpec("mlflow", dict(tracking_uri=self.tracking_uri, experiment=self.experiment,
                                        run_id=self.run_id, run_name=self.run_name, artifact_dir=self.artifact_dir))
 
+    def prepare(self) -> None:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=self.tracking_uri).get_experiment_by_name(self.experiment)  # creates a SQLite store
+
     def open(self) -> None:
         from mlflow.entities import Param, RunStatus
         from mlflow.tracking import MlflowClient

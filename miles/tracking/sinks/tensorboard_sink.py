@@ -21,6 +21,9 @@ class TensorBoardSink:
     def spec(self) -> SinkSpec:
         return SinkSpec("tensorboard", dict(log_dir=self.log_dir))
 
+    def prepare(self) -> None:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: F401
+
     def open(self) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 

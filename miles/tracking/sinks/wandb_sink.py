@@ -50,6 +50,9 @@ class WandbSink:
                                       project=self.project, group=self.group, entity=self.entity,
                                       run_name=self.run_name))
 
+    def prepare(self) -> None:
+        import wandb  # noqa: F401  (seconds of imports, before the trainer needs its run)
+
     def open(self) -> None:
         import wandb
 
