@@ -48,7 +48,7 @@ def test_committed_points_reach_mlflow_within_the_bound_while_the_run_goes_on(tm
                                 stderr=subprocess.STDOUT)
     committed_at: dict[int, float] = {}  # journal line -> when this watcher first saw it committed (within 0.2 s)
     lags: list[float] = []
-    delivered, delivered_while_running = 0, None
+    delivered, delivered_while_running = 0, 0
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while proc.poll() is None or delivered < len(committed_at):
@@ -67,7 +67,7 @@ def test_committed_points_reach_mlflow_within_the_bound_while_the_run_goes_on(tm
             waiting = [line for line in range(delivered, len(committed_at)) if now - committed_at[line] > LAG_BOUND_S]
             assert not waiting, (f"journal lines {waiting} committed more than {LAG_BOUND_S}s ago are not in MLflow; "
                                  f"delivery log:\n{delivery_log(run_dir)}")
-            if proc.poll() is not None and delivered_while_running is None:
+            if proc.poll() is None:
                 delivered_while_running = delivered
             time.sleep(0.2)  # the watcher's poll interval
     finally:
