@@ -1,7 +1,10 @@
 """Router throughput and added latency, side by side: direct to a stub engine, through `miles router`, and
 through the Rust `sglang-router` (an outside reference, installed into a throwaway venv, never a dependency).
 
-    .venv/bin/python benchmarks/router.py [--seconds 10] [--connections 32] [--soak-seconds 20]
+    .venv/bin/python benchmarks/router.py [--seconds 10] [--connections 32] [--soak-seconds 20] [--baseline DIR]
+
+`--baseline DIR` adds the `miles router` of another checkout (e.g. `git worktree add /tmp/base <commit>`)
+as a column, so a change to the router is measured side by side with the code before it.
 
 Every server and the load generator run as separate processes (wrk when installed, else a lean
 asyncio generator from this file). Prints a table, then one JSON line with the figures and ratios.
@@ -76,8 +79,9 @@ def wait_http(url: str, timeout: float = 60.0, method: str = "GET", body: bytes 
     raise TimeoutError(f"{url} did not answer 200 within {timeout}s")
 
 
-def start_reading_url(cmd: list[str], pattern: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+def start_reading_url(cmd: list[str], pattern: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the checkout whose code runs
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root, env=env)
     line = proc.stdout.readline()
     match = re.search(pattern, line)
     if not match:
@@ -92,9 +96,9 @@ def start_stub() -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-def start_ours(worker: str) -> tuple[subprocess.Popen, str]:
+def start_ours(worker: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     proc, url = start_reading_url([PYTHON, "-m", "flows.cli", "router", "--port", "0", "--worker-urls", worker],
-                                  r"http://[^\s]+")
+                                  r"http://[^\s]+", root)
     wait_http(url + "/router_health")
     wait_http(url + "/generate", method="POST", body=BODY)
     return proc, url
@@ -245,6 +249,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the best of each is kept")
     parser.add_argument("--soak-seconds", type=float, default=20.0, help="soak our router this long (0: skip)")
+    parser.add_argument("--baseline", metavar="DIR", type=Path,
+                        help="another checkout whose router runs as the 'baseline router' column")
     parser.add_argument("--loadgen", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loadgen:
@@ -257,6 +263,12 @@ def main() -> None:
         ours, ours_url = start_ours(stub_url)
         procs.append(ours)
         targets = {"direct": stub_url, "miles router": ours_url}
+        if args.baseline:
+            if not (args.baseline / "miles" / "router").is_dir():
+                parser.error(f"--baseline {args.baseline}: not a checkout of this project (no miles/router)")
+            base, base_url = start_ours(stub_url, args.baseline.resolve())
+            procs.append(base)
+            targets["baseline router"] = base_url
         sglr_python = ensure_sglang_router()
         if sglr_python is not None:
             sglr, sglr_url = start_sglang(sglr_python, stub_url)
@@ -282,6 +294,8 @@ def report(results: dict[str, dict], args, soaked: dict | None) -> None:
         print(f"{name:<15} {r['rps']:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['errors']:>7}"
               f" {r['one_p50_ms']:>10.3f} {added:>12.3f}")
     ratios = {"ours_vs_direct": results["miles router"]["rps"] / results["direct"]["rps"]}
+    if "baseline router" in results:
+        ratios["ours_vs_baseline"] = results["miles router"]["rps"] / results["baseline router"]["rps"]
     if "sglang-router" in results:
         ratios["ours_vs_sglang_router"] = results["miles router"]["rps"] / results["sglang-router"]["rps"]
     else:

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "base-model": ("miles.tiny.cli:main", "make the tiny warm-started base checkpoint if missing; print its dir"),
     "doctor": ("miles.doctor:main", "check the installation and the services a run needs"),
     "replay-spool": ("miles.tracking.cli:main", "deliver tracker points spooled during an outage"),
+    "dashboard": ("miles.dashboard.cli:main", "serve a run directory's web view (metrics, timeline, samples, tokens)"),
 }
 
 

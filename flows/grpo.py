@@ -17,6 +17,8 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.on_ray import train_on_ray
 from miles.config import ConfigError, MilesConfig, parse_config
+from miles.config.secrets import export_secrets, secrets_to_env
+from miles.run_lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.finish import RunReport
 from tasks.options import configured
@@ -65,12 +67,14 @@ def api_url() -> str:
 @flow(name="grpo", log_prints=True)
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
-    config = with_resolved_paths(parse_config(build_argv(config_file, flags)))
-    cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url())
-    try:
-        return train_on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
-    finally:
-        shut_down_cluster(cluster)
+    # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
+    config = export_secrets(with_resolved_paths(parse_config(build_argv(config_file, flags))))
+    with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
+        cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url())
+        try:
+            return train_on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
+        finally:
+            shut_down_cluster(cluster)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.train.run_dir is None:
         argv += ["--run-dir", str(default_run_dir())]
         config = parse_config(argv)
+    argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
     server = ensure_server()
     print_where_to_look(config, server)
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_progress_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from flows.chunk_runner import run_chunk_to_end
 from flows.plan import plan_for
 from miles.config import MilesConfig
+from miles.dashboard.cli import command as dashboard_command
 from tasks.actors import stop_run_actors
 from tasks.finish import RunReport, finish_run
 from tasks.options import configured
@@ -74,6 +75,9 @@ def train_on_ray(config: MilesConfig, run_dir: str, prefix: str) -> RunReport:
     """Everything that runs as Ray tasks (Ray itself is up: the task runner reuses it)."""
     o = config.orchestration
     progress_id = create_progress_artifact(progress=0.0, key="grpo-progress", description=f"rollouts of {run_dir}")
+    create_markdown_artifact(key="grpo-dashboard", description=f"the web view of {run_dir}",
+                             markdown=f"Watch this run (or a copy of its run dir) in the browser:\n\n"
+                                      f"```\n{dashboard_command(Path(run_dir))}\n```")
     # Ray must never re-run a task on its own: a rerun would be invisible to Prefect.
     with remote_options(max_retries=0), progress_bar() as bar:
         bar_task = bar.add_task("train", total=config.rollout.num_rollout)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from flows.prefect_server import PrefectServer
 from miles.config import MilesConfig
+from miles.dashboard.cli import command as dashboard_command
 
 
 def mlflow_ui_command(config: MilesConfig, run_dir: Path) -> str:
@@ -17,7 +18,7 @@ def mlflow_ui_command(config: MilesConfig, run_dir: Path) -> str:
 def where_to_look(config: MilesConfig, server: PrefectServer) -> list[tuple[str, str]]:
     run_dir = Path(config.train.run_dir).resolve()
     rows = [("Prefect UI", server.ui_url), ("run dir", str(run_dir)),
-            ("journal", str(run_dir / "metrics.jsonl"))]
+            ("journal", str(run_dir / "metrics.jsonl")), ("dashboard", dashboard_command(run_dir))]
     if config.tracking.use_mlflow:
         rows.append(("MLflow", mlflow_ui_command(config, run_dir)))
     if config.tracking.use_wandb:

@@ -15,11 +15,15 @@ from pathlib import Path
 
 import httpx
 
+from miles.parent_watch import parent_env
+
 STOP_GRACE_S = 15.0
 LOG_TAIL_CHARS = 4000
 # Run from the directory that holds the `miles` package, so `python -m miles...` resolves to
 # this checkout even when the caller's working directory is elsewhere.
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
+# Secrets in this process's environment that services get only when their launcher passes them.
+SERVICE_SECRET_ENV = frozenset({"WANDB_API_KEY", "MILES_ROUTER_ADMIN_TOKEN", "MILES_ENGINE_ADMIN_TOKEN"})
 
 
 class ServiceStartError(RuntimeError):
@@ -90,7 +94,7 @@ def start_service(argv: list[str], host: str, port: int, log_path: Path, *, heal
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **(env or {})}, cwd=REPO_ROOT)
+                                   env=service_env(env), cwd=REPO_ROOT)
     service = ServiceProcess(url=f"http://{host}:{port}", pid=process.pid, port=port, process=process,
                              log_path=log_path)
     try:
@@ -99,6 +103,13 @@ def start_service(argv: list[str], host: str, port: int, log_path: Path, *, heal
         service.stop()
         raise error(f"{exc}\ncommand: {' '.join(argv)}\nlog {log_path} ends with:\n{log_tail(log_path)}") from None
     return service
+
+
+def service_env(extra: dict[str, str] | None) -> dict[str, str]:
+    """This process's environment without the secrets a service does not need (it gets those it
+    needs in `extra`), plus this pid for the service's parent watch."""
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_SECRET_ENV}
+    return {**env, **(extra or {}), **parent_env()}
 
 
 def log_tail(path: Path) -> str:

@@ -26,6 +26,13 @@ class Services:
             raise errors[0]
 
 
+def timeline_args(engine: str, run_dir: Path) -> list[str]:
+    """The flag that makes an embedded engine add its batches to the run's timeline (SGLang cannot)."""
+    from miles.tracking.timeline import TIMELINE_NAME
+
+    return ["--timeline-path", str(run_dir / TIMELINE_NAME)] if engine == "embedded" else []
+
+
 def start_services(config, run_dir: Path, model_dir: Path | None = None, use_router: bool = True) -> Services:
     """Launch the engines on the base model (or `model_dir`), then the router when there are several
     or `use_router`; everything binds to loopback."""
@@ -39,7 +46,8 @@ def start_services(config, run_dir: Path, model_dir: Path | None = None, use_rou
         for i in range(config.rollout.rollout_num_engines):
             handle = launch_engine(model_dir, host="127.0.0.1", engine=e.engine, device=e.engine_device,
                                    max_batch_size=e.engine_max_batch_size,
-                                   log_path=Path(run_dir) / "logs" / f"engine{i}.log")
+                                   log_path=Path(run_dir) / "logs" / f"engine{i}.log",
+                                   extra_args=timeline_args(e.engine, Path(run_dir)))
             services._stops.append(handle.stop)
             services.engine_urls.append(handle.url)
         services.rollout_url = services.engine_urls[0]

@@ -7,6 +7,7 @@ gets checkpoints and metrics.jsonl. The Prefect flow runs the same `RLTrainer` i
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,13 +31,20 @@ def default_run_dir(config: MilesConfig) -> Path:
 
 
 def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
-    from miles.services import start_services
-    from miles.trainer import RLTrainer, preflight
+    from miles.run_lock import RunDirLock
+    from miles.trainer import preflight
 
     preflight(config)  # a bad hook or data path fails here, before any engine or actor starts
     start = time.time()
     run_dir = default_run_dir(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with RunDirLock(run_dir):  # a second trainer on this run dir fails here, naming the holder
+        return _train_locked(config, run_dir, use_router, start)
+
+
+def _train_locked(config: MilesConfig, run_dir: Path, use_router: bool, start: float) -> RunSummary:
+    from miles.services import start_services
+    from miles.trainer import RLTrainer
+
     services = start_services(config, run_dir, use_router=use_router)
     trainer = None
     try:
@@ -62,8 +70,14 @@ def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from miles.backends.base import NonFiniteError
+
     config = parse_config(argv, prog="python -m miles.train")
-    summary = train(config)
+    try:
+        summary = train(config)
+    except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
+        print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        return 1
     final = summary.final_metrics
     evals = {k: v for k, v in final.items() if k.startswith("eval/") and k != "eval/step"}
     print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"

@@ -29,6 +29,9 @@ from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.tracking import open_tracking
+from miles.tracking.samples import samples_due
+from miles.tracking.timeline import TIMELINE_NAME, TimelineWriter
+from miles.tracking.tokens import write_tokens
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,7 @@ class RLTrainer:
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
                                in_memory=config.train.colocate, admin_token=router_admin_token(config))
         self.weight_version = 0
+        self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -130,6 +134,7 @@ class RLTrainer:
         self.group.call("set_weight_version", version)
 
     def save_checkpoint(self, rollout_id: int) -> Path:
+        started = time.time()
         staged = checkpoint.staging_dir(self.save_dir, rollout_id)
         self.group.call("save", str(staged))
         state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
@@ -137,13 +142,15 @@ class RLTrainer:
                                         extra=self.tracker.checkpoint_extra())
         path = checkpoint.seal(staged, self.save_dir, state, self.config.train.keep_checkpoints)
         self.tracker.commit(rollout_id)
+        self.timeline.add("checkpoint", started, time.time(), rollout_id)
         return path
 
     # ---- one iteration ----------------------------------------------------------------------
     def run_iteration(self, rollout_id: int) -> IterationResult:
         cfg = self.config
         start = time.perf_counter()
-        samples, advantages = self._rollout(rollout_id)
+        with self.timeline.span("rollout", rollout_id):
+            samples, advantages = self._rollout(rollout_id)
         rollout_time = time.perf_counter() - start
         # rollout/ and passrate/ go out through the rollout logger (a custom one may replace them)
         rollout_logged = rollout_metrics(samples, advantages, cfg.rollout.n_samples_per_prompt,
@@ -151,13 +158,21 @@ class RLTrainer:
         self.tracker.log_rollout(rollout_id, self.args, samples, dict(rollout_logged), rollout_time)
 
         t_train = time.perf_counter()
-        batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id)
-        summary = combine(self.group.train(batches))
+        logged = samples_due(cfg.tracking.log_samples_interval, rollout_id)
+        with self.timeline.span("train", rollout_id):
+            batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id,
+                                      return_token_stats=logged)
+            summary = combine(self.group.train(batches))
         train_time = time.perf_counter() - t_train
+        self._write_rank_phases(rollout_id, summary)
+        if logged:
+            with self.timeline.span("log_tokens", rollout_id):
+                write_tokens(self.run_dir, rollout_id, samples, self.tokenizer, summary.token_stats)
 
         t_sync = time.perf_counter()
-        self.weight_version += 1
-        self.sync.push(self.weight_version)
+        with self.timeline.span("update_weights", rollout_id, version=self.weight_version + 1):
+            self.weight_version += 1
+            self.sync.push(self.weight_version)
         update_time = time.perf_counter() - t_sync
         step_time = time.perf_counter() - start
 
@@ -179,10 +194,16 @@ class RLTrainer:
         evaluated = {}
         if self._eval_due(rollout_id):
             t_eval = time.perf_counter()
-            evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
+            with self.timeline.span("eval", rollout_id):
+                evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
             metrics["perf/eval_time"] = time.perf_counter() - t_eval
         self.tracker.record(rollout_id, metrics)
         return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated}, samples)
+
+    def _write_rank_phases(self, rollout_id: int, summary) -> None:
+        for rank, phases in summary.phases.items():
+            for name, begin, end in phases:
+                self.timeline.add(name, begin, end, rollout_id, lane=f"rank{rank}")
 
     def _rollout(self, rollout_id: int) -> tuple[list[Sample], list[float]]:
         r = self.config.rollout
@@ -202,7 +223,10 @@ class RLTrainer:
         the last iteration (none when rollouts go straight to one engine)."""
         if self.sync.router_url is None:
             return {}
-        stats = httpx.get(f"{self.sync.router_url}/router_stats", timeout=30.0).raise_for_status().json()
+        token = self.sync.admin_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
+                          timeout=30.0).raise_for_status().json()
         return {f"rollout/{key}": float(value) for key, value in stats.items()
                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
@@ -230,5 +254,6 @@ class RLTrainer:
                 self.group.stop()
         finally:
             self.tracker.close()
+            self.timeline.close()
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()

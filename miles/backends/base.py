@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+class NonFiniteError(RuntimeError):
+    """A loss or gradient norm that is NaN or infinite: the step is refused before the optimizer
+    sees it, so neither the weights nor a checkpoint ever hold it; the run stops with this message."""
+
+
 @dataclass
 class RankBatch:
     """One rank's share of a rollout, already split into optimizer steps."""
@@ -20,6 +25,8 @@ class RankBatch:
     step_sizes: list[int]  # this rank's samples in each optimizer step (sum = len(tokens))
     global_step_sizes: list[int]  # all ranks' samples in each step: the loss normaliser
     rollout_id: int = 0
+    sample_indices: list[int] = field(default_factory=list)  # each row's index in the rollout
+    return_token_stats: bool = False  # a logged rollout: send back per-token log-probs and entropy
 
 
 @dataclass
@@ -33,6 +40,10 @@ class RankTrainResult:
     log_probs_time: float
     ref_log_probs_time: float
     actor_train_time: float
+    # (phase, unix start, unix end) of this rank's log_probs and actor_train, for the run's timeline
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
+    # sample index -> {"log_probs": [...], "entropy": [...]} per response token (logged rollouts only)
+    token_stats: dict[int, dict[str, list[float]]] = field(default_factory=dict)
 
 
 @dataclass

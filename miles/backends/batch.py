@@ -21,6 +21,7 @@ class MicroBatch:
     advantages: torch.Tensor  # (B, T-1) the sample's advantage on its response positions
     rollout_log_probs: torch.Tensor  # (B, T-1) engine log-probs on response positions
     num_tokens: int  # real (unpadded) tokens
+    rows: list[int]  # which of the rank batch's samples, in order
 
 
 def collate(batch: RankBatch, rows: list[int], step: int, pad_id: int, device: torch.device) -> MicroBatch:
@@ -42,7 +43,7 @@ def collate(batch: RankBatch, rows: list[int], step: int, pad_id: int, device: t
             rlp[r, start: start + n_resp] = torch.tensor(batch.rollout_log_probs[i])
     num_tokens = int(attn.sum())
     return MicroBatch(step, ids.to(device), attn.to(device), resp.to(device), adv.to(device), rlp.to(device),
-                      num_tokens)
+                      num_tokens, list(rows))
 
 
 def micro_batches(batch: RankBatch, micro_batch_size: int, pad_id: int, device: torch.device) -> list[MicroBatch]:

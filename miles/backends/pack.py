@@ -1,14 +1,14 @@
 """Splitting a rollout across ranks and optimizer steps, and adding the ranks' results back up."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from miles.backends.base import RankBatch, RankTrainResult
 from miles.rollout.sample import Sample
 
 
 def split_for_ranks(samples: list[Sample], advantages: list[float], global_batch_size: int, world_size: int,
-                    rollout_id: int) -> list[RankBatch]:
+                    rollout_id: int, return_token_stats: bool = False) -> list[RankBatch]:
     """Step s trains on samples [s*gbs, (s+1)*gbs); rank k takes the k-th contiguous slice of it."""
     if len(samples) % global_batch_size:
         raise ValueError(f"{len(samples)} samples do not split into global batches of {global_batch_size}")
@@ -25,6 +25,8 @@ def split_for_ranks(samples: list[Sample], advantages: list[float], global_batch
             step_sizes=[per_rank] * steps,
             global_step_sizes=[global_batch_size] * steps,
             rollout_id=rollout_id,
+            sample_indices=[samples[i].index for i in rows],
+            return_token_stats=return_token_stats,
         ))
     return batches
 
@@ -36,6 +38,8 @@ class TrainSummary:
     log_probs_time: float  # slowest rank
     ref_log_probs_time: float
     actor_train_time: float
+    phases: dict[int, list[tuple[str, float, float]]] = field(default_factory=dict)  # rank -> its phases
+    token_stats: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # sample index -> per token
 
 
 def combine(results: list[RankTrainResult]) -> TrainSummary:
@@ -45,5 +49,7 @@ def combine(results: list[RankTrainResult]) -> TrainSummary:
     metrics = {k: sum(r.sums.get(k, 0.0) for r in results) / total for k in keys}
     for key, values in results[0].step_values.items():
         metrics[key] = sum(values) / len(values)
+    token_stats = {index: stats for r in results for index, stats in r.token_stats.items()}
     return TrainSummary(metrics, sum(r.num_tokens for r in results), max(r.log_probs_time for r in results),
-                        max(r.ref_log_probs_time for r in results), max(r.actor_train_time for r in results))
+                        max(r.ref_log_probs_time for r in results), max(r.actor_train_time for r in results),
+                        {rank: r.phases for rank, r in enumerate(results)}, token_stats)

@@ -11,7 +11,9 @@ gradients are averaged over ranks. One rank or two therefore take the same step.
 """
 from __future__ import annotations
 
+import math
 import os
+import pickle
 import random
 import time
 from collections import defaultdict
@@ -22,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends import hf_weights as W
-from miles.backends.base import ActorInfo, RankBatch, RankTrainResult
+from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainResult
 from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
@@ -65,6 +67,16 @@ def seed_rank(seed: int, rank: int) -> None:
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def load_state_file(path: Path) -> dict:
+    """A checkpoint's .pt file, read with weights_only=True: tensors and plain containers only, so a
+    crafted pickle cannot run code (the manifest checks integrity, not who wrote the file)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path} holds objects other than tensors and plain values (refused by "
+                         f"torch.load(weights_only=True)); miles never writes such a file") from None
 
 
 def set_rng_state(state: dict) -> None:
@@ -111,6 +123,11 @@ class PPORank:
         limit = self.config.train.clip_grad or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        # The norm is of the world's averaged gradients, so every rank refuses the same step together.
+        if not math.isfinite(float(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"non-finite gradient norm ({float(norm)}) at optimizer step {self.optimizer_steps}: "
+                                 f"the loss, advantages or rewards hold NaN/Inf; the step was not applied")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer_steps += 1
@@ -138,9 +155,10 @@ class PPORank:
         sums: dict[str, float] = defaultdict(float)
         mbs = micro_batches(batch, cfg.micro_batch_size, self.pad_id, self.device)
 
-        t0 = time.perf_counter()
+        wall0, t0 = time.time(), time.perf_counter()
         old = self._score(self.model, mbs)
         log_probs_time = time.perf_counter() - t0
+        phases = [("log_probs", wall0, wall0 + log_probs_time)]
         t1 = time.perf_counter()
         ref = self._score(self.ref_model, mbs) if self.ref_model is not None else None
         ref_time = time.perf_counter() - t1
@@ -154,7 +172,7 @@ class PPORank:
             if ref is not None:
                 sums["rollout/ref_log_probs"] += sample_mean(ref[i].log_probs, m).sum().item()
 
-        t2 = time.perf_counter()
+        wall2, t2 = time.time(), time.perf_counter()
         self.model.train()
         step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": []}
         for step in range(len(batch.step_sizes)):
@@ -166,9 +184,15 @@ class PPORank:
             step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
             step_values["train/grad_norm"].append(self.clip_and_step())
         actor_train_time = time.perf_counter() - t2
+        phases.append(("actor_train", wall2, wall2 + actor_train_time))
         num_tokens = sum(mb.num_tokens for mb in mbs)
+        token_stats = {}
+        if batch.return_token_stats:
+            wall3 = time.time()
+            token_stats = response_token_stats(batch, mbs, old)
+            phases.append(("token_stats", wall3, time.time()))
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, log_probs_time, ref_time,
-                               actor_train_time)
+                               actor_train_time, phases, token_stats)
 
     def _backward(self, mb: MicroBatch, old_log_probs, ref_log_probs, global_step_size: int, sums) -> None:
         cfg = self.config.train
@@ -208,9 +232,24 @@ class PPORank:
         return written
 
     def load_schedule_and_rng(self, src: Path) -> None:
-        sched = torch.load(src / "scheduler.pt", weights_only=False)
+        sched = load_state_file(src / "scheduler.pt")
         self.scheduler.load_state_dict(sched["scheduler"])
         self.optimizer_steps, self.weight_version = sched["optimizer_steps"], sched["weight_version"]
         rng_file = src / f"rng_rank{self.rank}.pt"
         if rng_file.exists():  # a checkpoint from a different world size has no file for new ranks
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(load_state_file(rng_file))
+
+
+def response_token_stats(batch: RankBatch, mbs: list[MicroBatch], stats: list[TokenStats]
+                         ) -> dict[int, dict[str, list[float]]]:
+    """Each sample's log-probs and entropy on its response tokens, keyed by its rollout index
+    (asked for on logged rollouts only: one copy to the CPU per micro-batch)."""
+    out = {}
+    for mb, st in zip(mbs, stats):
+        log_probs, entropy = st.log_probs.detach().cpu(), st.entropy.detach().cpu()
+        for r, row in enumerate(mb.rows):
+            n_resp = batch.response_lengths[row]
+            start = len(batch.tokens[row]) - n_resp - 1  # position t predicts token t+1
+            out[batch.sample_indices[row]] = {"log_probs": log_probs[r, start: start + n_resp].tolist(),
+                                              "entropy": entropy[r, start: start + n_resp].tolist()}
+    return out

@@ -18,6 +18,11 @@ class EngineConfig:
     engine_cpu_threads: int = flag(1, "torch CPU threads of the embedded engine; 1 is fastest for a small model on "
                                       "shared cores (more threads spin against each other)", minimum=1)
     engine_max_queued_requests: int = flag(4096, "requests the engine queues before answering 503", minimum=1)
+    engine_max_body_mb: float = flag(16.0, "largest request body the embedded engine reads, in MiB (413 past it; "
+                                           "/update_weights_from_tensor is exempt)", minimum=0.001)
+    engine_max_header_kb: float = flag(64.0, "largest request line + headers, in KiB (431 past it)", minimum=1.0)
+    engine_header_timeout: float = flag(10.0, "seconds a request's headers may take to arrive (408 after)",
+                                        minimum=0.1)
     context_length: int | None = flag(None, "longest prompt + response in tokens (default: the model's)", minimum=1)
     sglang_mem_fraction_static: float | None = flag(None, "SGLang --mem-fraction-static", minimum=0.0, maximum=1.0)
     sglang_tp_size: int = flag(1, "SGLang tensor-parallel size per engine", minimum=1)

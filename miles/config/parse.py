@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -80,9 +81,12 @@ def _convert_scalar(name: str, tp: Any, raw: Any) -> Any:
         if isinstance(raw, bool):
             raise ConfigError(name, f"expected a number, got {raw!r}")
         try:
-            return float(raw)
+            value = float(raw)
         except (TypeError, ValueError):
             raise ConfigError(name, f"expected a number, got {raw!r}") from None
+        if not math.isfinite(value):  # NaN passes every `< minimum` check, so it is refused here
+            raise ConfigError(name, f"expected a finite number, got {raw!r}")
+        return value
     if tp is str:
         if isinstance(raw, (dict, list)):
             raise ConfigError(name, f"expected text, got {raw!r}")

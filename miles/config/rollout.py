@@ -36,6 +36,8 @@ class RolloutConfig:
     eval_max_prompts: int | None = flag(None, "use at most this many prompts of each eval set", minimum=1)
 
     def validate(self) -> None:
+        if self.rollout_top_p <= 0.0:  # the engines sample from (0, 1]: 0 would fail at the first rollout
+            raise ConfigError("--rollout-top-p", f"must be > 0 (nucleus mass in (0, 1]), got {self.rollout_top_p}")
         if len(self.eval_prompt_data) % 2:
             raise ConfigError("--eval-prompt-data", "expects NAME PATH pairs, got an odd number of values")
         for path in self.eval_prompt_data[1::2]:

@@ -31,7 +31,12 @@ def read_checkpoint_dir(model_dir: str | Path, served_config) -> dict[str, torch
     config_path = path / "config.json"
     if not config_path.is_file():
         raise WeightUpdateError(f"{model_dir} has no config.json; it is not a Hugging Face checkpoint directory")
-    new = json.loads(config_path.read_text())
+    try:
+        new = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightUpdateError(f"{model_dir}/config.json cannot be read as JSON: {exc}") from None
+    if not isinstance(new, dict):
+        raise WeightUpdateError(f"{model_dir}/config.json is not a JSON object")
     served = served_config.to_dict()
     if new.get("architectures") != served.get("architectures"):
         raise WeightUpdateError(f"{model_dir} is a {new.get('architectures')} checkpoint; the engine serves "
@@ -45,7 +50,10 @@ def read_checkpoint_dir(model_dir: str | Path, served_config) -> dict[str, torch
         raise WeightUpdateError(f"{model_dir} holds no *.safetensors weight files")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        tensors.update(load_file(f))
+        try:
+            tensors.update(load_file(f))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:  # truncated, not safetensors, unreadable
+            raise WeightUpdateError(f"{f} cannot be read as safetensors: {exc}") from None
     return tensors
 
 

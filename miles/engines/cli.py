@@ -6,17 +6,37 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
+from miles import auth
 from miles.config import ConfigError, EngineConfig, EngineServeConfig, parse_sections
+from miles.parent_watch import watch_parent
+
+TOKEN_ENV = "MILES_ENGINE_ADMIN_TOKEN"
+
+
+def resolve_admin_token(serve: EngineServeConfig) -> str | None:
+    """The engine's admin token from the flag, else from the environment."""
+    return serve.engine_admin_token or os.environ.get(TOKEN_ENV) or None
 
 
 def main(argv: list[str] | None = None) -> int:
+    watch_parent()  # launched by a trainer: die with it
     parsed = parse_sections([EngineServeConfig, EngineConfig], argv, prog="miles engine",
                             description=__doc__.strip().splitlines()[0])
     serve, engine = parsed[EngineServeConfig], parsed[EngineConfig]
     if engine.engine == "sglang":
+        if not auth.is_loopback(serve.host) and "--api-key" not in " ".join(engine.sglang_extra_args):
+            raise ConfigError("--host", f"SGLang bound to {serve.host} (not loopback) needs its own key: pass "
+                                        "--sglang-extra-args '--api-key ...'")
+        if resolve_admin_token(serve):
+            raise ConfigError("--engine-admin-token", "applies to the embedded engine only; SGLang takes "
+                                                      "--sglang-extra-args '--api-key ...'")
         return _run_sglang(serve, engine)
+    auth.require_token_off_loopback(serve.host, resolve_admin_token(serve), "--engine-admin-token", TOKEN_ENV,
+                                    "the weight, pause and abort endpoints")
     return _run_embedded(serve, engine)
 
 
@@ -33,13 +53,16 @@ def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     if serve.model is None:
         raise ConfigError("--model", "--engine sglang needs --model (an HF checkpoint directory or hub id)")
+    if serve.timeline_path:
+        raise ConfigError("--timeline-path", "only the embedded engine writes timeline spans (SGLang does not)")
     try:
         sglang_launcher.check_available()
     except sglang_launcher.SGLangUnavailable as exc:
         print(f"miles engine: error: {exc}", file=sys.stderr)
         return 2
     command = sglang_launcher.build_command(serve.model, serve.host, serve.port, engine, serve.weight_version)
-    print(f"miles engine: starting {command}", file=sys.stderr, flush=True)
+    shown = ["***" if i and command[i - 1] == "--api-key" else arg for i, arg in enumerate(command)]
+    print(f"miles engine: starting {shown}", file=sys.stderr, flush=True)
     sglang_launcher.exec_sglang(command)
     return 0  # not reached: exec replaced the process
 
@@ -49,15 +72,22 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     from miles.engines.model_runner import ModelRunner
     from miles.engines.server import EngineServer
+    from miles.http_limits import BodyLimit, guarded_protocol
+    from miles.tracking.timeline import TimelineWriter
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = _model_dir(serve)
     runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length,
                          cpu_threads=engine.engine_cpu_threads)
-    server = EngineServer(runner, engine, weight_version=serve.weight_version)
+    timeline = TimelineWriter(Path(serve.timeline_path) if serve.timeline_path else None,
+                              lane=f"engine {serve.host}:{serve.port}")
+    server = EngineServer(runner, engine, weight_version=serve.weight_version, timeline=timeline,
+                          admin_token=resolve_admin_token(serve))
     print(f"miles engine: serving {model_dir} on http://{serve.host}:{serve.port} ({runner.device}, "
           f"max batch {engine.engine_max_batch_size})", file=sys.stderr, flush=True)
-    uvicorn.run(server.app, host=serve.host, port=serve.port, log_level=serve.log_level)
+    app = BodyLimit(server.app, int(engine.engine_max_body_mb * 2**20), exempt=frozenset({"/update_weights_from_tensor"}))
+    uvicorn.run(app, host=serve.host, port=serve.port, log_level=serve.log_level,
+                http=guarded_protocol(int(engine.engine_max_header_kb * 1024), engine.engine_header_timeout))
     return 0
 
 

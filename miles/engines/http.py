@@ -15,6 +15,8 @@ async def read_json(request: Request) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError("the request body nests JSON too deeply") from None
 
 
 def sse(payload: Any) -> str:

@@ -138,7 +138,8 @@ class OpenAIRoutes:
     # ---- routes ---------------------------------------------------------------------------------------
     async def completions(self, request: Request):
         body = _object(await read_json(request))
-        call = self._call(body, self._completion_prompts(body), COMPLETIONS_DEFAULT_MAX_TOKENS)
+        prompts = await self.server.off_loop(self._completion_prompts, body)
+        call = self._call(body, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS)
         if call.stream:
             return self._stream(call, chat=False)
         results = await self._run(call)
@@ -151,7 +152,7 @@ class OpenAIRoutes:
 
     async def chat_completions(self, request: Request):
         body = _object(await read_json(request))
-        call = self._call(body, [self._chat_prompt(body)], None)
+        call = self._call(body, [await self.server.off_loop(self._chat_prompt, body)], None)
         if call.stream:
             return self._stream(call, chat=True)
         results = await self._run(call)

@@ -7,6 +7,7 @@ Unknown fields are ignored, as SGLang's HTTP server ignores unknown request keys
 """
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,10 @@ DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 NEUTRAL_ONLY = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
                 "n": 1, "regex": None, "json_schema": None, "ebnf": None}
 # SGLang sampling fields that only shape text output and are accepted as they are.
-ACCEPTED_AS_IS = ("spaces_between_special_tokens", "custom_params", "stream_interval", "logit_bias")
+ACCEPTED_AS_IS = ("spaces_between_special_tokens", "custom_params", "stream_interval")
+# Sampling fields that change the distribution and are not implemented: refused unless empty.
+UNSUPPORTED = ("logit_bias",)
+SEED_RANGE = (0, 2**63 - 1)  # what a torch.Generator takes
 
 
 class RequestError(Exception):
@@ -30,7 +34,8 @@ class RequestError(Exception):
         self.param = param
 
     def body(self) -> dict:
-        kind = "ServiceUnavailableError" if self.status == 503 else "BadRequestError"
+        kind = {401: "AuthenticationError", 413: "RequestTooLargeError",
+                503: "ServiceUnavailableError"}.get(self.status, "BadRequestError")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status},
                 "object": "error", "message": self.message}
 
@@ -75,7 +80,13 @@ class GenerateCall:
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"sampling_params.{name} must be a number, got {value!r}", param=name)
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):  # JSON's NaN/Infinity literals parse to floats
+        raise RequestError(f"sampling_params.{name} must be a finite number, got {value!r}", param=name)
+    return number
 
 
 def _integer(name: str, value: Any) -> int:
@@ -119,6 +130,9 @@ def parse_sampling_params(raw: Any) -> SamplingParams:
         if raw.get(name, neutral) not in (neutral, None):
             raise RequestError(f"sampling_params.{name}={raw[name]!r} is not supported by the embedded engine "
                                f"(only {neutral!r})", param=name)
+    for name in UNSUPPORTED:
+        if raw.get(name):
+            raise RequestError(f"sampling_params.{name} is not supported by the embedded engine", param=name)
     out: dict[str, Any] = {}
     if raw.get("temperature") is not None:
         out["temperature"] = _number("temperature", raw["temperature"])
@@ -142,6 +156,8 @@ def parse_sampling_params(raw: Any) -> SamplingParams:
     seed = raw.get("seed", raw.get("sampling_seed"))
     if seed is not None:
         out["seed"] = _integer("seed", seed)
+        if not SEED_RANGE[0] <= out["seed"] <= SEED_RANGE[1]:
+            raise RequestError(f"sampling_params.seed must be in [0, 2**63-1], got {seed}", param="seed")
     for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
         if raw.get(name) is not None:
             out[name] = _boolean(name, raw[name])

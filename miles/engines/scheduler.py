@@ -22,6 +22,7 @@ from miles.engines.metrics import EngineMetrics
 from miles.engines.model_runner import ModelRunner
 from miles.engines.protocol import FinishReason, GenerationResult, RequestError, SamplingParams
 from miles.engines.sampling import RowSampler, choose
+from miles.tracking.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 class TokenEvent:
     token_id: int
     logprob: float
+    weight_version: str
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class EngineRequest:
     output_logprobs: list[float] = field(default_factory=list)
     abort_requested: bool = False
     first_token_at: float | None = None
+    weight_version: str = "default"  # of the batch decoding it
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,9 @@ class QueueFull(RequestError):
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, metrics: EngineMetrics, max_batch_size: int, max_queued: int,
-                 weight_version: str = "default"):
+                 weight_version: str = "default", timeline: TimelineWriter | None = None):
         self.runner = runner
+        self.timeline = timeline or TimelineWriter(None)  # one span per decoding batch, when the run asked
         self.metrics = metrics
         self.max_batch_size = max_batch_size
         self.max_queued = max_queued
@@ -182,19 +187,29 @@ class Scheduler:
             self._run_batch(batch)
         except Exception as exc:  # the loop must survive; each request learns why it ended
             log.exception("batch of %d requests failed", len(batch))
+            unstarted = [r for r in batch if not r.finished and not r.output_ids]
             for req in batch:
-                self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+                if not req.finished and req.output_ids:  # tokens already went out: cannot start over
+                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+            if len(batch) == 1:
+                for req in unstarted:
+                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+                return
+            for req in unstarted:  # one at a time, so only the request that breaks fails
+                self._run_batch_safely([req])
 
     def _run_batch(self, batch: list[EngineRequest]) -> None:
         self._num_batches += 1
         self._batched_requests += len(batch)
         self._max_seen = max(self._max_seen, len(batch))
         self.metrics.batch_size.observe(len(batch))
-        started = time.perf_counter()
+        started, wall_start = time.perf_counter(), time.time()
         version = self.weight_version
         live = [r for r in batch if not self._finished_before_start(r, version)]
         if not live:
             return
+        for req in live:
+            req.weight_version = version
         samplers = {id(r): RowSampler(r.params, self._generator(r.params.seed)) for r in live}
         self.metrics.prompt_tokens.inc(sum(len(r.prompt_ids) for r in live))
         logits, state = self.runner.prefill([r.prompt_ids for r in live])
@@ -222,6 +237,7 @@ class Scheduler:
             logits = self.runner.decode(next_tokens, state)
         elapsed = time.perf_counter() - started
         self.metrics.gen_throughput.set(generated / elapsed if elapsed > 0 else 0.0)
+        self.timeline.add("batch", wall_start, wall_start + elapsed, requests=len(batch), tokens=generated)
 
     def _finished_before_start(self, req: EngineRequest, version: str) -> bool:
         if req.abort_requested:
@@ -252,7 +268,7 @@ class Scheduler:
         req.output_ids.append(token)
         req.output_logprobs.append(logprob)
         if req.stream:
-            req.sink(TokenEvent(token, logprob))
+            req.sink(TokenEvent(token, logprob, req.weight_version))
         if req.abort_requested:
             return FinishReason("abort", message="aborted by /abort_request")
         if not req.params.ignore_eos and token in self.runner.eos_ids:
@@ -275,6 +291,7 @@ class Scheduler:
         return next((s for s in req.params.stop if s in tail), None)
 
     def _finish(self, req: EngineRequest, reason: FinishReason, version: str | None = None) -> None:
+        req.finished = True
         latency = time.perf_counter() - req.created
         self.metrics.record_finish(req, reason.type, latency)
         req.sink(FinishEvent(GenerationResult(

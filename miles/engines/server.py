@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from miles import auth
 from miles.config.engine import EngineConfig
 from miles.engines import checkpoint
 from miles.engines.detokenize import final_text
@@ -26,9 +28,18 @@ from miles.engines.model_runner import ModelRunner
 from miles.engines.openai_api import add_openai_routes
 from miles.engines.protocol import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
+from miles.tracking.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0
+# NFC normalisation can fold up to 3 code points into one; 4 keeps the character bound below safe.
+NORMALISATION_SLACK = 4
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one vocabulary entry spans: a prompt of N characters needs at least
+    N / (this * NORMALISATION_SLACK) tokens, so an over-long prompt is refused without tokenizing it."""
+    return max(1, max(len(piece) for piece in tokenizer.get_vocab()))
 
 
 class RequestChannel:
@@ -60,13 +71,18 @@ class RequestChannel:
 
 
 class EngineServer:
-    def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default"):
+    def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default",
+                 timeline: TimelineWriter | None = None, admin_token: str | None = None):
         self.runner = runner
         self.config = config
-        self.tokenizer = runner.tokenizer  # used on the event loop thread only
+        self.admin_token = admin_token  # when set, every state-changing endpoint needs it
+        self.tokenizer = runner.tokenizer  # encodes on the tokenizer thread; decodes short outputs on the loop
+        # Tokenizing a long prompt takes seconds: one thread does it so the event loop keeps answering.
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="engine-tokenize")
+        self.max_prompt_chars = runner.context_length * longest_token_chars(runner.tokenizer) * NORMALISATION_SLACK
         self.metrics = EngineMetrics(model_name=runner.model_path)
         self.scheduler = Scheduler(runner, self.metrics, config.engine_max_batch_size,
-                                   config.engine_max_queued_requests, weight_version)
+                                   config.engine_max_queued_requests, weight_version, timeline)
         self.started_at = time.time()
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
         self.app.add_exception_handler(RequestError, self._request_error)
@@ -80,13 +96,28 @@ class EngineServer:
             yield
         finally:
             self.scheduler.stop()
+            self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
     async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     # ---- the request path shared by /generate and the OpenAI routes ------------------------------------
+    async def off_loop(self, fn, *args):
+        """Run `fn(*args)` (tokenizing) on the tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
+
     def prompt_ids(self, text: str | None, input_ids: list[int] | None) -> list[int]:
+        """Token ids of a prompt, checked; call it off the event loop (`off_loop`) when it tokenizes."""
+        if text is not None:
+            if len(text) > self.max_prompt_chars:
+                raise RequestError(f"The input ({len(text)} characters) is longer than the model's context length "
+                                   f"({self.runner.context_length} tokens) can hold.", param="text")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise RequestError(f"text is not valid Unicode: {exc.reason} at position {exc.start}",
+                                   param="text") from None
         ids = list(input_ids) if input_ids is not None else self.tokenizer.encode(text, add_special_tokens=True)
         if not ids:
             raise RequestError("the prompt is empty", param="text")
@@ -98,6 +129,13 @@ class EngineServer:
         return ids
 
     def check_length(self, prompt_len: int, params: SamplingParams) -> None:
+        """The prompt and the request's token-level params fit this model (checked per request, before it
+        joins a batch, so a bad one fails alone)."""
+        vocab = self.runner.config.vocab_size
+        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        if bad is not None:
+            raise RequestError(f"sampling_params.stop_token_ids holds {bad}, outside the vocabulary (size {vocab})",
+                               param="stop_token_ids")
         limit = self.runner.context_length
         if prompt_len >= limit:
             raise RequestError(f"The input ({prompt_len} tokens) is longer than the model's context length "
@@ -145,32 +183,42 @@ class EngineServer:
         return {"text": text, "output_ids": list(result.output_ids), "meta_info": meta}
 
     # ---- routes -------------------------------------------------------------------------------------------
+    def require_admin(self, request: Request) -> None:
+        """FastAPI dependency of the state-changing endpoints (the router's token rule)."""
+        try:
+            auth.check_token(request.headers, self.admin_token)
+        except auth.Unauthorized as exc:
+            raise RequestError(str(exc), status=401) from None
+
     def _add_routes(self) -> None:
         app = self.app
+        admin = {"dependencies": [Depends(self.require_admin)]}
         app.post("/generate")(self.generate)
         for method in (app.get, app.post):
             method("/health")(self.health)
             method("/health_generate")(self.health_generate)
-            method("/flush_cache")(self.flush_cache)
+            method("/flush_cache", **admin)(self.flush_cache)
         app.get("/get_model_info")(self.get_model_info)
         app.get("/get_server_info")(self.get_server_info)
         app.get("/get_weight_version")(self.get_weight_version)
-        app.post("/abort_request")(self.abort_request)
-        app.post("/pause_generation")(self.pause_generation)
-        app.post("/continue_generation")(self.continue_generation)
-        app.post("/update_weights_from_disk")(self.update_weights_from_disk)
-        app.post("/update_weights_from_tensor")(self.update_weights_from_tensor)
+        app.post("/abort_request", **admin)(self.abort_request)
+        app.post("/pause_generation", **admin)(self.pause_generation)
+        app.post("/continue_generation", **admin)(self.continue_generation)
+        app.post("/update_weights_from_disk", **admin)(self.update_weights_from_disk)
+        app.post("/update_weights_from_tensor", **admin)(self.update_weights_from_tensor)
         app.get("/metrics")(self.prometheus_metrics)
 
     async def generate(self, request: Request):
         call = parse_generate(await read_json(request))
-        prompts = [self.prompt_ids(item.text, item.input_ids) for item in call.items]
+        prompts = await self.off_loop(lambda: [self.prompt_ids(item.text, item.input_ids) for item in call.items])
         if call.stream:
             return self._stream_generate(call.items[0], prompts[0])
         for ids, item in zip(prompts, call.items):
             self.check_length(len(ids), item.params)  # refuse the whole batch before any of it runs
         channels = self.submit_all([(ids, item.params, item.rid) for ids, item in zip(prompts, call.items)])
-        results = await asyncio.gather(*(c.result() for c in channels))
+        results = await until_disconnect(request, asyncio.gather(*(c.result() for c in channels)))
+        if results is None:
+            return Response(status_code=499)  # nobody reads it; the requests were aborted
         bodies = [self.render_generate(item, r) for item, r in zip(call.items, results)]
         return bodies if call.is_batch else bodies[0]
 
@@ -182,6 +230,7 @@ class EngineServer:
                                        weight_version=self.scheduler.weight_version)
             async for event in channel.events():
                 if isinstance(event, TokenEvent):
+                    partial.weight_version = event.weight_version  # the batch's, not the one current now
                     partial.output_ids.append(event.token_id)
                     partial.output_logprobs.append(event.logprob)
                     yield sse(self.render_generate(item, partial))
@@ -307,6 +356,29 @@ class EngineServer:
 
     async def prometheus_metrics(self):
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+async def until_disconnect(request: Request, work):
+    """Await `work`; if the client disconnects first, cancel it (its requests are aborted) and return None."""
+    work = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    return None
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Returns once the client has gone (the body is already read, so `receive` only reports that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def weight_failure(message: str) -> JSONResponse:

@@ -24,14 +24,21 @@ def read_prompts(path: str | Path, input_key: str, label_key: str, flag: str = "
     path = Path(path)
     if not path.is_file():
         raise ConfigError(flag, f"file does not exist: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(flag, f"{path} is not UTF-8 text (byte {exc.start}); expected JSONL") from None
     prompts = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(flag, f"{path}:{lineno} is not JSON: {exc}") from None
+        if not isinstance(record, dict):
+            raise ConfigError(flag, f"{path}:{lineno} is a JSON {type(record).__name__}; each line must be an "
+                                    f"object like {{\"{input_key}\": ...}}")
         if input_key not in record:
             raise ConfigError("--input-key", f"{path}:{lineno} has no key {input_key!r} (keys: {sorted(record)})")
         label = record.get(label_key)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import re
 from typing import Any, Callable
 
@@ -68,11 +69,31 @@ def math_reward(response: str, label: str | None) -> float:
 BUILTIN = {"exact_match": exact_match, "math": math_reward}
 
 
+def checked_reward(value: Any, path: str) -> float:
+    """A custom reward as a finite float; anything else stops the run with an error naming the hook
+    (a NaN reward would otherwise train on NaN and save a NaN checkpoint)."""
+    from miles.config import ConfigError
+
+    number = None
+    if not isinstance(value, (str, bytes)):  # float("1.0") would pass a string through
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            pass
+    if number is None:
+        raise ConfigError("--custom-rm-path", f"{path} returned {value!r} ({type(value).__name__}); a reward must be "
+                                              "a number (or a dict with a numeric \"reward\")")
+    if not math.isfinite(number):
+        raise ConfigError("--custom-rm-path", f"{path} returned {value!r}; a reward must be a finite number")
+    return number
+
+
 class RewardModel:
     """Scores samples with the configured reward (`--custom-rm-path` wins over `--rm-type`)."""
 
     def __init__(self, rm_type: str, custom_rm_path: str | None, args: Any):
         self.args = args
+        self.custom_rm_path = custom_rm_path
         self.custom: Callable | None = None
         if custom_rm_path:
             self.custom = load_function(custom_rm_path, "--custom-rm-path", 2)
@@ -89,8 +110,8 @@ class RewardModel:
         if inspect.isawaitable(value):
             value = await value
         if isinstance(value, dict):  # Miles allows dict rewards; the "reward" key is the score
-            value = value["reward"]
-        return float(value)
+            value = value.get("reward")
+        return checked_reward(value, self.custom_rm_path)
 
     def score(self, samples: list[Sample]) -> None:
         """Set `raw_reward` and `reward` on every sample (aborted samples score 0)."""

@@ -6,27 +6,32 @@ through FastAPI, so its routing and validation cost nothing on the hot path.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import json
 import os
+import socket
+import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from miles.config import ConfigError, RouterConfig
+from miles import auth
+from miles.config import RouterConfig
 from miles.router import metrics
 from miles.router.health import HealthChecker
-from miles.router.proxy import Proxy
+from miles.router.proxy import Proxy, send_json
 from miles.router.stats import RouterStats, StatsSnapshot
 from miles.router.upstream import UpstreamPool
+from miles.router.upstream import Endpoint
 from miles.router.workers import WorkerError, WorkerPool
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
+# The router's own endpoints (served by FastAPI); every other path goes to a worker.
 ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/list_workers", "/workers", "/router_health", "/metrics",
                          "/router_stats", "/update_weight_version"})
+is_loopback = auth.is_loopback
 
 
 class AdminError(Exception):
@@ -42,20 +47,30 @@ def resolve_admin_token(config: RouterConfig) -> str | None:
     return config.router_admin_token or os.environ.get(TOKEN_ENV) or None
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(host: str, admin_token: str | None) -> None:
     """Refuse to serve the admin endpoints beyond loopback without a token."""
-    if not is_loopback(host) and not admin_token:
-        raise ConfigError("--router-admin-token", f"required when binding to {host} (not loopback): set the flag "
-                          f"or {TOKEN_ENV} so /add_worker and /remove_worker are not open to the network")
+    auth.require_token_off_loopback(host, admin_token, "--router-admin-token", TOKEN_ENV,
+                                    "/add_worker, /remove_worker and the engines' admin endpoints")
+
+
+def is_own_address(url: Any, listening: list[tuple[str, int]]) -> bool:
+    """Whether `url` resolves to an address this router listens on (a wildcard bind counts every
+    loopback and unspecified address on its port)."""
+    if not isinstance(url, str) or not listening:
+        return False
+    try:
+        endpoint = Endpoint.from_url(url.strip())
+        infos = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
+    except (ValueError, OSError):
+        return False  # not resolvable: the pool's own check reports the bad URL
+    targets = {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
+    for host, port in listening:
+        if port != endpoint.port:
+            continue
+        own = ipaddress.ip_address(host.strip("[]"))
+        if own in targets or (own.is_unspecified and any(t.is_loopback or t.is_unspecified for t in targets)):
+            return True
+    return False
 
 
 class Router:
@@ -69,7 +84,10 @@ class Router:
         self.upstream = UpstreamPool(connect_timeout=min(config.router_request_timeout, 10.0))
         self.stats = RouterStats()
         self.proxy = Proxy(self.pool, self.upstream, self.stats, max_retries=config.router_max_retries,
-                           retry_backoff=config.router_retry_backoff, request_timeout=config.router_request_timeout)
+                           retry_backoff=config.router_retry_backoff, request_timeout=config.router_request_timeout,
+                           max_body_bytes=int(config.router_max_body_mb * 2**20),
+                           hop_id=uuid.uuid4().hex[:16].encode())
+        self.listening: list[tuple[str, int]] = []  # (host, port) this router serves on, set once bound
         self.health = HealthChecker(self.pool, self.upstream, config.rollout_health_check_interval,
                                     config.rollout_health_check_timeout)
         for url in worker_urls:
@@ -78,6 +96,13 @@ class Router:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] not in ADMIN_PATHS:
+            # Engine endpoints that change state (weights, pause, abort, ...) are admin too.
+            if self._admin_token and not auth.is_open_engine_path(scope["path"]):
+                try:
+                    auth.check_token(auth.scope_headers(scope), self._admin_token)
+                except auth.Unauthorized as exc:
+                    await send_json(send, 401, {"error": str(exc)})
+                    return
             await self.proxy(scope, receive, send)
         else:
             await self.admin(scope, receive, send)
@@ -96,6 +121,9 @@ class Router:
     # what the endpoints do
     def add_worker(self, url: Any) -> dict:
         try:
+            if is_own_address(url, self.listening):
+                raise WorkerError(f"worker url {url!r} is this router's own address; it would send every "
+                                  f"request round in a loop")
             self.pool.add(url)
         except WorkerError as exc:
             raise AdminError(409 if "already registered" in str(exc) else 400, str(exc)) from None
@@ -134,14 +162,10 @@ class Router:
                                    sum(w.inflight for w in self.pool.workers), reset=reset)
 
     def check_admin(self, headers) -> None:
-        if not self._admin_token:
-            return
-        given = headers.get("x-admin-token") or ""
-        auth = headers.get("authorization") or ""
-        if auth.lower().startswith("bearer "):
-            given = auth[7:].strip()
-        if not hmac.compare_digest(given.encode(), self._admin_token.encode()):
-            raise AdminError(401, "admin token missing or wrong (send Authorization: Bearer <token>)")
+        try:
+            auth.check_token(headers, self._admin_token)
+        except auth.Unauthorized as exc:
+            raise AdminError(401, str(exc)) from None
 
     # HTTP surface
     def _admin_app(self) -> FastAPI:
@@ -184,7 +208,9 @@ class Router:
             return self.router_health()
 
         @app.get("/router_stats")
-        async def router_stats(reset: bool = True):
+        async def router_stats(request: Request, reset: bool = True):
+            if reset:  # resetting moves the window the trainer reads: admin only
+                self.check_admin(request.headers)
             return self.snapshot(reset=reset).as_metrics()
 
         @app.get("/metrics")

@@ -3,20 +3,27 @@ from __future__ import annotations
 
 import logging
 
-from miles.config import RouterConfig, RouterServeConfig, parse_sections
+from miles.config import ConfigError, RouterConfig, RouterServeConfig, parse_sections
+from miles.parent_watch import watch_parent
 from miles.router.app import Router, check_bind, resolve_admin_token
 from miles.router.server import bind_socket, serve_forever
+from miles.router.workers import WorkerError
 
 
 def main(argv: list[str] | None = None) -> int:
+    watch_parent()  # launched by a trainer: die with it
     parsed = parse_sections([RouterServeConfig, RouterConfig], argv, prog="miles router",
                             description="Route SGLang-style requests across engines, with health checks and failover.")
     serve, config = parsed[RouterServeConfig], parsed[RouterConfig]
     check_bind(serve.host, resolve_admin_token(config))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    router = Router(config, serve.worker_urls)
+    try:
+        router = Router(config, serve.worker_urls)
+    except WorkerError as exc:
+        raise ConfigError("--worker-urls", str(exc)) from None
     sock = bind_socket(serve.host, serve.port)
     port = sock.getsockname()[1]
+    router.listening.append((serve.host, port))
     host = f"[{serve.host}]" if ":" in serve.host else serve.host
     # The one line a parent process reads to learn the port (with --port 0); the token is never printed.
     print(f"miles router listening on http://{host}:{port} (policy {config.router_policy}, "

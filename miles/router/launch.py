@@ -12,6 +12,7 @@ from pathlib import Path
 
 from miles.config import RouterConfig
 from miles.config.fields import flag_name
+from miles.router.app import resolve_admin_token
 from miles.service_process import ServiceProcess, ServiceStartError, free_port, start_service
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
@@ -41,6 +42,7 @@ def launch_router(config: RouterConfig, *, host: str = "127.0.0.1", port: int | 
     if log_path is None:
         log_path = Path(tempfile.mkdtemp(prefix="miles-router-")) / "router.log"
     port = port or free_port(host)
-    env = {TOKEN_ENV: config.router_admin_token} if config.router_admin_token else None
+    token = resolve_admin_token(config)  # the flag's, else this process's environment's
+    env = {TOKEN_ENV: token} if token else None
     return start_service(router_command(config, host, port, list(worker_urls)), host, port, Path(log_path),
                          health_path="/router_health", timeout=timeout, env=env, error=ServiceStartError)

@@ -28,6 +28,9 @@ RESPONSE_SKIP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"
 # worker dying mid-body can still be failed over; anything larger or unframed (SSE) is streamed.
 SMALL_BODY = 256 * 1024
 MAX_BACKOFF_S = 2.0
+# Each router appends its id to this header on the way to a worker; seeing its own id again means the
+# request went round a loop (a router registered behind itself), answered 508 instead of recursing.
+HOP_HEADER = b"x-miles-router-hop"
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,42 @@ class ClientGone(Exception):
     """The client disconnected before its request body was read."""
 
 
+class BodyTooLarge(Exception):
+    """The request body passed the router's limit."""
+
+
+class LoopDetected(Exception):
+    """The request already went through this router."""
+
+
+class ClientWatch:
+    """Waits for the client to disconnect while its request is served, and then aborts the worker
+    connection in use, so the engine sees the disconnect and stops decoding for nobody."""
+
+    def __init__(self, receive):
+        self.conn: Connection | None = None
+        self.gone = False
+        self._task = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self.conn is not None:
+            self.conn.abort()
+
+    def close(self) -> None:
+        self._task.cancel()
+
+
 class Proxy:
     """Forwards every request it is given to a worker chosen by the pool."""
 
     def __init__(self, pool: WorkerPool, upstream: UpstreamPool, stats: RouterStats, *, max_retries: int,
-                 retry_backoff: float, request_timeout: float, rng: random.Random | None = None):
+                 retry_backoff: float, request_timeout: float, rng: random.Random | None = None,
+                 max_body_bytes: int = 16 * 2**20, hop_id: bytes = b"router"):
+        self.max_body_bytes = max_body_bytes
+        self.hop_id = hop_id
         self.pool = pool
         self.upstream = upstream
         self.stats = stats
@@ -66,10 +100,24 @@ class Proxy:
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            body = await read_body(receive)
+            head = request_head(scope, self.hop_id, self.max_body_bytes)
+            body = await read_body(receive, self.max_body_bytes)
         except ClientGone:
             return
-        head = request_head(scope)
+        except BodyTooLarge:
+            await send_json(send, 413, {"error": f"the request body exceeds {self.max_body_bytes} bytes"})
+            return
+        except LoopDetected:
+            await send_json(send, 508, {"error": "loop detected: this request already went through this router "
+                                                 "(is the router registered as its own worker?)"})
+            return
+        watch = ClientWatch(receive)
+        try:
+            await self.forward(scope, head, body, watch, send)
+        finally:
+            watch.close()
+
+    async def forward(self, scope, head: bytes, body: bytes, watch: ClientWatch, send) -> None:
         start = time.perf_counter()
         tried: list[Worker] = []
         retries = 0
@@ -83,10 +131,12 @@ class Proxy:
             attempt_start = time.perf_counter()
             worker.inflight += 1
             try:
-                outcome = await self.attempt(worker, head, body, scope, receive, send,
+                outcome = await self.attempt(worker, head, body, scope, watch, send,
                                              may_retry=retries < self.max_retries)
             finally:
                 worker.inflight -= 1
+            if watch.gone:
+                return  # the client left: nothing to answer, and not the worker's fault
             now = time.perf_counter()
             worker.observe(now - attempt_start, outcome.failed or not outcome.delivered)
             if outcome.delivered:
@@ -108,7 +158,7 @@ class Proxy:
             return "no healthy worker: none registered (POST /add_worker)"
         return f"no healthy worker: all {registered} registered workers are quarantined"
 
-    async def attempt(self, worker: Worker, head: bytes, body: bytes, scope, receive, send,
+    async def attempt(self, worker: Worker, head: bytes, body: bytes, scope, watch: ClientWatch, send,
                       may_retry: bool) -> Outcome:
         endpoint = worker.endpoint
         request = b"%sHost: %s\r\nContent-Length: %d\r\n\r\n%s" % (head, endpoint.host_header, len(body), body)
@@ -118,6 +168,9 @@ class Proxy:
                 conn = await self.upstream.acquire(endpoint)
             except UpstreamError as exc:
                 return Outcome(delivered=False, error=str(exc))
+            watch.conn = conn
+            if watch.gone:
+                conn.abort()
             try:
                 await conn.send(request, self.request_timeout, head_only)
                 break
@@ -128,17 +181,18 @@ class Proxy:
         else:
             return Outcome(delivered=False, error="worker keeps closing connections")
         try:
-            return await self.relay(conn, send, receive, may_retry)
+            return await self.relay(conn, send, watch, may_retry)
         finally:
+            watch.conn = None
             self.upstream.release(endpoint, conn)
 
-    async def relay(self, conn: Connection, send, receive, may_retry: bool) -> Outcome:
+    async def relay(self, conn: Connection, send, watch: ClientWatch, may_retry: bool) -> Outcome:
         status = conn.status
         if status >= 500 and may_retry:
             return Outcome(delivered=False, error=f"answered HTTP {status}")
         headers = [(name, value) for name, value in conn.headers if name not in RESPONSE_SKIP]
         failed = status >= 500
-        if conn.framed and _content_length(conn.headers) <= SMALL_BODY:
+        if _small_body(conn):
             try:
                 parts = []
                 while (chunk := await conn.read()) is not None:
@@ -149,64 +203,73 @@ class Proxy:
             await send({"type": "http.response.body", "body": parts[0] if len(parts) == 1 else b"".join(parts)})
             return DELIVERED_FAILED if failed else DELIVERED_OK
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        watcher = asyncio.ensure_future(_abort_on_disconnect(receive, conn))
         try:
             while (chunk := await conn.read()) is not None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamError as exc:
-            if watcher.done():
+            if watch.gone:
                 return DELIVERED_OK  # the client left; not the worker's fault
             log.warning("stream from worker broke after the response started: %s", exc)
             raise
-        finally:
-            watcher.cancel()
         await send({"type": "http.response.body", "body": b""})
         return DELIVERED_FAILED if failed else DELIVERED_OK
 
 
-async def _abort_on_disconnect(receive, conn: Connection) -> None:
-    """While a stream is relayed, stop reading from the worker as soon as the client goes away."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            conn.abort()
-            return
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int:
-    for name, value in headers:
+def _small_body(conn: Connection) -> bool:
+    """Read whole before answering (so a failure mid-body can still fail over): only a body whose
+    Content-Length is known and small. Chunked and unframed bodies (SSE streams) pass through as they come."""
+    if not conn.framed:
+        return False
+    for name, value in conn.headers:
         if name == b"content-length":
-            return int(value)
-    return 0  # 204/304/1xx: no body
+            return int(value) <= SMALL_BODY
+    status = conn.status
+    return status in (204, 304) or status < 200  # framed without a length: no body, or chunked
 
 
-async def read_body(receive) -> bytes:
-    """The whole request body; kept because a failover resends it to another worker."""
+async def read_body(receive, max_bytes: int) -> bytes:
+    """The whole request body (up to `max_bytes`); kept because a failover resends it to another worker."""
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone
     body = message.get("body", b"")
+    if len(body) > max_bytes:
+        raise BodyTooLarge
     if not message.get("more_body"):
         return body
-    parts = [body]
+    parts, size = [body], len(body)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
         parts.append(message.get("body", b""))
+        size += len(parts[-1])
+        if size > max_bytes:
+            raise BodyTooLarge
         if not message.get("more_body"):
             return b"".join(parts)
 
 
-def request_head(scope) -> bytes:
-    """Request line and forwarded headers, ending before Host/Content-Length (added per worker)."""
+def request_head(scope, hop_id: bytes, max_body_bytes: int) -> bytes:
+    """Request line and forwarded headers with this router's hop id, ending before Host/Content-Length
+    (added per worker). Raises LoopDetected if the request went through this router already, and
+    BodyTooLarge when its Content-Length says so (before a byte of the body is read)."""
     target = scope.get("raw_path") or scope["path"].encode()
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
     lines = [b"%s %s HTTP/1.1\r\n" % (scope["method"].encode(), target)]
+    hops = hop_id
     for name, value in scope["headers"]:
         if name not in REQUEST_SKIP:
+            if name == HOP_HEADER:
+                if hop_id in value.split(b","):
+                    raise LoopDetected
+                hops = value + b"," + hop_id
+                continue
             lines.append(b"%s: %s\r\n" % (name, value))
+        elif name == b"content-length" and value.isdigit() and int(value) > max_body_bytes:
+            raise BodyTooLarge
+    lines.append(b"%s: %s\r\n" % (HOP_HEADER, hops))
     return b"".join(lines)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from miles.config import RouterConfig
+from miles.http_limits import guarded_protocol
 from miles.router.app import Router, check_bind, resolve_admin_token
 
 try:  # uvloop and httptools are pinned dependencies; the fallbacks keep the router working without them
@@ -40,8 +41,15 @@ def bind_socket(host: str, port: int | None) -> socket.socket:
     return sock
 
 
+def http_protocol(config: RouterConfig):
+    """httptools with the header size and read-time limits (h11, the fallback, has its own size limit)."""
+    if HTTP_IMPL != "httptools":  # pragma: no cover
+        return HTTP_IMPL
+    return guarded_protocol(int(config.router_max_header_kb * 1024), config.router_header_timeout)
+
+
 def uvicorn_server(router: Router) -> uvicorn.Server:
-    config = uvicorn.Config(router, loop="none", http=HTTP_IMPL, lifespan="on", access_log=False,
+    config = uvicorn.Config(router, loop="none", http=http_protocol(router.config), lifespan="on", access_log=False,
                             log_level="warning", server_header=False, date_header=False,
                             timeout_keep_alive=75, backlog=2048, proxy_headers=False)
     return uvicorn.Server(config)
@@ -103,6 +111,7 @@ def start_router(config: RouterConfig, host: str = "127.0.0.1", port: int | None
     router = Router(config, worker_urls)
     sock = bind_socket(host, port)
     bound_port = sock.getsockname()[1]
+    router.listening.append((host, bound_port))
     server = uvicorn_server(router)
     loop = new_event_loop()
     failure: concurrent.futures.Future = concurrent.futures.Future()

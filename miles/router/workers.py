@@ -9,6 +9,7 @@ import bisect
 import random
 from dataclasses import dataclass, field
 from typing import Iterable
+from urllib.parse import urlsplit
 
 from miles.router.upstream import Endpoint
 
@@ -29,9 +30,18 @@ def check_worker_url(url: object) -> str:
     if url.startswith("https://"):
         raise WorkerError(f"worker url {url!r}: the router talks plain http to engines")
     try:
+        parts = urlsplit(url)
+        port = parts.port
         Endpoint.from_url(url)
     except ValueError as exc:
-        raise WorkerError(str(exc)) from None
+        raise WorkerError(f"worker url {url!r}: {exc}") from None
+    if parts.username is not None or parts.password is not None:
+        # never stored: /list_workers, /workers and /metrics would show them to anyone
+        raise WorkerError("worker url must not carry credentials (user:password@); the router does not send them")
+    if port == 0:
+        raise WorkerError(f"worker url {url!r}: port 0 is not a port a worker can listen on")
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        raise WorkerError(f"worker url {url!r}: give only http://host:port (a path, query or fragment is not used)")
     return url.rstrip("/")
 
 

@@ -18,7 +18,7 @@ from miles.tracking.journal import Journal, JournalLine
 from miles.tracking.names import map_metrics
 from miles.tracking.report import REPORT_NAME, write_report
 from miles.tracking.row import format_row
-from miles.tracking.samples import write_samples
+from miles.tracking.samples import samples_due, write_samples
 from miles.tracking.secrets import public_params, scrubber_for
 from miles.tracking.sinks.base import SinkSpec
 from miles.tracking.sinks.mlflow_sink import default_tracking_uri
@@ -154,8 +154,7 @@ class RunTracker:
     def log_rollout(self, rollout_id: int, args: Any, samples: list, extra_metrics: dict,
                     rollout_time: float) -> None:
         self._require_open()
-        interval = self.config.tracking.log_samples_interval
-        if interval and rollout_id % interval == 0:
+        if samples_due(self.config.tracking.log_samples_interval, rollout_id):
             write_samples(self.run_dir, rollout_id, samples)
         if self.hooks.rollout is not None and self.hooks.rollout(rollout_id, args, samples, extra_metrics,
                                                                  rollout_time):

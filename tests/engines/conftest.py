@@ -13,10 +13,16 @@ MAX_QUEUED = 64
 
 
 @pytest.fixture(scope="session")
-def engine(base_model, tmp_path_factory):
-    handle = launch_engine(base_model, device="cpu", max_batch_size=MAX_BATCH,
-                           log_path=tmp_path_factory.mktemp("engine") / "engine.log",
-                           extra_args=["--engine-max-queued-requests", str(MAX_QUEUED)])
+def engine_dir(tmp_path_factory):
+    """The live engine's log and timeline file."""
+    return tmp_path_factory.mktemp("engine")
+
+
+@pytest.fixture(scope="session")
+def engine(base_model, engine_dir):
+    handle = launch_engine(base_model, device="cpu", max_batch_size=MAX_BATCH, log_path=engine_dir / "engine.log",
+                           extra_args=["--engine-max-queued-requests", str(MAX_QUEUED),
+                                       "--timeline-path", str(engine_dir / "timeline.jsonl")])
     yield handle
     handle.stop()
 

@@ -18,3 +18,14 @@ def test_default_config_raises_eval_pass_at_1(tmp_path):
     assert summary.checkpoint is not None and (summary.checkpoint / "manifest.json").exists()
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == config.rollout.num_rollout
+    check_timeline(tmp_path / "run", config.rollout.num_rollout)
+
+
+def check_timeline(run_dir, num_rollout):
+    """Every process wrote its lane: the trainer, both ranks and the engine (its decoding batches)."""
+    from miles.tracking.timeline import read_spans
+
+    spans = read_spans(run_dir / "timeline.jsonl")
+    lanes = {s.lane for s in spans}
+    assert {"trainer", "rank0", "rank1"} <= lanes and any(lane.startswith("engine 127.0.0.1:") for lane in lanes)
+    assert {s.rollout_id for s in spans if s.lane == "trainer" and s.name == "rollout"} == set(range(num_rollout))

@@ -55,9 +55,29 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
         assert httpx.get(f"{router.url}/router_health").json()["weight_version"] == "2"
         rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         assert [r["rollout/step"] for r in rows] == [0, 1]
+        check_dashboard_files(tmp_path / "run", first.samples)
     finally:
         trainer.close()
         router.stop()
+
+
+def check_dashboard_files(run_dir: Path, samples) -> None:
+    """The phase timeline of both iterations, and the per-token file of the logged one only
+    (--log-samples-interval 10 logs rollout 0)."""
+    spans = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
+    phases = {(s["lane"], s["name"], s["rollout_id"]) for s in spans}
+    for r in (0, 1):
+        assert {("trainer", "rollout", r), ("trainer", "train", r), ("trainer", "update_weights", r),
+                ("rank0", "log_probs", r), ("rank0", "actor_train", r)} <= phases
+    assert ("trainer", "eval", 1) in phases and ("trainer", "eval", 0) not in phases
+    assert all(s["start"] <= s["end"] for s in spans)
+    rows = [json.loads(line) for line in (run_dir / "tokens" / "rollout_000000.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == [s.index for s in samples]
+    for row, sample in zip(rows, samples):
+        assert row["ids"] == sample.response_ids and len(row["log_probs"]) == len(row["entropy"]) == len(row["ids"])
+        # the ranks scored the weights that sampled: per token, train and rollout log-probs agree
+        assert max(abs(a - b) for a, b in zip(row["log_probs"], row["rollout_log_probs"])) <= 1e-3
+    assert not (run_dir / "tokens" / "rollout_000001.jsonl").exists()
 
 
 def run(config, run_dir, engine, rollout_ids, save_at=(), last=False):

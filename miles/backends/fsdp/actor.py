@@ -20,7 +20,7 @@ from miles.backends.batch import MicroBatch
 from miles.backends.fsdp.logprobs import token_stats
 from miles.backends.fsdp.weights import gather_full
 from miles.backends.logprobs import TokenStats
-from miles.backends.ppo import PPORank, init_process_group, seed_rank
+from miles.backends.ppo import PPORank, init_process_group, load_state_file, seed_rank
 
 
 class FSDPTrainActor(PPORank):
@@ -85,7 +85,7 @@ class FSDPTrainActor(PPORank):
         """Collective: every rank reads the full files (shared storage) and keeps its shard."""
         src = Path(directory)
         model_state = W.read_hf_weights(src, self.tied)
-        optim_state = torch.load(src / "optimizer.pt", weights_only=False)
+        optim_state = load_state_file(src / "optimizer.pt")
         set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
                        options=StateDictOptions(full_state_dict=True))
         self.load_schedule_and_rng(src)

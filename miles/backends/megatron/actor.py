@@ -22,7 +22,7 @@ from miles.backends.batch import MicroBatch
 from miles.backends.logprobs import TokenStats, stats_from_logits
 from miles.backends.megatron import convert
 from miles.backends.megatron.model import build_gpt, destroy_parallel, init_parallel
-from miles.backends.ppo import PPORank, init_process_group, seed_rank
+from miles.backends.ppo import PPORank, init_process_group, load_state_file, seed_rank
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors, shaped like the parameter
 
@@ -120,7 +120,7 @@ class MegatronTrainActor(PPORank):
         src = Path(directory)
         self._load_hf(self.model, W.read_hf_weights(src, self.tied))
         self.optimizer.load_state_dict(self._megatron_optimizer_state(
-            torch.load(src / "optimizer.pt", weights_only=False)))
+            load_state_file(src / "optimizer.pt")))
         self.load_schedule_and_rng(src)
         dist.barrier()  # the reference model stays the base model: it is never checkpointed
         return self.info()

@@ -1,0 +1,1 @@
+"""`miles dashboard RUN_DIR`: a read-only web view of a run directory (signals, timeline, samples, tokens)."""

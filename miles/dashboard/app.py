@@ -1,0 +1,106 @@
+"""The dashboard's FastAPI app: JSON endpoints over one run directory and the static page.
+
+Off loopback every `/api` request must carry the token (`Authorization: Bearer <token>`
+or `?token=`), as the router's admin endpoints do; the static files hold no run data.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from miles.config import ConfigError
+from miles.dashboard import views
+from miles.dashboard.run_files import RunFiles
+from miles.router.app import is_loopback
+
+STATIC_DIR = Path(__file__).parent / "static"
+TOKEN_ENV = "MILES_DASHBOARD_TOKEN"
+
+
+def resolve_token(flag_value: str | None) -> str | None:
+    return flag_value or os.environ.get(TOKEN_ENV) or None
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to show a run beyond loopback without a token."""
+    if not is_loopback(host) and not token:
+        raise ConfigError("--dashboard-token", f"required when binding to {host} (not loopback): set the flag or "
+                          f"{TOKEN_ENV} so the run's samples are not open to the network")
+
+
+def build_app(run_dir: Path, follow: bool = False, token: str | None = None) -> FastAPI:
+    files = RunFiles(run_dir)
+    app = FastAPI(title="miles dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def require_token(request: Request, call_next):
+        if token and request.url.path.startswith("/api"):
+            header = request.headers.get("authorization", "")
+            given = header[7:] if header.lower().startswith("bearer ") else request.query_params.get("token", "")
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return JSONResponse({"error": "token missing or wrong (send Authorization: Bearer <token>)"}, 401)
+        return await call_next(request)
+
+    @app.get("/api/run")
+    def run() -> dict:
+        return views.run_summary(files, follow)
+
+    @app.get("/api/metrics")
+    def metrics() -> dict:
+        return views.metrics(files)
+
+    @app.get("/api/watch")
+    def watch() -> dict:
+        return views.watch(files)
+
+    @app.get("/api/timeline")
+    def timeline(rollout_id: int | None = None) -> dict:
+        return views.timeline(files, rollout_id)
+
+    @app.get("/api/timeline/chrome")
+    def chrome() -> JSONResponse:
+        return JSONResponse(views.chrome(files), headers={
+            "Content-Disposition": f'attachment; filename="{files.run_dir.name}-timeline.json"'})
+
+    @app.get("/api/health")
+    def health() -> dict:
+        return views.health(files)
+
+    @app.get("/api/profiler")
+    def profiler() -> dict:
+        return views.profiler(files)
+
+    @app.get("/api/rollouts")
+    def rollouts() -> dict:
+        return views.rollouts(files)
+
+    @app.get("/api/rollouts/{rollout_id}")
+    def rollout(rollout_id: int, min_reward: float | None = None, max_reward: float | None = None,
+                min_length: int | None = Query(None, ge=0), max_length: int | None = Query(None, ge=0),
+                truncated: bool | None = None, min_turns: int | None = Query(None, ge=0),
+                max_turns: int | None = Query(None, ge=0), zero_std: bool | None = None) -> dict:
+        keep = views.SampleFilter(min_reward, max_reward, min_length, max_length, truncated, min_turns, max_turns,
+                                  zero_std)
+        try:
+            return views.rollout_samples(files, rollout_id, keep)
+        except views.NotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    @app.get("/api/rollouts/{rollout_id}/samples/{index}")
+    def sample(rollout_id: int, index: int) -> dict:
+        try:
+            return views.sample_detail(files, rollout_id, index)
+        except views.NotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    @app.get("/")
+    def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-store"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app

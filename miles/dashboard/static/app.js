@@ -1,0 +1,344 @@
+// The dashboard page: one view at a time, chosen by the URL hash (#metrics, #timeline,
+// #rollouts, #sample/<rollout>/<index>), each drawn from the server's /api JSON.
+"use strict";
+const TOKEN = new URLSearchParams(location.search).get("token");
+const PHASE_COLORS = {rollout: "#60a5fa", train: "#a78bfa", log_probs: "#34d399", actor_train: "#f59e0b",
+                      update_weights: "#f472b6", checkpoint: "#94a3b8", eval: "#22d3ee", batch: "#93c5fd",
+                      log_tokens: "#ef4444", token_stats: "#ef4444"};
+let RUN = null;
+let lastSeen = null;
+
+async function api(path) {
+  const res = await fetch(path, {headers: TOKEN ? {Authorization: "Bearer " + TOKEN} : {}});
+  if (!res.ok) throw new Error(`${path}: ${res.status} ${(await res.json().catch(() => ({}))).detail || ""}`);
+  return res.json();
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "onclick" || k === "onchange") node[k] = v; else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
+  return node;
+}
+
+const fmt = (v) => (v === null || v === undefined) ? "–" : (typeof v === "number" ? Number(v.toPrecision(4)) : v);
+
+function notice(run) {
+  const box = document.getElementById("notice");
+  box.replaceChildren();
+  if (run.missing.length) box.append(el("div", {class: "missing", id: "missing"},
+    "Not available in this run directory: " + run.missing.join(", ")));
+  if (run.corrupt.length) box.append(el("div", {class: "missing"}, "Skipped: " + run.corrupt.join("; ")));
+}
+
+// ---- metrics ---------------------------------------------------------------------------
+async function showMetrics(view) {
+  const [watch, metrics] = await Promise.all([api("/api/watch"), api("/api/metrics")]);
+  view.append(el("h2", {}, "What to watch"));
+  if (watch.health !== "available") {
+    view.append(el("div", {class: "legend"}, "Health verdicts: not available (no health.jsonl in this run)"));
+  }
+  const grid = el("div", {class: "grid", id: "watch-panels"});
+  view.append(grid);
+  for (const p of watch.panels) {
+    const box = el("div", {class: "panel watch-panel"}, el("h3", {}, p.title),
+      el("div", {class: "legend"}, `healthy: ${p.healthy} · `, el("span", {class: "flag"}, `red flag: ${p.red_flag}`)));
+    grid.append(box);
+    const series = Object.entries(p.series).map(([k, s]) => ({name: k, x: s.x, y: s.y}));
+    if (!series.length) { box.append(el("div", {class: "na"}, "not logged")); continue; }
+    lineChart(box, series, {threshold: p.threshold, flags: p.flag_steps, xlabel: Object.values(p.series)[0].step_key});
+    const legend = el("div", {class: "legend"}, ...series.map(s => el("span", {}, s.name)));
+    if (p.threshold_label) legend.append(el("span", {class: "flag"}, "- - " + p.threshold_label));
+    box.append(legend);
+    for (const v of p.verdicts.slice(-3)) {
+      box.append(el("div", {class: "flag"}, `rollout ${v.rollout_id} ${v.severity}: ${v.message}`));
+    }
+  }
+  if (watch.other_verdicts.length) {
+    view.append(el("h3", {}, "Other health verdicts"), el("ul", {id: "other-verdicts"}, ...watch.other_verdicts.map(v =>
+      el("li", {class: "flag"}, `rollout ${v.rollout_id} ${v.signal} ${v.severity}: ${v.message}`))));
+  }
+  for (const [ns, keys] of Object.entries(metrics.namespaces)) {
+    view.append(el("h2", {}, ns + "/"));
+    const g = el("div", {class: "grid"});
+    view.append(g);
+    for (const key of keys) {
+      const s = metrics.series[key];
+      const box = el("div", {class: "panel metric-panel"}, el("h3", {}, key));
+      g.append(box);
+      lineChart(box, [{name: key, x: s.x, y: s.y}], {xlabel: s.step_key});
+    }
+  }
+}
+
+// ---- timeline --------------------------------------------------------------------------
+async function showTimeline(view) {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const rid = params.get("rollout");
+  const data = await api("/api/timeline" + (rid !== null ? "?rollout_id=" + rid : ""));
+  const bar = el("div", {class: "filters"});
+  const link = el("a", {href: "/api/timeline/chrome" + (TOKEN ? "?token=" + encodeURIComponent(TOKEN) : ""),
+                        id: "chrome-trace"}, "Chrome trace (open in ui.perfetto.dev)");
+  const input = el("input", {type: "number", id: "timeline-rollout", placeholder: "all", value: rid ?? ""});
+  input.onchange = () => { location.hash = "#timeline" + (input.value !== "" ? "?rollout=" + input.value : ""); };
+  bar.append(el("label", {}, "rollout", input), link);
+  view.append(el("h2", {}, "Timeline"), bar);
+  if (!data.spans.length) {
+    view.append(el("div", {class: "na"}, data.available ? "no spans for this selection" :
+      "Timeline: not available (no timeline.jsonl in this run)"));
+    return;
+  }
+  const W = 1200, laneH = 26, top = 20, left = 240;
+  const H = top + data.lanes.length * laneH + 20;
+  const svg = svgEl("svg", {class: "timeline", id: "timeline-svg", viewBox: `0 0 ${W} ${H}`}, view);
+  // Open on the training iterations (an engine's start-up probes can come long before them);
+  // drag across to zoom, double-click for everything.
+  const trained = data.spans.filter(s => s.rollout_id !== null && s.rollout_id !== undefined);
+  const full = [data.start, data.end];
+  let range = trained.length ? [Math.min(...trained.map(s => s.start)), Math.max(...trained.map(s => s.end))] : full;
+  function draw() {
+    svg.replaceChildren();
+    const span = (range[1] - range[0]) || 1;
+    const px = (t) => left + (t - range[0]) / span * (W - left - 10);
+    data.lanes.forEach((lane, i) => {
+      const y = top + i * laneH;
+      svgEl("text", {x: 4, y: y + 16}, svg).textContent =
+        `${lane} (${Math.round(100 * data.utilization[lane])}% busy)`;
+      svgEl("line", {x1: left, x2: W - 10, y1: y + laneH, y2: y + laneH, stroke: "#f3f4f6"}, svg);
+    });
+    for (const s of data.spans) {
+      if (s.end < range[0] || s.start > range[1]) continue;
+      const i = data.lanes.indexOf(s.lane);
+      const x0 = Math.max(px(s.start), left), x1 = Math.min(px(s.end), W - 10);
+      const r = svgEl("rect", {x: x0, y: top + i * laneH + 3, height: laneH - 6, class: "span",
+                               width: Math.max(x1 - x0, 1), fill: PHASE_COLORS[s.name] || "#cbd5e1"}, svg);
+      svgEl("title", {}, r).textContent =
+        `${s.lane} ${s.name}` + (s.rollout_id !== null && s.rollout_id !== undefined ? ` rollout ${s.rollout_id}` : "") +
+        `: ${(s.end - s.start).toFixed(3)} s` + (s.args ? " " + JSON.stringify(s.args) : "");
+    }
+    for (let k = 0; k <= 4; k++) {
+      const t = range[0] + span * k / 4;
+      svgEl("text", {x: px(t), y: 12, "text-anchor": "middle"}, svg).textContent = (t - data.start).toFixed(2) + " s";
+    }
+    svg._toTime = (clientX) => {
+      const box = svg.getBoundingClientRect();
+      return range[0] + ((clientX - box.left) / box.width * W - left) / (W - left - 10) * span;
+    };
+  }
+  let from = null;
+  svg.addEventListener("mousedown", (ev) => { from = svg._toTime(ev.clientX); });
+  svg.addEventListener("mouseup", (ev) => {
+    const to = svg._toTime(ev.clientX);
+    if (from !== null && Math.abs(to - from) > (range[1] - range[0]) / 200) {
+      range = [Math.max(full[0], Math.min(from, to)), Math.min(full[1], Math.max(from, to))];
+      draw();
+    }
+    from = null;
+  });
+  svg.addEventListener("dblclick", () => { range = full.slice(); draw(); });
+  draw();
+  view.append(el("div", {class: "legend"}, ...Object.entries(PHASE_COLORS).map(([n, c]) =>
+    el("span", {style: `border-left: 10px solid ${c}; padding-left: 4px`}, n))));
+  view.append(el("h2", {}, "Profiler windows"));
+  if (!data.profiler.available) {
+    view.append(el("div", {class: "legend"}, "Profiler summaries: not available (no profiler/summaries.jsonl)"));
+  } else {
+    const t = el("table", {}, el("tr", {}, ...["target", "rank", "start", "end", "trace", "top ops"].map(h =>
+      el("th", {}, h))));
+    for (const p of data.profiler.summaries) {
+      const ops = (p.top_ops || []).slice(0, 3).map(o => typeof o === "string" ? o : (o.name || JSON.stringify(o)));
+      t.append(el("tr", {}, ...[p.target, p.rank, p.start, p.end, p.trace, ops.join(", ")].map(v =>
+        el("td", {}, String(fmt(v))))));
+    }
+    view.append(t);
+  }
+}
+
+// ---- rollouts --------------------------------------------------------------------------
+const FILTERS = ["min_reward", "max_reward", "min_length", "max_length", "min_turns", "max_turns"];
+
+async function showRollouts(view) {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const list = (await api("/api/rollouts")).rollouts;
+  view.append(el("h2", {}, "Rollouts"));
+  if (!list.length) {
+    view.append(el("div", {class: "na"}, "Sample tables: not available (logged every --log-samples-interval rollouts)"));
+    return;
+  }
+  const rid = params.get("rollout") ?? String(list[list.length - 1].rollout_id);
+  const pick = el("select", {id: "rollout-select"}, ...list.map(r => {
+    const o = el("option", {value: r.rollout_id},
+      `rollout ${r.rollout_id}: ${r.samples} samples, reward ${fmt(r.mean_reward)}, ` +
+      `${r.zero_std_groups}/${r.groups} zero-std groups`);
+    if (String(r.rollout_id) === rid) o.selected = true;
+    return o;
+  }));
+  const form = el("div", {class: "filters", id: "filters"}, el("label", {}, "rollout", pick));
+  const inputs = {};
+  for (const f of FILTERS) {
+    inputs[f] = el("input", {type: "number", step: "any", id: "f-" + f, value: params.get(f) ?? ""});
+    form.append(el("label", {}, f.replace("_", " "), inputs[f]));
+  }
+  for (const f of ["truncated", "zero_std"]) {
+    inputs[f] = el("select", {id: "f-" + f}, el("option", {value: ""}, "any"), el("option", {value: "true"}, "yes"),
+                   el("option", {value: "false"}, "no"));
+    inputs[f].value = params.get(f) ?? "";
+    form.append(el("label", {}, f.replace("_", " "), inputs[f]));
+  }
+  const apply = el("button", {id: "apply-filters"}, "Filter");
+  apply.onclick = () => {
+    const q = new URLSearchParams({rollout: pick.value});
+    for (const [k, i] of Object.entries(inputs)) if (i.value !== "") q.set(k, i.value);
+    location.hash = "#rollouts?" + q.toString();
+  };
+  pick.onchange = apply.onclick;
+  form.append(apply);
+  view.append(form);
+  const q = new URLSearchParams();
+  for (const f of [...FILTERS, "truncated", "zero_std"]) if (params.get(f)) q.set(f, params.get(f));
+  const data = await api(`/api/rollouts/${rid}?` + q.toString());
+  view.append(el("div", {class: "legend", id: "rollout-count"}, `${data.samples.length} of ${data.total} samples`));
+  const table = el("table", {id: "samples-table"}, el("tr", {}, ...["#", "group", "reward", "length", "status",
+    "turns", "zero std", "prompt", "response"].map(h => el("th", {}, h))));
+  for (const s of data.samples) {
+    const row = el("tr", {class: "sample-row", "data-index": s.index},
+      el("td", {}, String(s.index)), el("td", {}, String(s.group_index ?? "–")), el("td", {}, String(fmt(s.reward))),
+      el("td", {}, String(s.response_length)), el("td", {}, s.status), el("td", {}, String(s.turns)),
+      el("td", {class: s.zero_std ? "zero" : ""}, s.zero_std ? "zero std" : ""),
+      el("td", {class: "text"}, s.prompt.slice(-120)), el("td", {class: "text"}, s.response.slice(0, 160)));
+    row.onclick = () => { location.hash = `#sample/${rid}/${s.index}`; };
+    table.append(row);
+  }
+  view.append(table);
+}
+
+// ---- one sample: tokens and conversation ----------------------------------------------
+const COLOR_BY = {
+  rollout_log_probs: {label: "rollout log-prob", value: (t, i) => t.rollout_log_probs[i], low: -6, high: 0, invert: true},
+  log_probs: {label: "training log-prob", value: (t, i) => t.log_probs[i], low: -6, high: 0, invert: true},
+  abs_diff: {label: "|training - rollout| log-prob", value: (t, i) =>
+    (t.log_probs[i] === undefined || t.rollout_log_probs[i] === undefined) ? undefined :
+      Math.abs(t.log_probs[i] - t.rollout_log_probs[i]), low: 0, high: 0.5},
+  entropy: {label: "entropy", value: (t, i) => t.entropy[i], low: 0, high: 3},
+};
+
+// A token's style: white -> yellow -> orange -> red as the value gets worse; light text on dark.
+function heat(v, spec) {
+  if (v === undefined || v === null) return "";
+  let f = (v - spec.low) / (spec.high - spec.low);
+  f = Math.min(1, Math.max(0, spec.invert ? 1 - f : f));
+  const stops = [[255, 255, 255], [253, 230, 138], [249, 115, 22], [185, 28, 28]];
+  const p = f * (stops.length - 1), k = Math.min(Math.floor(p), stops.length - 2), w = p - k;
+  const c = stops[k].map((a, j) => Math.round(a + (stops[k + 1][j] - a) * w));
+  return `background:rgb(${c.join(",")})` + (f > 0.6 ? ";color:#fff" : "");
+}
+
+async function showSample(view) {
+  const parts = location.hash.split("?")[0].split("/");
+  if (parts.length < 3) {
+    view.append(el("h2", {}, "Tokens"), el("div", {class: "na"}, "Pick a sample in the Rollouts view."));
+    return;
+  }
+  const [rid, index] = [parts[1], parts[2]];
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const by = params.get("color") || "rollout_log_probs";
+  const d = await api(`/api/rollouts/${rid}/samples/${index}`);
+  const s = d.sample;
+  view.append(el("h2", {id: "sample-title"}, `Rollout ${rid}, sample ${index}`));
+  view.append(el("div", {class: "kv"}, ...[["reward", s.reward], ["raw reward", s.raw_reward],
+    ["advantage", s.advantage], ["length", s.response_length], ["status", s.status], ["group", s.group_index],
+    ["label", s.label], ["weights", s.weight_version]].map(([k, v]) => el("span", {}, `${k}: ${fmt(v)}`))));
+  if (s.zero_std) view.append(el("div", {class: "zero"}, "zero-std group: every sample of this prompt got the same reward"));
+  if (d.messages) {
+    view.append(el("h2", {}, "Conversation"));
+    const conv = el("div", {class: "conversation", id: "conversation"});
+    for (const m of d.messages) {
+      const body = typeof m.content === "string" ? m.content : JSON.stringify(m.content);
+      const msg = el("div", {class: "msg " + (m.role || "")}, el("div", {class: "role"}, m.role || "?"), body);
+      for (const call of (m.tool_calls || [])) {
+        const fn = call.function || call;
+        msg.append(el("div", {class: "role"}, `tool call: ${fn.name}(${typeof fn.arguments === "string" ?
+          fn.arguments : JSON.stringify(fn.arguments)})`));
+      }
+      conv.append(msg);
+    }
+    view.append(conv);
+  }
+  view.append(el("h2", {}, "Tokens"));
+  if (!d.tokens) { view.append(el("div", {class: "na", id: "tokens-na"}, d.tokens_note)); return; }
+  const pick = el("select", {id: "color-by"}, ...Object.entries(COLOR_BY).map(([k, c]) => {
+    const o = el("option", {value: k}, c.label);
+    if (k === by) o.selected = true;
+    return o;
+  }));
+  pick.onchange = () => { location.hash = `#sample/${rid}/${index}?color=${pick.value}`; };
+  const spec = COLOR_BY[by];
+  view.append(el("div", {class: "filters"}, el("label", {}, "colour by", pick),
+    el("span", {}, `${spec.invert ? spec.high : spec.low} `, el("span", {class: "scale"}),
+       ` ${spec.invert ? spec.low : spec.high}${spec.invert ? " (darker: less likely)" : ""}`),
+    el("span", {}, "dimmed: observation tokens (loss mask 0)")));
+  const box = el("div", {class: "tokens", id: "token-strip"}, el("span", {class: "prompt"}, s.prompt));
+  const t = d.tokens;
+  t.ids.forEach((id, i) => {
+    const masked = t.loss_mask && t.loss_mask[i] === 0;
+    const tok = el("span", {class: "tok" + (masked ? " masked" : ""), style: heat(spec.value(t, i), spec)},
+                   t.text[i]);
+    tok.title = `token ${i} id ${id}\nrollout log-prob ${fmt(t.rollout_log_probs[i])}\n` +
+      `training log-prob ${fmt(t.log_probs[i])}\nentropy ${fmt(t.entropy[i])}\nloss mask ${t.loss_mask[i]}`;
+    box.append(tok);
+  });
+  view.append(box);
+  const positions = t.ids.map((_, i) => i);
+  const strips = [["rollout log-prob", t.rollout_log_probs], ["training log-prob", t.log_probs],
+                  ["|difference|", COLOR_BY.abs_diff && t.ids.map((_, i) => COLOR_BY.abs_diff.value(t, i))],
+                  ["entropy", t.entropy]].filter(([, ys]) => ys && ys.length === t.ids.length && ys.every(
+                    v => v !== undefined));
+  const grid = el("div", {class: "grid", id: "token-charts"});
+  for (const [name, ys] of strips) {
+    const panel = el("div", {class: "panel"}, el("h3", {}, name + " per token"));
+    lineChart(panel, [{name, x: positions, y: ys}], {xlabel: "token"});
+    grid.append(panel);
+  }
+  view.append(grid);
+}
+
+// ---- routing and following -------------------------------------------------------------
+const VIEWS = {metrics: showMetrics, timeline: showTimeline, rollouts: showRollouts, sample: showSample};
+
+let renders = 0;
+
+async function render() {
+  const mine = ++renders;  // a newer render (the hash changed again) wins over this one
+  const hash = location.hash;
+  const name = (hash.slice(1).split(/[/?]/)[0]) || "metrics";
+  for (const k of Object.keys(VIEWS)) document.getElementById("nav-" + k).classList.toggle("active", k === name);
+  const view = el("main", {id: "view", "data-view": name});
+  try {
+    RUN = await api("/api/run");
+    lastSeen = RUN.last_rollout_id;
+    document.getElementById("run-name").textContent = RUN.name;
+    document.getElementById("run-state").textContent = `${RUN.iterations} iterations` +
+      (RUN.last_rollout_id !== null ? `, last rollout ${RUN.last_rollout_id}` : "") + (RUN.follow ? " · following" : "");
+    notice(RUN);
+    await (VIEWS[name] || showMetrics)(view);
+  } catch (err) {
+    view.append(el("div", {class: "missing"}, String(err)));
+  }
+  if (mine !== renders) return;
+  view.setAttribute("data-hash", hash);
+  view.setAttribute("data-ready", "1");
+  document.getElementById("view").replaceWith(view);
+}
+
+async function follow() {
+  try {
+    const run = await api("/api/run");
+    if (run.last_rollout_id !== lastSeen) await render();
+  } catch (err) { /* the next poll retries */ }
+  setTimeout(follow, 2000);
+}
+
+window.addEventListener("hashchange", render);
+render().then(() => { if (RUN && RUN.follow) setTimeout(follow, 2000); });

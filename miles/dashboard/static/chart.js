@@ -1,0 +1,97 @@
+// A small SVG line chart: several series on one x axis, an optional threshold line and
+// red-flag markers; drag across it to zoom in on the x range, double-click to zoom out.
+"use strict";
+const SVG_NS = "http://www.w3.org/2000/svg";
+const COLORS = ["#2563eb", "#ea580c", "#059669", "#7c3aed", "#db2777", "#0891b2"];
+
+function svgEl(tag, attrs, parent) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+  if (parent) parent.appendChild(el);
+  return el;
+}
+
+function niceNumber(v) {
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 1000 || a < 0.001) return v.toExponential(1);
+  return Number(v.toPrecision(3)).toString();
+}
+
+// series: [{name, x: [], y: []}]; opts: {threshold, flags: [x...], xlabel}
+function lineChart(container, series, opts) {
+  opts = opts || {};
+  const svg = svgEl("svg", {class: "chart", viewBox: "0 0 400 170", preserveAspectRatio: "none"}, container);
+  const allX = series.flatMap(s => s.x);
+  const full = [Math.min(...allX), Math.max(...allX)];
+  let range = full.slice();
+  const W = 400, H = 170, L = 44, R = 6, T = 6, B = 22;
+
+  function draw() {
+    svg.replaceChildren();
+    const inRange = (x) => x >= range[0] && x <= range[1];
+    const ys = series.flatMap(s => s.y.filter((_, i) => inRange(s.x[i])));
+    if (opts.threshold !== null && opts.threshold !== undefined) ys.push(opts.threshold);
+    let lo = Math.min(...ys), hi = Math.max(...ys);
+    if (!isFinite(lo)) { lo = 0; hi = 1; }
+    if (lo === hi) { lo -= 0.5 * (Math.abs(lo) || 1); hi += 0.5 * (Math.abs(hi) || 1); }
+    const span = range[1] - range[0] || 1;
+    const px = (x) => L + (x - range[0]) / span * (W - L - R);
+    const py = (y) => T + (hi - y) / (hi - lo) * (H - T - B);
+    svgEl("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#d1d5db"}, svg);
+    svgEl("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#d1d5db"}, svg);
+    for (const y of [lo, (lo + hi) / 2, hi]) {
+      svgEl("text", {x: L - 3, y: py(y) + 3, "text-anchor": "end"}, svg).textContent = niceNumber(y);
+    }
+    for (const x of [range[0], (range[0] + range[1]) / 2, range[1]]) {
+      svgEl("text", {x: px(x), y: H - 8, "text-anchor": "middle"}, svg).textContent = niceNumber(x);
+    }
+    if (opts.xlabel) svgEl("text", {x: W - R, y: H - 1, "text-anchor": "end"}, svg).textContent = opts.xlabel;
+    if (opts.threshold !== null && opts.threshold !== undefined) {
+      svgEl("line", {x1: L, x2: W - R, y1: py(opts.threshold), y2: py(opts.threshold), stroke: "#dc2626",
+                     "stroke-dasharray": "4 3", class: "threshold"}, svg);
+    }
+    for (const fx of (opts.flags || [])) {
+      if (!inRange(fx)) continue;
+      svgEl("rect", {x: px(fx) - 2, y: T, width: 4, height: H - T - B, fill: "#fecaca", class: "red-flag"}, svg);
+    }
+    series.forEach((s, k) => {
+      const pts = s.x.map((x, i) => [x, s.y[i]]).filter(p => inRange(p[0]));
+      if (!pts.length) return;
+      const d = pts.map((p, i) => (i ? "L" : "M") + px(p[0]).toFixed(1) + " " + py(p[1]).toFixed(1)).join(" ");
+      svgEl("path", {d, fill: "none", stroke: COLORS[k % COLORS.length], "stroke-width": 1.5,
+                     "vector-effect": "non-scaling-stroke", class: "series"}, svg);
+      if (pts.length < 40) {
+        for (const p of pts) {
+          const c = svgEl("circle", {cx: px(p[0]), cy: py(p[1]), r: 2, fill: COLORS[k % COLORS.length]}, svg);
+          svgEl("title", {}, c).textContent = `${s.name} @ ${p[0]}: ${p[1]}`;
+        }
+      }
+    });
+    svg._px = px;
+  }
+
+  let dragFrom = null, band = null;
+  const toX = (ev) => {
+    const box = svg.getBoundingClientRect();
+    const vx = (ev.clientX - box.left) / box.width * W;
+    return range[0] + (vx - L) / (W - L - R) * (range[1] - range[0]);
+  };
+  svg.addEventListener("mousedown", (ev) => { dragFrom = toX(ev); });
+  svg.addEventListener("mousemove", (ev) => {
+    if (dragFrom === null) return;
+    if (!band) band = svgEl("rect", {y: T, height: H - T - B, fill: "rgba(96,165,250,0.25)"}, svg);
+    const a = svg._px(Math.min(dragFrom, toX(ev))), b = svg._px(Math.max(dragFrom, toX(ev)));
+    band.setAttribute("x", a); band.setAttribute("width", Math.max(b - a, 0));
+  });
+  svg.addEventListener("mouseup", (ev) => {
+    const to = toX(ev);
+    if (dragFrom !== null && Math.abs(to - dragFrom) > (range[1] - range[0]) / 100) {
+      range = [Math.max(full[0], Math.min(dragFrom, to)), Math.min(full[1], Math.max(dragFrom, to))];
+    }
+    dragFrom = null; band = null; draw();
+  });
+  svg.addEventListener("dblclick", () => { range = full.slice(); draw(); });
+  draw();
+  return svg;
+}

@@ -1,0 +1,130 @@
+"""Request limits the engine and the router share: header size and read time, body size.
+
+`guarded_protocol` is uvicorn's httptools protocol with two more rules: the request head
+(request line and headers) may hold at most `max_head_bytes` (else 431) and must arrive
+within `head_timeout` seconds of its first byte (else 408); either way the connection is
+closed. `BodyLimit` wraps an ASGI app and answers 413 to a body over its limit, from the
+Content-Length when there is one, else as the bytes arrive.
+"""
+from __future__ import annotations
+
+import json
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def _response(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            % (status, reason.encode(), len(body)) + body)
+
+
+def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpToolsProtocol]:
+    """A uvicorn `http=` protocol class enforcing the two limits."""
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._head_done = False
+            self._head_bytes = 0
+            self._refused = False
+            self._head_timer = self.loop.call_later(head_timeout, self._head_too_slow)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            if not self._head_done:
+                if self._head_timer is None:  # the first byte of the next request on a kept-alive connection
+                    self._head_timer = self.loop.call_later(head_timeout, self._head_too_slow)
+                self._head_bytes += len(data)
+            super().data_received(data)
+            if not self._head_done and self._head_bytes > max_head_bytes:
+                self._refuse(431, "Request Header Fields Too Large",
+                             f"the request line and headers exceed {max_head_bytes} bytes")
+
+        def on_headers_complete(self) -> None:
+            if self._refused:
+                return
+            self._head_done = True
+            self._cancel_timer()
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if self._refused:
+                return
+            super().on_message_complete()
+            self._head_done = False
+            self._head_bytes = 0
+
+        def connection_lost(self, exc) -> None:
+            self._cancel_timer()
+            super().connection_lost(exc)
+
+        def _cancel_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_too_slow(self) -> None:
+            self._head_timer = None
+            if not self._head_done and not self.transport.is_closing():
+                self._refuse(408, "Request Timeout", f"the request headers did not arrive within {head_timeout}s")
+
+        def _refuse(self, status: int, reason: str, message: str) -> None:
+            self._refused = True
+            self._cancel_timer()
+            if not self.transport.is_closing():
+                self.transport.write(_response(status, reason, message))
+                self.transport.close()
+
+    return GuardedHttpToolsProtocol
+
+
+class BodyLimit:
+    """ASGI middleware: reads the request body up to `max_bytes` (413 past it), then hands the app the whole
+    body at once; paths in `exempt` pass through unread and unlimited."""
+
+    def __init__(self, app, max_bytes: int, exempt: frozenset[str] = frozenset()):
+        self.app = app
+        self.max_bytes = max_bytes
+        self.exempt = exempt
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            return await self.app(scope, receive, send)
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                return await send_too_large(send, self.max_bytes)
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before its body was read
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > self.max_bytes:
+                return await send_too_large(send, self.max_bytes)
+            if not message.get("more_body"):
+                break
+        body = {"type": "http.request", "body": b"".join(parts), "more_body": False}
+
+        async def replay():
+            nonlocal body
+            if body is not None:
+                message, body = body, None
+                return message
+            return await receive()  # after the body: the disconnect, when it comes
+
+        await self.app(scope, replay, send)
+
+
+async def send_too_large(send, max_bytes: int) -> None:
+    body = json.dumps({"error": f"the request body exceeds {max_bytes} bytes"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,25 @@
+"""Each test serves its own copy of a run this repository recorded.
+
+`recorded_run/` was written by a real run of this repository (the plain loop, two training
+ranks, samples and tokens logged every 2 rollouts):
+
+    python -m miles.train --num-rollout 4 --rollout-batch-size 4 --n-samples-per-prompt 4 \
+        --eval-interval 2 --eval-max-prompts 8 --log-samples-interval 2 --actor-num-gpus-per-node 2
+
+keeping its journal, timeline, samples, tokens, base eval and redacted config. Tests serve a
+copy, so a test that adds files (health verdicts, a torn line) never touches the original.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from dashboard_helpers import RECORDED
+
+
+@pytest.fixture
+def run_copy(tmp_path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(RECORDED, target)
+    return target

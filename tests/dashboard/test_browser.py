@@ -1,0 +1,146 @@
+"""The page in a real headless Chromium: every view renders the recorded run, a click on a sample
+opens its tokens, and `--follow` shows a new iteration appear. Screenshots of each view go to
+`runs/screenshots/` (or MILES_SCREENSHOT_DIR)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from dashboard_helpers import RECORDED, serve
+from webdriver import Browser, missing_browser
+
+pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))
+SHOTS = Path(os.environ.get("MILES_SCREENSHOT_DIR", Path(__file__).parents[2] / "runs" / "screenshots"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def served(run_copy):
+    s = serve(run_copy)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_metrics_view(browser, served):
+    browser.open(served.url + "/#metrics")
+    assert len(browser.find_all(".watch-panel")) == 8
+    # every panel the run logged has a line; kl_loss (no --use-kl-loss) says so instead
+    assert len(browser.find_all(".watch-panel path.series")) >= 8
+    assert browser.text(".watch-panel .na") == "not logged"
+    assert len(browser.find_all(".watch-panel line.threshold")) == 2  # grad_norm at clip_grad, pg_clipfrac at 0.2
+    assert len(browser.find_all(".metric-panel")) > 20
+    assert "health" in browser.text("#missing")
+    browser.screenshot(SHOTS / "metrics.png")
+
+
+def test_health_verdicts_are_marked_on_their_panels(browser, run_copy):
+    verdicts = [{"rollout_id": 2, "signal": "grad_norm", "severity": "warning",
+                 "message": "grad_norm above clip_grad in 3 of the last 4 iterations", "values": {"grad_norm": 2.2}},
+                {"rollout_id": 3, "signal": "entropy_loss", "severity": "red",
+                 "message": "entropy falling fast", "values": {}}]
+    (run_copy / "health.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
+    served = serve(run_copy)
+    try:
+        browser.open(served.url + "/#metrics")
+        assert len(browser.find_all(".watch-panel rect.red-flag")) == 2
+        messages = browser.script("return [...document.querySelectorAll('.watch-panel .flag')].map(f => f.textContent)")
+        assert any("rollout 2 warning: grad_norm above clip_grad" in m for m in messages)
+        assert "health" not in browser.text("#missing")
+        browser.screenshot(SHOTS / "metrics-health.png")
+    finally:
+        served.stop()
+
+
+def test_timeline_view(browser, served):
+    browser.open(served.url + "/#timeline")
+    recorded = [json.loads(line) for line in (RECORDED / "timeline.jsonl").read_text().splitlines()]
+    trained = [s for s in recorded if s.get("rollout_id") is not None]
+    first = min(s["start"] for s in trained)
+    # it opens on the iterations: the engine's start-up probes before them are out of view
+    assert len(browser.find_all("#timeline-svg rect.span")) == sum(s["end"] >= first for s in recorded)
+    browser.screenshot(SHOTS / "timeline.png")
+    browser.script("document.getElementById('timeline-svg').dispatchEvent(new MouseEvent('dblclick'))")
+    assert len(browser.find_all("#timeline-svg rect.span")) == len(recorded)  # zoomed out: everything
+    labels = browser.script("return [...document.querySelectorAll('#timeline-svg text')].map(t => t.textContent)")
+    assert any(label.startswith("rank1 (") for label in labels)
+    assert browser.script("return document.getElementById('chrome-trace').getAttribute('href')") == \
+        "/api/timeline/chrome"
+
+
+def test_rollouts_view_and_filters(browser, served):
+    browser.open(served.url + "/#rollouts")
+    rows = browser.find_all("#samples-table tr.sample-row")
+    assert len(rows) == 16  # the last logged rollout, all samples
+    assert browser.find_all("#samples-table td.zero")  # rollout 2 has a zero-std group
+    browser.screenshot(SHOTS / "rollouts.png")
+    browser.open(served.url + "/#rollouts?rollout=2&min_reward=1")
+    rewards = browser.script("return [...document.querySelectorAll('#samples-table tr.sample-row td:nth-child(3)')]"
+                             ".map(td => Number(td.textContent))")
+    assert rewards and all(r >= 1 for r in rewards)
+
+
+def test_click_on_a_sample_opens_its_tokens(browser, served):
+    browser.open(served.url + "/#rollouts?rollout=0")
+    browser.click('#samples-table tr.sample-row[data-index="2"]')
+    browser.wait_view("#sample/0/2")
+    assert browser.text("#sample-title") == "Rollout 0, sample 2"
+    tokens = json.loads((RECORDED / "tokens" / "rollout_000000.jsonl").read_text().splitlines()[2])
+    assert len(browser.wait_for("#token-strip .tok")) == len(tokens["ids"])
+    colours = browser.script("return [...document.querySelectorAll('#token-strip .tok')].map(t => t.style.backgroundColor)")
+    assert len(set(colours)) > 1  # coloured by log-prob, not uniform
+    browser.screenshot(SHOTS / "tokens.png")
+
+
+def test_conversation_view_dims_observation_tokens(browser, run_copy):
+    messages = [{"role": "user", "content": "What is 12+30? Use the calculator."},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc",
+                                                                                  "arguments": "{\"expr\": \"12+30\"}"}}]},
+                {"role": "tool", "content": "42"}, {"role": "assistant", "content": "42"}]
+    row = {"rollout_id": 4, "index": 0, "group_index": 0, "prompt": messages[0]["content"], "response": "calc 42 42",
+           "reward": 1.0, "response_length": 8, "status": "completed", "messages": messages}
+    (run_copy / "samples" / "rollout_000004.jsonl").write_text(json.dumps(row) + "\n")
+    text = ["c", "a", "l", "c", "4", "2", "4", "2"]
+    tokens = {"index": 0, "group_index": 0, "ids": list(range(8)), "text": text,
+              "rollout_log_probs": [-0.1, -0.2, -0.1, -0.3, 0, 0, -0.5, -0.2], "log_probs": [-0.1] * 8,
+              "entropy": [0.5] * 8, "loss_mask": [1, 1, 1, 1, 0, 0, 1, 1]}
+    (run_copy / "tokens" / "rollout_000004.jsonl").write_text(json.dumps(tokens) + "\n")
+    served = serve(run_copy)
+    try:
+        browser.open(served.url + "/#sample/4/0?color=entropy")
+        roles = browser.script("return [...document.querySelectorAll('#conversation .msg .role')]"
+                               ".map(r => r.textContent)")
+        assert roles[:2] == ["user", "assistant"] and any("tool call: calc" in r for r in roles)
+        assert len(browser.find_all("#token-strip .tok.masked")) == 2
+        browser.screenshot(SHOTS / "conversation.png")
+    finally:
+        served.stop()
+
+
+def test_follow_shows_a_new_iteration(browser, run_copy):
+    journal = (run_copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_copy / "metrics.jsonl").write_text("".join(journal[:2]))  # the run so far: 2 iterations
+    served = serve(run_copy, "--follow")
+    try:
+        browser.open(served.url + "/#metrics")
+        assert "last rollout 1" in browser.text("#run-state")
+        points = "document.querySelectorAll('.watch-panel:first-child circle').length"
+        assert browser.script(f"return {points}") == 2
+        with (run_copy / "metrics.jsonl").open("a") as f:  # the trainer records the next iteration
+            f.write(journal[2])
+        # the page polls every 2 s and redraws when the last rollout changed
+        browser.wait_true(f"document.getElementById('run-state').textContent.includes('last rollout 2') "
+                          f"&& {points} === 3", timeout=30)
+    finally:
+        served.stop()

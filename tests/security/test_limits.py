@@ -1,0 +1,103 @@
+"""Probes R6-R8, E8: oversized bodies, prompts and headers, and slow headers, fail alone and fast."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from .conftest import generate
+
+
+def raw_request(port: int, data: bytes, timeout: float = 30.0) -> bytes:
+    """Send raw bytes to 127.0.0.1:port and read until the server closes (or answers and times out)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before reading all of it
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except (ConnectionResetError, socket.timeout):
+            pass
+    return b"".join(chunks)
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("target", ["engine", "router"])
+def test_body_over_the_limit_is_413(engine, router, target):
+    url = engine.url if target == "engine" else router().url
+    body = json.dumps({"text": "1" * (20 * 2**20)})  # 20 MiB > the 16 MiB default
+    r = httpx.post(url + "/generate", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and "exceeds" in r.text
+    # chunked (no Content-Length): refused as the bytes arrive
+    r = httpx.post(url + "/generate", content=iter([body.encode()[i:i + 2**20] for i in range(0, len(body), 2**20)]),
+                   timeout=60)
+    assert r.status_code == 413
+    assert generate(url).status_code == 200
+
+
+def test_a_long_prompt_is_refused_before_tokenizing_without_blocking_health(engine, router):
+    url = router().url
+    statuses, health_times = [], []
+
+    def big():
+        statuses.append(httpx.post(url + "/generate", json={"text": "1" * 5_000_000}, timeout=60).status_code)
+    thread = threading.Thread(target=big)
+    thread.start()
+    while thread.is_alive():
+        t = time.perf_counter()
+        assert httpx.get(engine.url + "/health", timeout=5).status_code == 200  # under the router's health timeout
+        health_times.append(time.perf_counter() - t)
+    thread.join()
+    assert statuses == [400]
+    r = generate(engine.url, text="1" * 5_000_000)
+    assert r.status_code == 400 and "context length" in r.json()["message"]
+
+
+@pytest.mark.parametrize("target", ["engine", "router"])
+def test_oversized_headers_are_431(engine, router, target):
+    url = engine.url if target == "engine" else router().url
+    r = httpx.get(url + "/health", headers={"x-big": "a" * 200_000}, timeout=30)
+    assert r.status_code == 431
+    many = raw_request(port_of(url), b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"x-h: 1\r\n" * 20_000 + b"\r\n")
+    assert many.startswith(b"HTTP/1.1 431")
+    assert httpx.get(url + "/health", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("target", ["engine", "router"])
+def test_slow_headers_time_out_and_others_are_served(engine, router, target):
+    handle = router(router_header_timeout=1.0) if target == "router" else None
+    url = handle.url if handle else engine.url
+    timeout = 1.0 if handle else 2.0  # the session engine runs with --engine-header-timeout 2
+    with socket.create_connection(("127.0.0.1", port_of(url)), timeout=timeout + 20) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        started = time.monotonic()
+        assert httpx.get(url + "/health", timeout=10).status_code == 200  # others unaffected
+        answer = b""
+        while True:  # one header byte per 0.2 s, like a slowloris, until the server closes
+            try:
+                sock.sendall(b"x")
+                chunk = sock.recv(4096) if answer == b"" and _readable(sock) else b""
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            answer += chunk
+            if answer:
+                break
+            assert time.monotonic() - started < timeout + 15, "the slow connection was never closed"
+            time.sleep(0.2)
+    assert answer.startswith(b"HTTP/1.1 408") or answer == b""
+
+
+def _readable(sock: socket.socket) -> bool:
+    import select
+
+    return bool(select.select([sock], [], [], 0)[0])

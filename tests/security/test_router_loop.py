@@ -1,0 +1,60 @@
+"""Probes R3-R5, C13: the router refuses its own address and odd worker URLs, and a loop is cut at one hop."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from miles.router.proxy import HOP_HEADER
+
+from .conftest import AUTH, generate
+
+
+def test_the_router_refuses_to_add_itself(router):
+    handle = router(worker_urls=[])
+    port = handle.port
+    for url in (handle.url, f"http://localhost:{port}", f"http://127.0.0.1:{port}/"):
+        r = httpx.post(handle.url + "/add_worker", json={"url": url}, headers=AUTH)
+        assert r.status_code == 400 and "own address" in r.json()["error"], url
+    assert httpx.get(handle.url + "/list_workers").json() == {"urls": []}
+
+
+def test_a_loop_through_two_routers_is_cut_with_508(router):
+    """A behind B behind A: each request goes round at most once per retry, never ~10k times."""
+    a = router(worker_urls=[], router_max_retries=1, router_retry_backoff=0.0)
+    b = router(worker_urls=[a.url])
+    httpx.post(a.url + "/add_worker", json={"url": b.url}, headers=AUTH).raise_for_status()
+    r = httpx.post(a.url + "/generate", json={"text": "1+1="}, timeout=60)
+    assert r.status_code in (502, 508)
+    stats = a.stats(reset=False)
+    assert stats["router_requests"] <= 3  # the client's, then at most one loop per retry
+
+
+def test_the_hop_header_goes_to_the_engine(router):
+    handle = router()
+    assert generate(handle.url).status_code == 200  # one hop is no loop
+    r = httpx.post(handle.url + "/generate", json={"text": "1+1="}, timeout=60,
+                   headers={HOP_HEADER.decode(): handle.router.proxy.hop_id.decode()})
+    assert r.status_code == 508
+
+
+@pytest.mark.parametrize("url, message", [
+    ("http://127.0.0.1:0", "port 0"),
+    ("http://admin:hunter2-secret@127.0.0.1:31999", "credentials"),
+    ("http://127.0.0.1:5/some/path?q=1#frag", "path"),
+])
+def test_odd_worker_urls_are_refused_and_credentials_never_shown(router, url, message):
+    handle = router(worker_urls=[])
+    r = httpx.post(handle.url + "/add_worker", json={"url": url}, headers=AUTH)
+    assert r.status_code == 400 and message in r.json()["error"]
+    assert "hunter2" not in r.text
+    assert "hunter2" not in httpx.get(handle.url + "/metrics").text
+
+
+@pytest.mark.parametrize("url", ["https://x", "http://h:notaport"])
+def test_bad_worker_urls_on_the_command_line_are_one_line(url):
+    done = subprocess.run([sys.executable, "-m", "miles.router.cli", "--port", "0", "--worker-urls", url],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--worker-urls" in done.stderr and "Traceback" not in done.stderr

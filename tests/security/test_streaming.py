@@ -1,0 +1,79 @@
+"""Probes E11-E13, E17: streams pass through the router as they are made, and a client that leaves
+stops the engine's decoding, streamed or not."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+
+from tests.engines.conftest import wait_for
+
+from .conftest import AUTH
+
+LONG = {"text": "12+34=", "sampling_params": {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}}
+
+
+def completion_tokens(engine_url: str) -> float:
+    """The engine's running total of generated tokens, from its Prometheus metrics."""
+    text = httpx.get(engine_url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sglang:generation_tokens_total"))
+
+
+def test_a_stream_reaches_the_client_through_the_router_as_it_is_made(router):
+    url = router().url
+    arrivals = []
+    with httpx.stream("POST", url + "/generate", json={**LONG, "stream": True}, timeout=120) as response:
+        start = time.perf_counter()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.perf_counter() - start)
+    assert len(arrivals) > 100
+    # passed through: the chunks arrived spread over the decode, not all at its end
+    assert arrivals[0] < arrivals[-1] / 2
+
+
+def test_intermediate_chunks_carry_the_batch_weight_version(engine, router):
+    url = router().url
+    versions = set()
+    with httpx.stream("POST", url + "/generate", json={**LONG, "stream": True}, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                versions.add(json.loads(line[6:])["meta_info"]["weight_version"])
+    assert versions == {httpx.get(engine.url + "/get_weight_version").json()["weight_version"]}
+
+
+def _leave_after_first_bytes(url: str, body: dict, stream: bool) -> None:
+    """Send a /generate over a raw socket and close it as soon as the engine has started decoding."""
+    payload = json.dumps({**body, "stream": stream}).encode()
+    host_port = url.removeprefix("http://")
+    with socket.create_connection(tuple(host_port.rsplit(":", 1)[0:1]) + (int(host_port.rsplit(":", 1)[1]),)) as s:
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(payload), payload))
+        if stream:
+            s.recv(1)
+        else:
+            time.sleep(0.5)  # the request is queued or decoding; no byte comes back before it ends
+
+
+def _decoded_after_leaving(engine, url: str, stream: bool) -> float:
+    def idle() -> bool:
+        return httpx.get(engine.url + "/get_server_info", timeout=30).json()["num_running_reqs"] == 0
+    wait_for(idle, "an idle engine")
+    before = completion_tokens(engine.url)
+    _leave_after_first_bytes(url, LONG, stream)
+    wait_for(idle, "the engine to drop the abandoned request")
+    return completion_tokens(engine.url) - before
+
+
+def test_a_client_leaving_a_stream_through_the_router_stops_decoding(engine, router):
+    assert _decoded_after_leaving(engine, router().url, stream=True) < 150
+
+
+def test_a_client_leaving_a_plain_request_stops_decoding(engine, router):
+    url = router().url
+    assert _decoded_after_leaving(engine, engine.url, stream=False) < 150
+    assert _decoded_after_leaving(engine, url, stream=False) < 150
+    httpx.post(engine.url + "/continue_generation", headers=AUTH)
