@@ -16,7 +16,7 @@ SUBCOMMANDS = {
     "router": ("miles.router.cli:main", "run the router in front of the engines"),
     "base-model": ("miles.tiny.cli:main", "make the tiny warm-started base checkpoint if missing; print its dir"),
     "doctor": ("miles.doctor:main", "check the installation and the services a run needs"),
-    "replay-spool": ("miles.tracking.cli:main", "deliver tracker points spooled during an outage"),
+    "replay-spool": ("miles.tracking.cli:main", "deliver tracker points spooled during an outage (--follow: a run's live delivery)"),
     "dashboard": ("miles.dashboard.cli:main", "serve a run directory's web view (metrics, timeline, samples, tokens)"),
 }
 
