@@ -18,6 +18,8 @@ from prefect.settings import PREFECT_API_URL
 from flows.on_ray import train_on_ray
 from miles.config import ConfigError, MilesConfig, parse_config
 from miles.config.secrets import export_secrets, secrets_to_env
+from miles.rollout.generate_hook import load_generate_function
+from miles.run_info import describe, run_name, task_name
 from miles.run_lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.finish import RunReport
@@ -34,7 +36,7 @@ def build_argv(config_file: str | None, flags: list[str] | None) -> list[str]:
 
 def with_resolved_paths(config: MilesConfig) -> MilesConfig:
     """Absolute paths (Ray workers may run elsewhere) and the defaults every task must agree on."""
-    from miles.tiny.warmstart import ensure_base_model
+    from miles.tiny.defaults import tiny_model
 
     def absolute(value: str | None) -> str | None:
         return str(Path(value).expanduser().resolve()) if value else value
@@ -42,7 +44,8 @@ def with_resolved_paths(config: MilesConfig) -> MilesConfig:
     run_dir = Path(config.train.run_dir or default_run_dir()).resolve()
     return config.replace(
         run_dir=str(run_dir),
-        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(ensure_base_model(progress=False)),
+        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(
+            tiny_model(config.generate.custom_generate_function_path is not None)),
         prompt_data=absolute(config.rollout.prompt_data),
         save=absolute(config.train.save), load=absolute(config.train.load),
         wandb_dir=absolute(config.tracking.wandb_dir), tensorboard_dir=absolute(config.tracking.tensorboard_dir),
@@ -64,15 +67,52 @@ def api_url() -> str:
     return url
 
 
+def config_source(config_file: str | None, flags: list[str] | None) -> str | None:
+    """The YAML the run's flags come from (`config_file`, or a --config among the flags); None: flags only."""
+    if config_file:
+        return config_file
+    flags = list(flags or [])
+    for i, flag in enumerate(flags):
+        if flag.startswith("--config="):
+            return flag.split("=", 1)[1]
+        if flag == "--config" and i + 1 < len(flags):
+            return flags[i + 1]
+    return None
+
+
+def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[str] | None) -> str:
+    """Names this flow run after its run dir, tags it with backend and task, and describes it (which
+    config, which flags) in the `grpo-run` artifact, since Prefect flow runs have no description field.
+    Returns the flow run's UI link, which the Ray workers put on their tracker runs."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.client.orchestration import get_client
+    from prefect.context import get_run_context
+    from prefect.utilities.urls import url_for
+
+    flow_run = get_run_context().flow_run
+    tags = sorted({*flow_run.tags, f"backend:{config.train.train_backend}", f"task:{task_name(config)}"})
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=run_name(config.train.run_dir), tags=tags)
+    source = config_source(config_file, flags)
+    create_markdown_artifact(key="grpo-run", description=describe(config, config.train.run_dir), markdown="\n".join([
+        f"## {run_name(config.train.run_dir)}", "", describe(config, config.train.run_dir), "",
+        f"- config: `{source}`" if source else "- config: flags only (no YAML)",
+        f"- flags: `{' '.join(flags or []) or '(none)'}`", f"- run dir: `{config.train.run_dir}`"]))
+    return url_for(flow_run) or ""
+
+
 @flow(name="grpo", log_prints=True)
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
     config = export_secrets(with_resolved_paths(parse_config(build_argv(config_file, flags))))
+    load_generate_function(config.generate)  # a bad generate hook or tool flag fails before the cluster starts
     with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
-        cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url())
+        flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
+        cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)
         try:
-            return train_on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
+            on_ray = train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")
+            return on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
         finally:
             shut_down_cluster(cluster)
 
@@ -82,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     from prefect.settings import temporary_settings
 
     from flows.prefect_server import ensure_server
-    from flows.where import print_finished, print_where_to_look
+    from flows.where import mlflow_uri, print_finished, print_where_to_look
+    from miles.tracking.mlflow_ui import start_ui
+    from tasks.finish import mlflow_link
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config = parse_config(argv)  # a bad flag is reported before any server or cluster starts
@@ -91,10 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_config(argv)
     argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
     server = ensure_server()
-    print_where_to_look(config, server)
+    ui = start_ui(mlflow_uri(config, Path(config.train.run_dir).resolve()), Path(config.train.run_dir)) \
+        if config.tracking.mlflow_ui else None
+    print_where_to_look(config, server, ui)
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         report = grpo(flags=argv)
-    print_finished(report, server)
+    if ui is not None and (link := mlflow_link(config, Path(report.run_dir), ui.url)):
+        report.links["mlflow-run"] = link
+    print_finished(report, server, config, ui)
     return 0
 
 

@@ -36,7 +36,7 @@ def timeline_args(engine: str, run_dir: Path) -> list[str]:
 def start_services(config, run_dir: Path, model_dir: Path | None = None, use_router: bool = True) -> Services:
     """Launch the engines on the base model (or `model_dir`), then the router when there are several
     or `use_router`; everything binds to loopback."""
-    from miles.engines.launch import launch_engine
+    from miles.engines.launch import engine_flags, launch_engine
     from miles.trainer import resolve_paths
 
     model_dir = model_dir or resolve_paths(config)[0]
@@ -47,7 +47,7 @@ def start_services(config, run_dir: Path, model_dir: Path | None = None, use_rou
             handle = launch_engine(model_dir, host="127.0.0.1", engine=e.engine, device=e.engine_device,
                                    max_batch_size=e.engine_max_batch_size,
                                    log_path=Path(run_dir) / "logs" / f"engine{i}.log",
-                                   extra_args=timeline_args(e.engine, Path(run_dir)))
+                                   extra_args=engine_flags(e) + timeline_args(e.engine, Path(run_dir)))
             services._stops.append(handle.stop)
             services.engine_urls.append(handle.url)
         services.rollout_url = services.engine_urls[0]

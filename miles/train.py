@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miles.config import MilesConfig, parse_config
+from miles.tracking.sinks.mlflow_sink import default_tracking_uri
+from miles.tracking.mlflow_ui import is_server_uri, start_ui, ui_command
+from miles.tracking.names import map_metrics
+from miles.tracking.row import format_eval
 
 
 @dataclass
@@ -54,7 +58,7 @@ def _train_locked(config: MilesConfig, run_dir: Path, use_router: bool, start: f
         if first == 0 and trainer.eval_sets:
             base_eval = trainer.evaluate(0, log=False).metrics
             (run_dir / "base_eval.json").write_text(json.dumps(base_eval, indent=2))
-            print("[trainer] base eval " + " ".join(f"{k}={v:.3f}" for k, v in base_eval.items()), flush=True)
+            print(format_eval("base eval", base_eval), flush=True)
         result, saved = None, None
         for rollout_id in range(first, config.rollout.num_rollout):
             result = trainer.run_iteration(rollout_id)
@@ -73,18 +77,26 @@ def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
 
     config = parse_config(argv, prog="python -m miles.train")
+    config = config.replace(run_dir=str(default_run_dir(config)))  # one run dir for the run and its MLflow store
+    mlflow_uri = config.tracking.mlflow_tracking_uri or default_tracking_uri(Path(config.train.run_dir))
+    if config.tracking.mlflow_ui:
+        ui = start_ui(mlflow_uri, Path(config.train.run_dir))
+        print(f"[trainer] MLflow UI {ui.url} (pid {ui.pid}, left up: stop it with `kill {ui.pid}`)", flush=True)
     try:
         summary = train(config)
     except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
         print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
         return 1
     final = summary.final_metrics
-    evals = {k: v for k, v in final.items() if k.startswith("eval/") and k != "eval/step"}
+    evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}
+    base_eval = map_metrics(summary.base_eval)
     print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"
           f", checkpoint {summary.checkpoint}", flush=True)
     for key, value in evals.items():
-        base = summary.base_eval.get(key)
+        base = base_eval.get(key)
         print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))
+    if config.tracking.use_mlflow and not config.tracking.mlflow_ui and not is_server_uri(mlflow_uri):
+        print(f"  MLflow: {ui_command(mlflow_uri)}", flush=True)
     return 0
 
 

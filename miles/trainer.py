@@ -21,10 +21,12 @@ from miles.backends import check_backend
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
+from miles.ray_cluster import check_cluster, connect
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import EvalResult, evaluate, load_eval_sets
 from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
@@ -44,20 +46,23 @@ class IterationResult:
 
 
 def resolve_paths(config) -> tuple[Path, Path, Path | None]:
-    """(model dir, train JSONL, default eval JSONL): the tiny defaults fill what is not given."""
-    from miles.tiny.warmstart import default_task_data, ensure_base_model
+    """(model dir, train JSONL, default eval JSONL): the tiny defaults fill what is not given (those of
+    the multi-turn calculator task when a custom generate function is set)."""
+    from miles.tiny.defaults import tiny_model, tiny_task_data
 
-    r = config.rollout
-    model = Path(r.hf_checkpoint) if r.hf_checkpoint else ensure_base_model(progress=False)
-    train_data, eval_data = (Path(r.prompt_data), None) if r.prompt_data else default_task_data()
+    r, multi_turn = config.rollout, config.generate.custom_generate_function_path is not None
+    model = Path(r.hf_checkpoint) if r.hf_checkpoint else tiny_model(multi_turn)
+    train_data, eval_data = (Path(r.prompt_data), None) if r.prompt_data else tiny_task_data(multi_turn)
     return model, train_data, eval_data
 
 
 def preflight(config) -> None:
-    """Everything checkable before services start: backend, reward hook, prompt and eval files."""
+    """Everything checkable before services start: backend, Ray cluster, reward hook, prompt and eval files."""
     check_backend(config.train.train_backend)
+    check_cluster(config.orchestration.ray_address)
     r = config.rollout
     RewardModel(r.rm_type, r.custom_rm_path, config.as_namespace())
+    load_generate_function(config.generate)
     _, train_data, eval_data = resolve_paths(config)
     read_prompts(train_data, r.input_key, r.label_key)
     if r.eval_interval is not None:
@@ -83,6 +88,7 @@ class RLTrainer:
         self.data = DataSource(read_prompts(train_data, r.input_key, r.label_key), seed=config.train.seed)
         self.eval_sets = load_eval_sets(r, eval_data) if r.eval_interval is not None else []
         self.reward = RewardModel(r.rm_type, r.custom_rm_path, self.args)
+        self.generate_fn = load_generate_function(config.generate)
         self.params = SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
                                      r.rollout_max_response_len)
         self.save_dir = Path(config.train.save) if config.train.save else self.run_dir / "checkpoints"
@@ -90,9 +96,7 @@ class RLTrainer:
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             o = config.orchestration
-            ray.init(address=o.ray_address, num_cpus=o.ray_num_cpus, namespace="miles", include_dashboard=False,
-                     object_store_memory=o.ray_object_store_mb * 1024 * 1024 if not o.ray_address else None,
-                     log_to_driver=True)
+            connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
         self.tracker = open_tracking(config, self.run_dir)
         self.group = ActorGroup(config, str(self.model_path), actor_name_prefix)
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
@@ -210,7 +214,8 @@ class RLTrainer:
         prompts = self.data.next_batch(r.rollout_batch_size)
         samples = generate_groups(self.rollout_url, prompts, r.n_samples_per_prompt, self.tokenizer, self.params,
                                   seed=self.config.train.seed, stream="train", rollout_id=rollout_id,
-                                  concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template)
+                                  concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template,
+                                  generate_fn=self.generate_fn, args=self.args)
         self.reward.score(samples)
         advantages = compute_advantages(samples, self.config.train.advantage_estimator,
                                         self.config.train.normalize_advantages_std)
@@ -240,7 +245,7 @@ class RLTrainer:
         """Eval metrics of the weights the engines serve now; with `log`, handed to the eval logger hook
         (the base model's eval before training is not an iteration's, so it is not logged there)."""
         result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
-                          seed=self.config.train.seed, step=rollout_id)
+                          seed=self.config.train.seed, step=rollout_id, generate_fn=self.generate_fn, args=self.args)
         if log:
             self.tracker.log_eval(rollout_id, self.args, result.data, dict(result.metrics))
         return result

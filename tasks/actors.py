@@ -54,11 +54,11 @@ class EngineActor:
         self.handle = self._launch(port=None)
 
     def _launch(self, port: int | None):
-        from miles.engines.launch import launch_engine
+        from miles.engines.launch import engine_flags, launch_engine
 
         return launch_engine(self.model_dir, host="127.0.0.1", port=port, engine=self.config.engine,
                              device=self.config.engine_device, max_batch_size=self.config.engine_max_batch_size,
-                             log_path=self.log_path)
+                             extra_args=engine_flags(self.config), log_path=self.log_path)
 
     def info(self, name: str) -> ServiceInfo:
         return ServiceInfo(name=name, url=self.handle.url, pid=self.handle.pid)

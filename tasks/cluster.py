@@ -1,17 +1,15 @@
-"""Cluster bring-up: connect to `--ray-address` or start a local Ray sized for this machine."""
+"""Cluster bring-up: connect to `--ray-address` (or the Ray job's cluster) or start a local Ray sized for this machine."""
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 
 import ray
 from prefect import get_run_logger, task
 
-from miles.config import ConfigError, OrchestrationConfig
-
-NAMESPACE = "miles"
-CONNECT_TIMEOUT_S = 5.0
+from miles.config import OrchestrationConfig
+from miles.ray_cluster import connect
+from miles.run_info import FLOW_RUN_URL_ENV
 
 
 @dataclass(frozen=True)
@@ -24,57 +22,32 @@ class ClusterInfo:
     resources: dict[str, float] = field(default_factory=dict)
 
 
-def worker_env(api_url: str) -> dict[str, str]:
-    """What every Ray worker must see: the flow's one Prefect API, and our cache dir."""
-    env = {"PREFECT_API_URL": api_url}
+def worker_env(api_url: str, flow_run_url: str | None = None) -> dict[str, str]:
+    """What every Ray worker must see: the flow's one Prefect API, our cache dir, the flow run's link
+    (for the tracker runs' tags)."""
+    env = {"PREFECT_API_URL": api_url, **({FLOW_RUN_URL_ENV: flow_run_url} if flow_run_url else {})}
     for name in ("MILES_CACHE_DIR",):
         if os.environ.get(name):
             env[name] = os.environ[name]
     return env
 
 
-def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Fail fast with the address in the message; `ray.init` itself may wait minutes."""
-    if address == "auto":
-        return  # resolved by ray.init from the local node's address file, and it fails fast
-    host_port = address.removeprefix("ray://")
-    host, sep, port = host_port.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError("--ray-address", f"expected HOST:PORT, ray://HOST:PORT or auto, got {address!r}")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as exc:
-        raise ConfigError("--ray-address", f"cannot reach a Ray cluster at {address} ({exc}); "
-                                           f"start one with `ray start --head` or leave the flag out") from None
-
-
-def connect_ray(orchestration: OrchestrationConfig, api_url: str) -> ClusterInfo:
+def connect_ray(orchestration: OrchestrationConfig, api_url: str, flow_run_url: str | None = None) -> ClusterInfo:
     """ray.init in this process (the flow's): the Ray task runner then submits to this cluster."""
-    runtime_env = {"env_vars": worker_env(api_url)}
     if ray.is_initialized():
         started_here = False
-    elif orchestration.ray_address:
-        check_reachable(orchestration.ray_address)
-        try:
-            ray.init(address=orchestration.ray_address, namespace=NAMESPACE, runtime_env=runtime_env,
-                     log_to_driver=True)
-        except ConnectionError as exc:
-            raise ConfigError("--ray-address", f"no Ray cluster at {orchestration.ray_address}: {exc}") from None
-        started_here = False
     else:
-        ray.init(num_cpus=orchestration.ray_num_cpus or os.cpu_count(),
-                 object_store_memory=orchestration.ray_object_store_mb * 2**20,
-                 include_dashboard=False, namespace=NAMESPACE, runtime_env=runtime_env)
-        started_here = True
+        started_here = connect(orchestration.ray_address, orchestration.ray_num_cpus,
+                               orchestration.ray_object_store_mb, runtime_env={"env_vars": worker_env(api_url, flow_run_url)})
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     return ClusterInfo(address=ray.get_runtime_context().gcs_address, started_here=started_here,
                        num_nodes=len(nodes), resources=dict(ray.cluster_resources()))
 
 
 @task(name="bring_up_cluster")
-def bring_up_cluster(orchestration: OrchestrationConfig, api_url: str) -> ClusterInfo:
+def bring_up_cluster(orchestration: OrchestrationConfig, api_url: str, flow_run_url: str | None = None) -> ClusterInfo:
     """Connect or start Ray and report what the cluster has."""
-    cluster = connect_ray(orchestration, api_url)
+    cluster = connect_ray(orchestration, api_url, flow_run_url)
     how = "started a local" if cluster.started_here else "connected to the"
     shown = {k: v for k, v in cluster.resources.items() if not k.startswith("node:")}
     get_run_logger().info(f"{how} Ray cluster at {cluster.address}: {cluster.num_nodes} node(s), {shown}")

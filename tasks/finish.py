@@ -11,6 +11,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from miles.backends.group import stop_named_group
 from miles.config import MilesConfig
 from miles.tracking.journal import read_journal
+from miles.tracking.mlflow_ui import DEFAULT_PORT, is_server_uri
 from tasks.logs import library_logs_to_prefect
 from tasks.training import Services
 
@@ -26,8 +27,9 @@ class RunReport:
     red_flags: list[str] = field(default_factory=list)
 
 
-def mlflow_link(config: MilesConfig, run_dir: Path) -> str | None:
-    """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store."""
+def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -> str | None:
+    """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store
+    (`ui_url`, default the address `mlflow ui` takes unless told otherwise)."""
     tracking = config.tracking
     if not tracking.use_mlflow:
         return None
@@ -42,7 +44,7 @@ def mlflow_link(config: MilesConfig, run_dir: Path) -> str | None:
     mine = [r for r in runs if r.info.run_name in (tracking.mlflow_run_name, run_dir.name)] or runs[:1]
     if not mine:
         return None
-    base = uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    base = uri if is_server_uri(uri) else ui_url or f"http://127.0.0.1:{DEFAULT_PORT}"
     return f"{base.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{mine[0].info.run_id}"
 
 

@@ -13,6 +13,7 @@ from prefect import task
 from prefect.artifacts import update_progress_artifact
 
 from miles.config import MilesConfig
+from miles.tracking.row import format_eval
 from tasks.chunks import Chunk
 from tasks.faults import EngineDown, maybe_fire
 from tasks.logs import library_logs_to_prefect
@@ -133,7 +134,7 @@ def write_base_eval(trainer, run_dir: Path) -> None:
         return
     base_eval = trainer.evaluate(0, log=False).metrics
     (run_dir / "base_eval.json").write_text(json.dumps(base_eval, indent=2))
-    print("[trainer] base eval " + " ".join(f"{k}={v:.3f}" for k, v in base_eval.items()), flush=True)
+    print(format_eval("base eval", base_eval), flush=True)
 
 
 @task(name="train_chunk", task_run_name="train_chunk[{chunk.first}-{chunk.stop}]", log_prints=True)

@@ -25,6 +25,8 @@ class RankBatch:
     step_sizes: list[int]  # this rank's samples in each optimizer step (sum = len(tokens))
     global_step_sizes: list[int]  # all ranks' samples in each step: the loss normaliser
     rollout_id: int = 0
+    # per sample, 1/0 per response token (0: an observation the model did not write); None: all 1
+    loss_masks: list[list[int] | None] | None = None
     sample_indices: list[int] = field(default_factory=list)  # each row's index in the rollout
     return_token_stats: bool = False  # a logged rollout: send back per-token log-probs and entropy
 

@@ -17,7 +17,8 @@ class MicroBatch:
     step: int  # which optimizer step it belongs to
     input_ids: torch.Tensor  # (B, T) right-padded
     attention_mask: torch.Tensor  # (B, T)
-    response_mask: torch.Tensor  # (B, T-1) 1.0 on positions that predict a response token
+    response_mask: torch.Tensor  # (B, T-1) 1.0 on positions that predict a response token the model wrote
+    # (observation tokens of a multi-turn sample are 0: out of the loss, the KL and every token metric)
     advantages: torch.Tensor  # (B, T-1) the sample's advantage on its response positions
     rollout_log_probs: torch.Tensor  # (B, T-1) engine log-probs on response positions
     num_tokens: int  # real (unpadded) tokens
@@ -37,7 +38,8 @@ def collate(batch: RankBatch, rows: list[int], step: int, pad_id: int, device: t
         ids[r, : len(tokens)] = torch.tensor(tokens)
         attn[r, : len(tokens)] = 1
         start = len(tokens) - n_resp - 1
-        resp[r, start: start + n_resp] = 1.0
+        mask = batch.loss_masks[i] if batch.loss_masks else None
+        resp[r, start: start + n_resp] = 1.0 if mask is None else torch.tensor(mask, dtype=resp.dtype)
         adv[r, start: start + n_resp] = batch.advantages[i]
         if batch.rollout_log_probs[i]:
             rlp[r, start: start + n_resp] = torch.tensor(batch.rollout_log_probs[i])

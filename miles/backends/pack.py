@@ -25,6 +25,7 @@ def split_for_ranks(samples: list[Sample], advantages: list[float], global_batch
             step_sizes=[per_rank] * steps,
             global_step_sizes=[global_batch_size] * steps,
             rollout_id=rollout_id,
+            loss_masks=[samples[i].loss_mask for i in rows],
             sample_indices=[samples[i].index for i in rows],
             return_token_stats=return_token_stats,
         ))

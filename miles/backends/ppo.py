@@ -17,6 +17,7 @@ import pickle
 import random
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -84,6 +85,35 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+@dataclass
+class SampleLosses:
+    """Per-sample (B,) means over the tokens the model wrote (the micro-batch's response mask)."""
+
+    loss: torch.Tensor  # what is minimised: pg - entropy_coef * entropy (+ kl_loss_coef * kl)
+    pg: torch.Tensor
+    entropy: torch.Tensor
+    clipfrac: torch.Tensor
+    ppo_kl: torch.Tensor
+    kl: torch.Tensor | None  # with --use-kl-loss
+
+
+def sample_losses(stats: TokenStats, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor | None,
+                  mb: MicroBatch, cfg) -> SampleLosses:
+    """The PPO loss terms of one micro-batch. Every term is a masked mean, so a token outside the mask
+    (padding, prompt, a tool's observation) changes nothing, whatever its advantage or log-prob."""
+    m = mb.response_mask
+    eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+    policy = ppo_clip_loss(stats.log_probs, old_log_probs, mb.advantages, cfg.eps_clip, eps_high)
+    pg = sample_mean(policy.pg_losses, m)
+    entropy = sample_mean(stats.entropy, m)
+    loss = pg - cfg.entropy_coef * entropy
+    kl = None
+    if ref_log_probs is not None:
+        kl = sample_mean(approx_kl(stats.log_probs, ref_log_probs, cfg.kl_loss_type), m)
+        loss = loss + cfg.kl_loss_coef * kl
+    return SampleLosses(loss, pg, entropy, sample_mean(policy.clipfrac, m), sample_mean(policy.ppo_kl, m), kl)
 
 
 class PPORank:
@@ -195,24 +225,15 @@ class PPORank:
                                actor_train_time, phases, token_stats)
 
     def _backward(self, mb: MicroBatch, old_log_probs, ref_log_probs, global_step_size: int, sums) -> None:
-        cfg = self.config.train
-        m = mb.response_mask
-        stats = self.token_stats(self.model, mb)
-        eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
-        policy = ppo_clip_loss(stats.log_probs, old_log_probs, mb.advantages, cfg.eps_clip, eps_high)
-        pg = sample_mean(policy.pg_losses, m)  # (B,)
-        entropy = sample_mean(stats.entropy, m)
-        per_sample = pg - cfg.entropy_coef * entropy
-        if ref_log_probs is not None:
-            kl = sample_mean(approx_kl(stats.log_probs, ref_log_probs, cfg.kl_loss_type), m)
-            per_sample = per_sample + cfg.kl_loss_coef * kl
-            sums["train/kl_loss"] += kl.sum().item()
-        (per_sample.sum() * (self.world_size / global_step_size)).backward()
-        sums["train/loss"] += per_sample.sum().item()
-        sums["train/pg_loss"] += pg.sum().item()
-        sums["train/entropy_loss"] += entropy.sum().item()
-        sums["train/pg_clipfrac"] += sample_mean(policy.clipfrac, m).sum().item()
-        sums["train/ppo_kl"] += sample_mean(policy.ppo_kl, m).sum().item()
+        terms = sample_losses(self.token_stats(self.model, mb), old_log_probs, ref_log_probs, mb, self.config.train)
+        (terms.loss.sum() * (self.world_size / global_step_size)).backward()
+        if terms.kl is not None:
+            sums["train/kl_loss"] += terms.kl.sum().item()
+        sums["train/loss"] += terms.loss.sum().item()
+        sums["train/pg_loss"] += terms.pg.sum().item()
+        sums["train/entropy_loss"] += terms.entropy.sum().item()
+        sums["train/pg_clipfrac"] += terms.clipfrac.sum().item()
+        sums["train/ppo_kl"] += terms.ppo_kl.sum().item()
 
     # ---- checkpoint files, the same for every backend -----------------------------------
     def save_files(self, out: Path, model_state: dict, optim_state: dict) -> list[str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from miles.config.engine import EngineConfig
+from miles.config.generate import GenerateConfig
 from miles.config.fields import ConfigError, flag_name, is_secret_name
 from miles.config.orchestration import OrchestrationConfig
 from miles.config.parse import parse_sections
@@ -24,7 +25,7 @@ from miles.config.train import TrainConfig
 
 __all__ = [
     "ConfigError", "MilesConfig", "parse_config", "EngineConfig", "RouterConfig", "RolloutConfig",
-    "TrainConfig", "TrackingConfig", "ProfilingConfig", "OrchestrationConfig", "EngineServeConfig",
+    "TrainConfig", "TrackingConfig", "GenerateConfig", "ProfilingConfig", "OrchestrationConfig", "EngineServeConfig",
     "RouterServeConfig", "parse_sections", "redacted_flat_dict", "run_main",
 ]
 
@@ -36,6 +37,7 @@ class MilesConfig:
     """Everything a training run needs, one section per subsystem."""
 
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    generate: GenerateConfig = dataclasses.field(default_factory=GenerateConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     router: RouterConfig = dataclasses.field(default_factory=RouterConfig)
@@ -83,6 +85,12 @@ class MilesConfig:
             raise ConfigError("--kl-loss-coef", "must be > 0 with --use-kl-loss")
         if self.rollout.n_samples_per_prompt == 1 and self.train.advantage_estimator == "grpo":
             raise ConfigError("--n-samples-per-prompt", "GRPO needs groups of at least 2 samples per prompt")
+        t = self.tracking
+        if t.mlflow_ui and not t.use_mlflow:
+            raise ConfigError("--mlflow-ui", "needs --use-mlflow (it serves the run's MLflow store)")
+        if t.mlflow_ui and (t.mlflow_tracking_uri or "").startswith(("http://", "https://")):
+            raise ConfigError("--mlflow-ui", f"--mlflow-tracking-uri {t.mlflow_tracking_uri} is a tracking server "
+                                             "with its own UI; --mlflow-ui serves a local store")
 
     def sections(self) -> list[Any]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]

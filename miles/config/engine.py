@@ -18,6 +18,8 @@ class EngineConfig:
     engine_cpu_threads: int = flag(1, "torch CPU threads of the embedded engine; 1 is fastest for a small model on "
                                       "shared cores (more threads spin against each other)", minimum=1)
     engine_max_queued_requests: int = flag(4096, "requests the engine queues before answering 503", minimum=1)
+    tool_call_parser: str | None = flag(None, "format of tool calls in model text, for /v1/chat/completions "
+                                              "requests with `tools` (SGLang's flag)", choices=("qwen25", "tiny"))
     engine_max_body_mb: float = flag(16.0, "largest request body the embedded engine reads, in MiB (413 past it; "
                                            "/update_weights_from_tensor is exempt)", minimum=0.001)
     engine_max_header_kb: float = flag(64.0, "largest request line + headers, in KiB (431 past it)", minimum=1.0)

@@ -20,7 +20,7 @@ class EngineServeConfig:
                                           "(SGLang's --weight-version)")
     log_level: str = flag("warning", "log level of the engine's HTTP server",
                           choices=("critical", "error", "warning", "info", "debug"))
-    timeline_path: str | None = flag(None, "append the engine's decoding batches as spans to this file (the run's "
+    timeline_path: str | None = flag(None, "append the engine's decoding (one span per stretch of back-to-back batches) to this file (the run's "
                                            "RUN_DIR/timeline.jsonl; embedded engine only)")
     engine_admin_token: str | None = flag(None, "token required by the engine's state-changing endpoints (weights, "
                                                 "pause, abort, flush; env MILES_ENGINE_ADMIN_TOKEN); required off "

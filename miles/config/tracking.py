@@ -22,8 +22,11 @@ class TrackingConfig:
     use_mlflow: bool = flag(False, "log to MLflow")
     mlflow_tracking_uri: str | None = flag(None, "MLflow tracking URI (default: sqlite:///RUN_DIR/mlflow.db)")
     mlflow_experiment_name: str = flag("miles", "MLflow experiment")
-    mlflow_run_name: str | None = flag(None, "MLflow run name")
+    mlflow_run_name: str | None = flag(None, "MLflow run name (default: the run dir's name)")
     mlflow_run_id: str | None = flag(None, "MLflow run id to continue")
+    mlflow_system_metrics: bool = flag(True, "log MLflow's system metrics (system/*: CPU, memory, disk, network, GPU) "
+                                             "while the run is open; --no-mlflow-system-metrics turns them off")
+    mlflow_ui: bool = flag(False, "start `mlflow ui` on 127.0.0.1 for the run's MLflow store and leave it up")
     use_tensorboard: bool = flag(False, "write TensorBoard scalars")
     tensorboard_dir: str | None = flag(None, "TensorBoard / profiler trace directory (default: RUN_DIR/tensorboard)")
     log_samples_interval: int | None = flag(10, "log a table of sample generations every N rollouts", minimum=1)

@@ -126,7 +126,7 @@ def utilization(spans: list[dict[str, Any]], lanes: list[str]) -> dict[str, floa
 
 
 def _of_rollout(spans: list[dict[str, Any]], rollout_id: int) -> list[dict[str, Any]]:
-    """The rollout's spans, and the spans that know no rollout (engine batches) inside its time."""
+    """The rollout's spans, and the spans that know no rollout (engine decoding) inside its time."""
     own = [s for s in spans if s.get("rollout_id") == rollout_id]
     if not own:
         return []

@@ -40,6 +40,27 @@ def engine_command(model_dir: str | Path | None, host: str, port: int, engine: s
     return argv + list(extra_args)
 
 
+# Passed on their own by launch_engine's arguments; every other EngineConfig field travels as a flag.
+_OWN_ARGS = ("engine", "engine_device", "engine_max_batch_size", "sglang_extra_args")
+
+
+def engine_flags(config) -> list[str]:
+    """The EngineConfig fields not given to launch_engine directly, as `miles engine` flags (set ones only)."""
+    import dataclasses
+
+    from miles.config.fields import is_secret_name
+
+    argv = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in _OWN_ARGS or value is None or value == f.default:
+            continue
+        if f.metadata.get("secret") or is_secret_name(f.name):  # never on a command line (ps shows it)
+            continue
+        argv += ["--" + f.name.replace("_", "-"), str(value)]
+    return argv
+
+
 def launch_engine(model_dir: str | Path | None, *, host: str = "127.0.0.1", port: int | None = None,
                   engine: str = "embedded", device: str = "auto", max_batch_size: int | None = None,
                   log_path: str | Path | None = None, env: dict[str, str] | None = None,

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from miles.engines.detokenize import IncrementalText, final_text
 from miles.engines.http import read_json, sse
+from miles.engines.openai_tools import assistant_text, request_parser, stop_at_call_end, tool_message
 from miles.engines.protocol import (DEFAULT_MAX_NEW_TOKENS, GenerationResult, RequestError, SamplingParams,
                                     parse_sampling_params)
 from miles.engines.scheduler import TokenEvent
@@ -77,8 +78,11 @@ class OpenAIRoutes:
                                             "created": int(self.server.started_at), "owned_by": "miles"}]}
 
     # ---- parsing --------------------------------------------------------------------------------------
-    def _call(self, body: dict, prompts: list[list[int]], default_max: int | None) -> OpenAICall:
+    def _call(self, body: dict, prompts: list[list[int]], default_max: int | None,
+              tool_calls: bool = False) -> OpenAICall:
         sampling = {k: body[k] for k in PASSTHROUGH if k in body}
+        if tool_calls:
+            stop_at_call_end(sampling)
         longest = max(len(p) for p in prompts)
         fallback = default_max or min(DEFAULT_MAX_NEW_TOKENS, self.server.runner.context_length - longest)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -118,7 +122,7 @@ class OpenAIRoutes:
                 return [self.server.prompt_ids(None, p) for p in prompt]
         raise RequestError("prompt must be a string, a list of strings, or token ids", param="prompt")
 
-    def _chat_prompt(self, body: dict) -> list[int]:
+    def _chat_prompt(self, body: dict, parser=None) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list of {role, content} objects", param="messages")
@@ -130,9 +134,15 @@ class OpenAIRoutes:
             if isinstance(content, list):  # OpenAI content parts: keep the text ones
                 content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
             if not isinstance(content, str):
-                raise RequestError(f"messages[{i}].content must be text", param="messages")
+                if content is None and m.get("tool_calls"):
+                    content = ""
+                else:
+                    raise RequestError(f"messages[{i}].content must be text", param="messages")
+            if m["role"] == "assistant":
+                content = assistant_text(m, content, parser)
             plain.append({"role": m["role"], "content": content})
-        text = self.server.tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+        tools = {"tools": body["tools"]} if parser is not None else {}
+        text = self.server.tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **tools)
         return self.server.prompt_ids(text, None)
 
     # ---- routes ---------------------------------------------------------------------------------------
@@ -152,14 +162,22 @@ class OpenAIRoutes:
 
     async def chat_completions(self, request: Request):
         body = _object(await read_json(request))
-        call = self._call(body, [await self.server.off_loop(self._chat_prompt, body)], None)
+        parser = request_parser(body, self.server.config.tool_call_parser)
+        call = self._call(body, [await self.server.off_loop(self._chat_prompt, body, parser)], None,
+                          tool_calls=parser is not None)
         if call.stream:
+            if parser is not None:
+                raise RequestError("streaming is not supported with tools", param="stream")
             return self._stream(call, chat=True)
         results = await self._run(call)
-        choices = [{"index": i, "message": {"role": "assistant", "content": self._text(r, call.params)},
-                    "finish_reason": r.finish_reason.type, "matched_stop": r.finish_reason.matched,
-                    "logprobs": self._chat_logprobs(r) if call.logprobs else None}
-                   for i, r in enumerate(results)]
+        choices = []
+        for i, r in enumerate(results):
+            message, finish = {"role": "assistant", "content": self._text(r, call.params)}, None
+            if parser is not None:
+                message, finish = tool_message(self._text(r, call.params), parser)
+            choices.append({"index": i, "message": message, "finish_reason": finish or r.finish_reason.type,
+                            "matched_stop": r.finish_reason.matched,
+                            "logprobs": self._chat_logprobs(r) if call.logprobs else None})
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": call.model, "choices": choices, "usage": _usage(results)}
 

@@ -79,7 +79,8 @@ class Scheduler:
     def __init__(self, runner: ModelRunner, metrics: EngineMetrics, max_batch_size: int, max_queued: int,
                  weight_version: str = "default", timeline: TimelineWriter | None = None):
         self.runner = runner
-        self.timeline = timeline or TimelineWriter(None)  # one span per decoding batch, when the run asked
+        self.timeline = timeline or TimelineWriter(None)  # one span per busy stretch, when the run asked for it
+        self._busy: dict[str, float] | None = None  # the stretch of back-to-back batches going on
         self.metrics = metrics
         self.max_batch_size = max_batch_size
         self.max_queued = max_queued
@@ -173,6 +174,11 @@ class Scheduler:
             with self._cond:
                 self._running = []
                 self.metrics.num_running_reqs.set(0)
+                idle = not self._waiting
+            if idle and self._busy is not None:
+                self._write_busy_span()
+        if self._busy is not None:
+            self._write_busy_span()
         self._drain()
 
     @staticmethod
@@ -237,7 +243,17 @@ class Scheduler:
             logits = self.runner.decode(next_tokens, state)
         elapsed = time.perf_counter() - started
         self.metrics.gen_throughput.set(generated / elapsed if elapsed > 0 else 0.0)
-        self.timeline.add("batch", wall_start, wall_start + elapsed, requests=len(batch), tokens=generated)
+        busy = self._busy or {"start": wall_start, "batches": 0, "requests": 0, "tokens": 0}
+        busy.update(end=wall_start + elapsed, batches=busy["batches"] + 1, requests=busy["requests"] + len(batch),
+                    tokens=busy["tokens"] + generated)
+        self._busy = busy
+
+    def _write_busy_span(self) -> None:
+        """One timeline span for batches decoded back to back (written when the queue runs dry, so a
+        rollout's hundreds of small batches cost a few writes)."""
+        b, self._busy = self._busy, None
+        self.timeline.add("decode", b["start"], b["end"], batches=int(b["batches"]), requests=int(b["requests"]),
+                          tokens=int(b["tokens"]))
 
     def _finished_before_start(self, req: EngineRequest, version: str) -> bool:
         if req.abort_requested:

@@ -32,6 +32,8 @@ def build_command(model: str, host: str, port: int, config: EngineConfig, weight
             "--tp-size", str(config.sglang_tp_size), "--enable-metrics"]
     if config.sglang_mem_fraction_static is not None:
         argv += ["--mem-fraction-static", str(config.sglang_mem_fraction_static)]
+    if config.tool_call_parser is not None:
+        argv += ["--tool-call-parser", config.tool_call_parser]
     if config.context_length is not None:
         argv += ["--context-length", str(config.context_length)]
     if weight_version is not None and weight_version != "default":

@@ -37,7 +37,7 @@ def load_eval_sets(rollout_config, default_path: Path | None) -> list[EvalSet]:
 
 
 def evaluate(url: str, eval_sets: list[EvalSet], tokenizer, reward: RewardModel, rollout_config, *, seed: int,
-             step: int) -> EvalResult:
+             step: int, generate_fn=None, args=None) -> EvalResult:
     """Eval metrics of the weights the engines serve now. Seeds do not depend on `step`, so
     evals at different steps differ only by the policy, not by the draw."""
     cfg = rollout_config
@@ -47,7 +47,7 @@ def evaluate(url: str, eval_sets: list[EvalSet], tokenizer, reward: RewardModel,
         samples = generate_groups(url, eval_set.prompts, cfg.n_samples_per_eval_prompt, tokenizer, params,
                                   seed=seed, stream=f"eval-{eval_set.name}", rollout_id=0,
                                   concurrency=cfg.sglang_server_concurrency,
-                                  apply_chat_template=cfg.apply_chat_template)
+                                  apply_chat_template=cfg.apply_chat_template, generate_fn=generate_fn, args=args)
         reward.score(samples)
         n, name = len(samples), eval_set.name
         metrics[f"eval/{name}"] = sum(s.reward for s in samples) / n

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -40,40 +40,84 @@ class GenerateError(RuntimeError):
     """The engine or router refused or broke a /generate request."""
 
 
-def _to_sample(prompt_ids: list[int], reply: dict[str, Any], tokenizer, base: Sample) -> Sample:
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # SGLang's gateway name: one key, one engine
+
+
+@dataclass
+class GenerateState:
+    """The run context a generate function gets: the tokenizer, Miles-style `args`, and a shared
+    /generate client bounded by `--sglang-server-concurrency`."""
+
+    url: str
+    tokenizer: Any
+    args: Any
+    client: httpx.AsyncClient
+    gate: asyncio.Semaphore
+
+    async def generate(self, payload: dict[str, Any], routing_key: str | None = None) -> dict[str, Any]:
+        """POST /generate; with `routing_key`, every request of that key goes to the same engine."""
+        headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
+        async with self.gate:
+            response = await self.client.post(f"{self.url}/generate", json=payload, headers=headers)
+        if response.status_code != 200:
+            raise GenerateError(f"POST {self.url}/generate answered {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+
+@dataclass(frozen=True)
+class GenerateFnInput:
+    """What `--custom-generate-function-path` functions receive (Miles' shape): the sample to finish
+    (`tokens` holds the prompt ids), its sampling params as /generate JSON, and the run context."""
+
+    state: GenerateState
+    sample: Sample
+    sampling_params: dict[str, Any]
+    evaluation: bool
+
+    @property
+    def args(self):
+        return self.state.args
+
+
+def read_reply(reply: dict[str, Any]) -> tuple[list[int], list[float], str, str | None]:
+    """(new token ids, their log-probs, finish type, weight version) of one /generate answer."""
     meta = reply.get("meta_info") or {}
     pairs = meta.get("output_token_logprobs")
     if pairs is None:
         raise GenerateError(f"/generate reply has no meta_info.output_token_logprobs: {sorted(meta)}")
-    response_ids = [int(p[1]) for p in pairs]
     finish = (meta.get("finish_reason") or {}).get("type", "stop")
-    base.tokens = list(prompt_ids) + response_ids
-    base.response_length = len(response_ids)
-    base.rollout_log_probs = [float(p[0]) for p in pairs]
-    base.response = tokenizer.decode(response_ids, skip_special_tokens=True)
-    base.status = FINISH_TO_STATUS.get(finish, Status.COMPLETED)
     version = meta.get("weight_version")
-    base.weight_version = None if version is None else str(version)
-    return base
+    return [int(p[1]) for p in pairs], [float(p[0]) for p in pairs], finish, None if version is None else str(version)
 
 
-async def _generate_one(client: httpx.AsyncClient, url: str, gate: asyncio.Semaphore, prompt_ids: list[int],
-                        params: dict[str, Any], tokenizer, base: Sample) -> Sample:
-    payload = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
-    async with gate:
-        response = await client.post(f"{url}/generate", json=payload)
-    if response.status_code != 200:
-        raise GenerateError(f"POST {url}/generate answered {response.status_code}: {response.text[:300]}")
-    return _to_sample(prompt_ids, response.json(), tokenizer, base)
+async def generate(input: GenerateFnInput) -> Sample:
+    """The built-in single-turn generate function: one /generate call per sample."""
+    sample = input.sample
+    prompt_ids = list(sample.tokens)
+    reply = await input.state.generate({"input_ids": prompt_ids, "sampling_params": input.sampling_params,
+                                        "return_logprob": True})
+    response_ids, log_probs, finish, sample.weight_version = read_reply(reply)
+    sample.tokens = prompt_ids + response_ids
+    sample.response_length = len(response_ids)
+    sample.rollout_log_probs = log_probs
+    sample.response = input.state.tokenizer.decode(response_ids, skip_special_tokens=True)
+    sample.status = FINISH_TO_STATUS.get(finish, Status.COMPLETED)
+    return sample
 
 
-async def _generate_all(url: str, jobs: list[tuple[list[int], dict, Sample]], tokenizer, concurrency: int,
-                        timeout: float) -> list[Sample]:
-    gate = asyncio.Semaphore(concurrency)
+async def _finish(fn: Callable, state: GenerateState, sample: Sample, params: dict, evaluation: bool) -> Sample:
+    out = await fn(GenerateFnInput(state, sample, params, evaluation))
+    if not isinstance(out, Sample):
+        raise GenerateError(f"the generate function returned {type(out).__name__}, expected the finished Sample")
+    return out
+
+
+async def _generate_all(url: str, jobs: list[tuple[dict, Sample]], tokenizer, args, fn: Callable,
+                        concurrency: int, timeout: float, evaluation: bool) -> list[Sample]:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        return list(await asyncio.gather(*(_generate_one(client, url, gate, ids, params, tokenizer, base)
-                                           for ids, params, base in jobs)))
+        state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(concurrency))
+        return list(await asyncio.gather(*(_finish(fn, state, base, params, evaluation) for params, base in jobs)))
 
 
 def encode_prompt(tokenizer, text: str, apply_chat_template: bool) -> list[int]:
@@ -85,14 +129,16 @@ def encode_prompt(tokenizer, text: str, apply_chat_template: bool) -> list[int]:
 
 def generate_groups(url: str, prompts: list[Prompt], n_samples: int, tokenizer, params: SamplingParams, *,
                     seed: int, stream: str, rollout_id: int, concurrency: int, apply_chat_template: bool = False,
-                    timeout: float = 600.0) -> list[Sample]:
-    """`n_samples` samples for each prompt, in prompt-major order (group g = prompt g)."""
+                    timeout: float = 600.0, generate_fn: Callable | None = None, args: Any = None) -> list[Sample]:
+    """`n_samples` samples for each prompt, in prompt-major order (group g = prompt g), each finished
+    by `generate_fn` (default: the single-turn `generate`)."""
     jobs = []
     for g, prompt in enumerate(prompts):
         ids = encode_prompt(tokenizer, prompt.prompt, apply_chat_template)
         for j in range(n_samples):
             index = g * n_samples + j
             params_json = params.to_json(sample_seed(seed, stream, rollout_id, index))
-            jobs.append((ids, params_json, Sample(index=index, group_index=g, prompt=prompt.prompt,
-                                                  label=prompt.label)))
-    return asyncio.run(_generate_all(url.rstrip("/"), jobs, tokenizer, concurrency, timeout))
+            jobs.append((params_json, Sample(index=index, group_index=g, prompt=prompt.prompt, label=prompt.label,
+                                             tokens=list(ids))))
+    return asyncio.run(_generate_all(url.rstrip("/"), jobs, tokenizer, args, generate_fn or generate, concurrency,
+                                     timeout, evaluation=stream != "train"))

@@ -5,6 +5,7 @@ import math
 import statistics
 
 from miles.rollout.advantages import groups_of, zero_std_counts
+from miles.rollout.multi_turn_metrics import multi_turn_metrics
 from miles.rollout.sample import Sample
 
 
@@ -30,7 +31,8 @@ def pass_rates(samples: list[Sample], group_size: int) -> dict[str, float]:
 
 def rollout_metrics(samples: list[Sample], advantages: list[float], group_size: int,
                     binary_reward: bool) -> dict[str, float]:
-    """The `rollout/` and `passrate/` metrics computable before training (no log-probs)."""
+    """The `rollout/`, `passrate/` and (for multi-turn samples) `multi_turn/` metrics computable before
+    training (no log-probs)."""
     lengths = [s.response_length for s in samples]
     n = len(samples)
     metrics = {
@@ -49,4 +51,5 @@ def rollout_metrics(samples: list[Sample], advantages: list[float], group_size: 
     metrics.update({f"rollout/{k}": float(v) for k, v in zero_std_counts(samples, always).items()})
     if group_size > 1:
         metrics.update({f"passrate/{k}": v for k, v in pass_rates(samples, group_size).items()})
+    metrics.update(multi_turn_metrics(samples))
     return metrics

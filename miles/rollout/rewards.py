@@ -105,7 +105,7 @@ class RewardModel:
 
     async def _score(self, sample: Sample) -> float:
         if self.custom is None:
-            return self.builtin(sample.response, sample.label)
+            return self.builtin(sample.final_text, sample.label)
         value = self.custom(self.args, sample)
         if inspect.isawaitable(value):
             value = await value

@@ -34,6 +34,12 @@ class Sample:
     reward: float | None = None  # after any shaping; advantages come from this
     raw_reward: float | None = None  # the verifier's score
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Multi-turn: 1 per response token the model wrote, 0 per observation token (tool results), which
+    # then stay out of the loss, the KL and the log-prob metrics. None: every response token is the model's.
+    loss_mask: list[int] | None = None
+    # The conversation turn by turn, [{"role": "user"|"assistant"|"tool", "text": ..., "tool_call": {...}}];
+    # empty for a single-turn sample (its turns are the prompt and the response).
+    turns: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def prompt_length(self) -> int:
@@ -42,6 +48,17 @@ class Sample:
     @property
     def response_ids(self) -> list[int]:
         return self.tokens[len(self.tokens) - self.response_length:]
+
+    @property
+    def final_text(self) -> str:
+        """What the reward checks: the last assistant turn, or the whole response of a single-turn sample."""
+        replies = [t["text"] for t in self.turns if t["role"] == "assistant"]
+        return replies[-1] if replies else self.response
+
+    @property
+    def num_turns(self) -> int:
+        """Assistant turns (Miles' round number); 1 for a single-turn sample."""
+        return sum(t["role"] == "assistant" for t in self.turns) or 1
 
     @property
     def truncated(self) -> bool:

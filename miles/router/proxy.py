@@ -28,6 +28,8 @@ RESPONSE_SKIP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"
 # worker dying mid-body can still be failed over; anything larger or unframed (SSE) is streamed.
 SMALL_BODY = 256 * 1024
 MAX_BACKOFF_S = 2.0
+# SGLang's gateway header for session affinity: all requests with one key go to one worker.
+ROUTING_KEY_HEADER = b"x-smg-routing-key"
 # Each router appends its id to this header on the way to a worker; seeing its own id again means the
 # request went round a loop (a router registered behind itself), answered 508 instead of recursing.
 HOP_HEADER = b"x-miles-router-hop"
@@ -118,12 +120,13 @@ class Proxy:
             watch.close()
 
     async def forward(self, scope, head: bytes, body: bytes, watch: ClientWatch, send) -> None:
+        routing_key = routing_key_of(scope)
         start = time.perf_counter()
         tried: list[Worker] = []
         retries = 0
         error: str | None = None
         while True:
-            worker = self.pool.choose(tried)
+            worker = self.pool.choose(tried, routing_key)
             if worker is None:
                 self.stats.record_no_worker()
                 await send_json(send, 503, {"error": self.no_worker_message(), "last_error": error})
@@ -213,6 +216,13 @@ class Proxy:
             raise
         await send({"type": "http.response.body", "body": b""})
         return DELIVERED_FAILED if failed else DELIVERED_OK
+
+
+def routing_key_of(scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == ROUTING_KEY_HEADER:
+            return value or None
+    return None
 
 
 def _small_body(conn: Connection) -> bool:

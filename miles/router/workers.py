@@ -6,6 +6,7 @@ and the proxy report what they saw and ask this module what to do.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import random
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -136,8 +137,10 @@ class WorkerPool:
         self._healthy = [w for w in self._workers.values() if w.healthy]
 
     # selection
-    def choose(self, exclude: Iterable[Worker] = ()) -> Worker | None:
-        """A healthy worker by the policy, avoiding `exclude` when another is available; None if none is healthy."""
+    def choose(self, exclude: Iterable[Worker] = (), routing_key: bytes | None = None) -> Worker | None:
+        """A healthy worker by the policy, avoiding `exclude` when another is available; None if none is healthy.
+        With a routing key, the key's own worker (rendezvous hashing: every request of a key goes to the
+        same worker while it is healthy, and to the same next one when it is not)."""
         candidates = self._healthy
         if exclude:
             others = [w for w in candidates if w not in exclude]
@@ -146,6 +149,8 @@ class WorkerPool:
             return None
         if len(candidates) == 1:
             return candidates[0]
+        if routing_key:
+            return max(candidates, key=lambda w: _affinity(routing_key, w))
         if self.policy == "least-inflight":
             return min(candidates, key=_inflight)
         if self.policy == "round-robin":
@@ -181,6 +186,10 @@ class WorkerPool:
             self._refresh()
             return HealthVerdict(readmitted=True)
         return HealthVerdict()
+
+
+def _affinity(routing_key: bytes, worker: Worker) -> bytes:
+    return hashlib.blake2b(routing_key + b"|" + worker.url.encode(), digest_size=8).digest()
 
 
 def _inflight(worker: Worker) -> int:

@@ -4,18 +4,26 @@ from __future__ import annotations
 import argparse
 import json
 
-from miles.tiny.warmstart import base_model_dir, ensure_base_model
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="miles base-model", description=__doc__)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--multi-turn", action="store_true",
+                        help="the multi-turn calculator task's checkpoint instead of the addition one")
     args = parser.parse_args(argv)
-    existed = (base_model_dir() / "warmstart.json").exists()
-    path = ensure_base_model(progress=not args.quiet)
+    if args.multi_turn:
+        from miles.tiny.tool_warmstart import ensure_tool_model as ensure, tool_model_dir as target
+    else:
+        from miles.tiny.warmstart import base_model_dir as target, ensure_base_model as ensure
+    existed = (target() / "warmstart.json").exists()
+    path = ensure(progress=not args.quiet)
     report = json.loads((path / "warmstart.json").read_text())
     state = "cached" if existed else f"made in {report['seconds']}s"
-    print(f"base model ({state}): {report['steps']} SFT steps, held-out greedy accuracy "
-          f"{report['eval_greedy_accuracy']:.3f}, sampled pass@1 {report['eval_pass_at_1']:.3f}")
+    if args.multi_turn:
+        print(f"multi-turn base model ({state}): {report['steps']} SFT steps, first-token tool-call probability "
+              f"{report['tool_call_probability']:.3f}, held-out greedy tool path {report['tool_path_greedy_accuracy']:.3f}")
+    else:
+        print(f"base model ({state}): {report['steps']} SFT steps, held-out greedy accuracy "
+              f"{report['eval_greedy_accuracy']:.3f}, sampled pass@1 {report['eval_pass_at_1']:.3f}")
     print(path)
     return 0

@@ -25,9 +25,9 @@ def tiny_qwen3_config(vocab_size: int, pad_id: int, eos_id: int) -> Qwen3Config:
     )
 
 
-def build_tiny_model(seed: int = 0):
-    """A freshly initialised tiny Qwen3 and its tokenizer."""
-    tokenizer = build_tokenizer()
+def build_tiny_model(seed: int = 0, tool_markers: bool = False):
+    """A freshly initialised tiny Qwen3 and its tokenizer (with the tool tokens if asked)."""
+    tokenizer = build_tokenizer(tool_markers)
     config = tiny_qwen3_config(len(tokenizer), tokenizer.convert_tokens_to_ids(PAD),
                                tokenizer.convert_tokens_to_ids(EOS))
     torch.manual_seed(seed)

@@ -62,21 +62,26 @@ def _lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def ensure_base_model(progress: bool = True) -> Path:
-    """The cached base checkpoint directory, made first if missing (under 3 minutes on 2 cores)."""
-    target = base_model_dir()
+def ensure_cached(target: Path, make, progress: bool = True) -> Path:
+    """`target`, made first by `make(tmp_dir, progress) -> report` if missing; one maker at a time
+    (a file lock), and atomic: a half-made model is never found under the real name."""
     if (target / "warmstart.json").exists():
         return target
     with _lock(cache_root() / f".{target.name}.lock"):
         if (target / "warmstart.json").exists():
             return target
-        default_task_data()
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        report = warm_start(tmp, progress=progress)
+        report = make(tmp, progress)
         (tmp / "warmstart.json").write_text(json.dumps(report, indent=2))
-        tmp.rename(target)  # atomic: a half-made model is never found under the real name
+        tmp.rename(target)
     return target
+
+
+def ensure_base_model(progress: bool = True) -> Path:
+    """The cached base checkpoint directory, made first if missing (under 3 minutes on 2 cores)."""
+    default_task_data()
+    return ensure_cached(base_model_dir(), lambda out, show: warm_start(out, progress=show), progress)
 
 
 def _encode(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

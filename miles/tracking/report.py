@@ -31,6 +31,10 @@ def panels(clip_grad: float) -> list[Panel]:
     ]
 
 
+MULTI_TURN_PANEL = Panel("multi_turn: turns per trajectory, tool use",
+                         ("multi_turn/round_number_mean", "multi_turn/tool_use_ratio"))
+
+
 def series(lines: list[JournalLine], key: str) -> tuple[list[float], list[float]]:
     points = [(ln.metrics.get(step_key(key), ln.rollout_id), ln.metrics[key]) for ln in lines if key in ln.metrics]
     return [p[0] for p in points], [p[1] for p in points]
@@ -42,9 +46,15 @@ def write_report(lines: list[JournalLine], path: Path, clip_grad: float = 1.0, t
     matplotlib.use("Agg")  # no display; also safe off the main thread
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(16, 8), constrained_layout=True)
-    axes = fig.subplots(2, 4).flatten()
-    for ax, panel in zip(axes, panels(clip_grad)):
+    shown = panels(clip_grad)
+    if any(MULTI_TURN_PANEL.keys[0] in ln.metrics for ln in lines):  # a multi-turn run: its turn count too
+        shown.append(MULTI_TURN_PANEL)
+    rows = -(-len(shown) // 4)
+    fig = Figure(figsize=(16, 4 * rows), constrained_layout=True)
+    axes = fig.subplots(rows, 4).flatten()
+    for ax in axes[len(shown):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes, shown):
         ax.set_title(panel.title, fontsize=10)
         plotted = False
         for key in panel.keys:

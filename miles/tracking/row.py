@@ -1,11 +1,21 @@
 """The per-iteration stdout row, in the three-line shape of the Miles page."""
 from __future__ import annotations
 
+from miles.tracking.names import map_metrics
+
 PREFIX = "[trainer] "
 
 
+SMALL = 1e-3  # below this a fixed-point figure reads as 0.000 (GRPO's on-policy loss is ~1e-9 by construction)
+
+
 def _num(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
+    """`value` in `fmt`, or in scientific notation when it is non-zero but would print as zero."""
+    if value is None:
+        return "n/a"
+    if value != 0 and abs(value) < SMALL and fmt.endswith("f"):
+        return f"{value:.1e}"
+    return format(value, fmt)
 
 
 def _secs(value: float | None) -> str:
@@ -20,8 +30,15 @@ def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], sho
     first = f"loss={_num(get('train/loss'), '.3f')} reward={_num(get('rollout/raw_reward'), '.2f')}"
     if show_kl:
         first += f" kl={_num(get('train/kl_loss'), '.3f')}"
+    if get("multi_turn/round_number_mean") is not None:  # a multi-turn run: mean assistant turns per trajectory
+        first += f" turns={get('multi_turn/round_number_mean'):.2f}"
     second = (f"rollout={_secs(get('perf/rollout_time'))} train={_secs(get('perf/train_time'))} "
               f"p2p={_secs(get('perf/update_weights_time'))}  (total {_secs(get('perf/step_time'))})")
     third = f"grad_norm={_num(get('train/grad_norm'), '.2f')} lr={_num(get('train/lr'), '.1e')}"
     pad = " " * len(head)
     return f"{head}| {first}\n{pad}| {second}\n{pad}| {third}"
+
+
+def format_eval(label: str, metrics: dict[str, float]) -> str:
+    """`[trainer] base eval eval/arithmetic-pass_at_1=0.230 ...`: under the names the trackers store."""
+    return f"{PREFIX}{label} " + " ".join(f"{k}={_num(v, '.3f')}" for k, v in map_metrics(metrics).items())

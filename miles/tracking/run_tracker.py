@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from miles.run_info import describe, run_name, run_tags
 from miles.tracking.delivery_process import DeliveryProcess
 from miles.tracking.hooks import load_hooks
 from miles.tracking.journal import Journal, JournalLine
@@ -67,7 +68,9 @@ def build_specs(config: Any, run_dir: Path, previous: DeliveryState, extra: dict
         local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
         specs["mlflow"] = SinkSpec("mlflow", dict(
             tracking_uri=uri, experiment=t.mlflow_experiment_name, run_id=t.mlflow_run_id or known("mlflow"),
-            run_name=t.mlflow_run_name, artifact_dir=str(run_dir / "mlartifacts") if local else None))
+            run_name=t.mlflow_run_name or run_name(run_dir), artifact_dir=str(run_dir / "mlartifacts") if local else None,
+            tags=run_tags(config, run_dir), description=describe(config, run_dir),
+            system_metrics=t.mlflow_system_metrics))
     if t.use_tensorboard:
         specs["tensorboard"] = SinkSpec("tensorboard", dict(log_dir=str(t.tensorboard_dir or run_dir / "tensorboard")))
     return specs

@@ -1,5 +1,9 @@
 """Sample-generation tables: `RUN_DIR/samples/rollout_<id>.jsonl`, one row per sample,
-written every `--log-samples-interval` rollouts and delivered with that rollout's metrics."""
+written every `--log-samples-interval` rollouts and delivered with that rollout's metrics.
+
+A multi-turn sample's row also holds its conversation turn by turn (`turns`: {role, text,
+tool_call?}) and the same as chat `messages` (assistant tool calls as `tool_calls`), which the
+dashboard shows; its per-token loss mask is in the token file (`miles/tracking/tokens.py`)."""
 from __future__ import annotations
 
 import json
@@ -21,11 +25,26 @@ def sample_row(rollout_id: int, s) -> dict:
     row = dict(rollout_id=rollout_id, index=s.index, group_index=s.group_index, prompt=s.prompt,
                response=s.response, label=s.label, reward=s.reward, raw_reward=s.raw_reward,
                response_length=s.response_length, status=getattr(s.status, "value", str(s.status)),
-               advantage=s.metadata.get("advantage"), weight_version=s.weight_version)
-    messages = getattr(s, "messages", None) or s.metadata.get("messages")
-    if messages:  # a multi-turn trajectory: its turns with roles (and tool calls)
+               advantage=s.metadata.get("advantage"), weight_version=s.weight_version,
+               num_turns=getattr(s, "num_turns", 1))
+    turns = getattr(s, "turns", None)
+    if turns:  # a multi-turn trajectory: its turns with roles (and tool calls)
+        row["turns"] = turns
+    messages = (chat_messages(turns) if turns else None) or s.metadata.get("messages")
+    if messages:
         row["messages"] = messages
     return row
+
+
+def chat_messages(turns: list[dict]) -> list[dict]:
+    """Turns as chat messages: {role, content}, each tool call on the assistant message that made it."""
+    messages: list[dict] = []
+    for turn in turns:
+        call = turn.get("tool_call")
+        if turn["role"] == "tool" and call and messages and messages[-1]["role"] == "assistant":
+            messages[-1].setdefault("tool_calls", []).append({"type": "function", "function": call})
+        messages.append({"role": turn["role"], "content": turn["text"]})
+    return messages
 
 
 def write_samples(run_dir: Path, rollout_id: int, samples: list) -> Path:

@@ -1,8 +1,8 @@
 """Phase spans of a run, one JSON line each in `RUN_DIR/timeline.jsonl`, and their Chrome-trace form.
 
-A span is one process's phase: the trainer's `rollout`, `log_probs`, `actor_train`,
-`update_weights`, `checkpoint`, `eval`; a training rank's `log_probs` and `actor_train`;
-an engine's busy stretches of batched decoding. Writing one is a single `write` of one
+A span is one process's phase: the trainer's `rollout`, `train`, `update_weights`, `eval`,
+`checkpoint`, `log_tokens`; a training rank's `log_probs`, `actor_train`, `token_stats`; an
+engine's `decode` stretches (batches back to back). Writing one is a single `write` of one
 short line to a file opened for appending, so writers in several processes never
 interleave their lines and a reader sees whole lines or a torn last one.
 """
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 TIMELINE_NAME = "timeline.jsonl"
-PHASES = ("rollout", "log_probs", "actor_train", "update_weights", "checkpoint", "eval")
 
 
 @dataclass(frozen=True)

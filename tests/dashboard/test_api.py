@@ -104,7 +104,7 @@ def test_engine_batches_join_the_rollout_they_ran_in(client):
     engine = everything["lanes"][-1]
     assert engine.startswith("engine 127.0.0.1:")
     batches = [s for s in everything["spans"] if s["lane"] == engine]
-    assert batches and all(s["name"] == "batch" and s["args"]["requests"] >= 1 for s in batches)
+    assert batches and all(s["name"] == "decode" and s["args"]["requests"] >= 1 for s in batches)
     shown = 0
     for rollout_id in range(4):
         one = get(client, f"/api/timeline?rollout_id={rollout_id}")

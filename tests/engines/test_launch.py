@@ -29,3 +29,12 @@ def test_engine_command_line(tmp_path):
 
 def test_handle_reports_and_stops(engine):
     assert engine.alive and engine.url == f"http://127.0.0.1:{engine.port}" and engine.pid == engine.process.pid
+
+
+def test_engine_config_fields_travel_as_flags():
+    from miles.config import EngineConfig
+    from miles.engines.launch import engine_flags
+
+    assert engine_flags(EngineConfig()) == []
+    flags = engine_flags(EngineConfig(tool_call_parser="tiny", engine_max_queued_requests=8, context_length=128))
+    assert flags == ["--engine-max-queued-requests", "8", "--tool-call-parser", "tiny", "--context-length", "128"]

@@ -16,7 +16,8 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 
 from miles.config import ConfigError, OrchestrationConfig
-from tasks.cluster import bring_up_cluster, check_reachable, shut_down_cluster
+from miles.ray_cluster import check_reachable
+from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.options import configured
 
 

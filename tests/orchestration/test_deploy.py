@@ -29,10 +29,13 @@ def test_manual_and_scheduled_deployments_exist_on_the_process_pool(deployed):
     with get_client(sync_client=True) as client:
         manual = client.read_deployment_by_name("grpo/tiny-cpu")
         nightly = client.read_deployment_by_name("grpo/tiny-cpu-nightly")
+        multi_turn = client.read_deployment_by_name("grpo/tiny-multi-turn")
         assert client.read_work_pool(POOL).type == "process"
     assert manual.work_pool_name == nightly.work_pool_name == POOL
     assert manual.parameters["config_file"] == "deployments/tiny-cpu.yaml" and not manual.schedules
     assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
+    assert multi_turn.parameters["config_file"] == "configs/tiny-multi-turn.yaml"
+    assert multi_turn.work_pool_name == POOL
 
 
 @pytest.mark.slow

@@ -102,3 +102,21 @@ def test_readmission_without_a_known_version_needs_only_successes():
     w = pool.workers[0]
     pool.record_check(w, False)
     assert pool.record_check(w, True, weight_version="anything").readmitted
+
+
+def test_a_routing_key_sticks_to_one_worker_and_falls_back_to_the_same_next_one():
+    pool = WorkerPool("least-inflight")
+    workers = [pool.add(f"http://127.0.0.1:{9000 + i}") for i in range(4)]
+    keys = [f"trajectory-{i}".encode() for i in range(40)]
+    first = {key: pool.choose(routing_key=key) for key in keys}
+    workers[0].inflight = workers[1].inflight = 50  # load does not move a keyed request
+    assert all(pool.choose(routing_key=key) is first[key] for key in keys)
+    assert len(set(first.values())) > 1  # keys spread over the workers
+
+    key = keys[0]
+    pinned = first[key]
+    fallback = pool.choose([pinned], routing_key=key)  # the pinned worker failed this request
+    assert fallback is not pinned
+    for _ in range(pool.failure_threshold):
+        pool.record_check(pinned, ok=False)  # ... and is then quarantined
+    assert pool.choose(routing_key=key) is fallback  # every later turn goes to the same fallback

@@ -6,7 +6,7 @@ import pytest
 
 from miles.tracking.journal import Journal, JournalFollower, JournalLine, read_journal
 from miles.tracking.names import map_metrics, metric_key, step_key
-from miles.tracking.row import format_row
+from miles.tracking.row import format_eval, format_row
 
 PAGE_METRICS = {"train/loss": 0.412, "rollout/raw_reward": 0.61, "train/kl_loss": 0.018, "perf/rollout_time": 18.4,
                 "perf/train_time": 22.1, "perf/update_weights_time": 2.1, "perf/step_time": 42.6,
@@ -25,6 +25,18 @@ def test_row_without_kl_loss_and_with_missing_metrics():
     first, second, third = format_row(3, 10, {"train/loss": 0.5}, show_kl=False).splitlines()
     assert first == "[trainer] iter 3/10 | loss=0.500 reward=n/a"
     assert "rollout=n/a" in second and third.endswith("grad_norm=n/a lr=n/a")
+
+
+def test_small_values_are_readable_and_zero_stays_zero():
+    first, _, third = format_row(0, 3, {"train/loss": -4.7e-09, "rollout/raw_reward": 0.0, "train/kl_loss": 0.0004,
+                                        "train/grad_norm": 0.0, "train/lr": 1e-6}, show_kl=True).splitlines()
+    assert first == "[trainer] iter 0/3 | loss=-4.7e-09 reward=0.00 kl=4.0e-04"
+    assert third.endswith("grad_norm=0.00 lr=1.0e-06")
+
+
+def test_printed_eval_uses_the_names_the_trackers_store():
+    line = format_eval("base eval", {"eval/arithmetic": 0.2291, "eval/arithmetic-pass@1": 0.23})
+    assert line == "[trainer] base eval eval/arithmetic=0.229 eval/arithmetic-pass_at_1=0.230"
 
 
 @pytest.mark.parametrize("name, key", [

@@ -56,7 +56,8 @@ def mlflow_metric_keys(run_dir: Path) -> set[str]:
     from mlflow.tracking import MlflowClient
 
     spec = TrackingState.load(run_dir).sinks["mlflow"].spec.options
-    return set(MlflowClient(tracking_uri=spec["tracking_uri"]).get_run(spec["run_id"]).data.metrics)
+    metrics = MlflowClient(tracking_uri=spec["tracking_uri"]).get_run(spec["run_id"]).data.metrics
+    return {k for k in metrics if not k.startswith("system/")}  # MLflow's own system metrics are not the journal's
 
 
 def tensorboard_points(log_dir: Path) -> Points:

@@ -3,7 +3,7 @@
 "use strict";
 const TOKEN = new URLSearchParams(location.search).get("token");
 const PHASE_COLORS = {rollout: "#60a5fa", train: "#a78bfa", log_probs: "#34d399", actor_train: "#f59e0b",
-                      update_weights: "#f472b6", checkpoint: "#94a3b8", eval: "#22d3ee", batch: "#93c5fd",
+                      update_weights: "#f472b6", checkpoint: "#94a3b8", eval: "#22d3ee", decode: "#93c5fd",
                       log_tokens: "#ef4444", token_stats: "#ef4444"};
 let RUN = null;
 let lastSeen = null;

@@ -1,5 +1,8 @@
 """MLflow as a sink: one run in an experiment, the public config as params, metrics per step axis.
 
+The experiment opens in MLflow's model-training view; the run carries the run's tags and
+description, and MLflow's system metrics while it is open.
+
 Every point carries the journal line's own timestamp, so a line delivered twice (after a
 crash between delivery and cursor save) is the same (key, step, timestamp, value) and
 MLflow's SQL store drops the duplicate instead of doubling the point.
@@ -19,6 +22,8 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's model-training view, not GenAI
+DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LEN = 6000
@@ -32,14 +37,19 @@ class MlflowSink:
     name = "mlflow"
 
     def __init__(self, params: dict[str, Any], tracking_uri: str, experiment: str, run_id: str | None = None,
-                 run_name: str | None = None, artifact_dir: str | None = None):
+                 run_name: str | None = None, artifact_dir: str | None = None, tags: dict[str, str] | None = None,
+                 description: str | None = None, system_metrics: bool = False):
         self.params, self.tracking_uri, self.experiment = params, tracking_uri, experiment
         self.run_id, self.run_name, self.artifact_dir = run_id, run_name, artifact_dir
+        self.tags, self.description, self.system_metrics = dict(tags or {}), description, system_metrics
         self.client = None
+        self.monitor = None  # MLflow's SystemMetricsMonitor thread while the run is open
 
     def spec(self) -> SinkSpec:
         return SinkSpec("mlflow", dict(tracking_uri=self.tracking_uri, experiment=self.experiment,
-                                       run_id=self.run_id, run_name=self.run_name, artifact_dir=self.artifact_dir))
+                                       run_id=self.run_id, run_name=self.run_name, artifact_dir=self.artifact_dir,
+                                       tags=self.tags, description=self.description,
+                                       system_metrics=self.system_metrics))
 
     def prepare(self) -> None:
         from mlflow.tracking import MlflowClient
@@ -55,19 +65,36 @@ class MlflowSink:
             run = self.client.get_run(self.run_id)  # raises if the id is unknown to this server
             if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
                 self.client.update_run(self.run_id, status="RUNNING")
+            self._start_system_metrics(resume=True)
             return
         experiment = self.client.get_experiment_by_name(self.experiment)
         if experiment is None:
             # a file-backed store keeps artifacts in the run dir, not ./mlruns of whatever cwd
             location = Path(self.artifact_dir).resolve().as_uri() if self.artifact_dir else None
-            experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
+            experiment_id = self.client.create_experiment(self.experiment, artifact_location=location,
+                                                          tags=EXPERIMENT_KIND)
         else:
             experiment_id = experiment.experiment_id
-        run = self.client.create_run(experiment_id, run_name=self.run_name)
+            if not any(k in experiment.tags for k in EXPERIMENT_KIND):  # never override a kind a user chose
+                for key, value in EXPERIMENT_KIND.items():
+                    self.client.set_experiment_tag(experiment_id, key, value)
+        tags = {**self.tags, **({DESCRIPTION_TAG: self.description} if self.description else {})}
+        run = self.client.create_run(experiment_id, run_name=self.run_name, tags=tags)
         params = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in sorted(self.params.items())]
         for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(run.info.run_id, params=params[i:i + MAX_PARAMS_PER_BATCH])
         self.run_id = run.info.run_id
+        self._start_system_metrics(resume=False)
+
+    def _start_system_metrics(self, resume: bool) -> None:
+        """MLflow's own sampler (CPU, memory, disk, network; GPU with nvidia-ml-py) as `system/*` metrics,
+        on their own step axis; a resumed run continues its steps."""
+        if not self.system_metrics or self.monitor is not None:
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self.monitor = SystemMetricsMonitor(self.run_id, resume_logging=resume, tracking_uri=self.tracking_uri)
+        self.monitor.start()
 
     def durable_cursor(self, recorded: int) -> int:
         return recorded  # redelivery is harmless (see the module docstring)
@@ -90,5 +117,12 @@ class MlflowSink:
                 self.client.log_artifact(self.run_id, str(path))
 
     def close(self) -> None:
+        if self.monitor is not None:
+            monitor, self.monitor = self.monitor, None
+            monitor.finish()
+            # the samples taken since its last publish (all of them, for a run shorter than one
+            # sampling interval) go out while the run is still RUNNING
+            monitor.publish_metrics(monitor.aggregate_metrics())
+            monitor.mlflow_logger.flush()
         if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id)

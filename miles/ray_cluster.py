@@ -1,0 +1,108 @@
+"""Connect this process to Ray: an existing cluster (`--ray-address`, or `RAY_ADDRESS` inside a Ray job) or a new local one."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import ray
+
+from miles.config import ConfigError
+
+NAMESPACE = "miles"
+CONNECT_TIMEOUT_S = 5.0
+TOKEN_HELP = ("Ray token authentication rejected this driver's token: give it the cluster's token "
+              "(`ray get-auth-token` on the head node) in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")
+
+
+def existing_cluster_address(ray_address: str | None) -> str | None:
+    """The cluster to join: the flag, else `RAY_ADDRESS` (set by Ray for a job's driver), else None (start one)."""
+    return ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S, source: str = "--ray-address") -> None:
+    """Fail fast with the address in the message; `ray.init` itself may wait minutes."""
+    if address == "auto":
+        return  # resolved by ray.init from the local node's address file, and it fails fast
+    host_port = address.removeprefix("ray://")
+    host, sep, port = host_port.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(source, f"expected HOST:PORT, ray://HOST:PORT or auto, got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(source, f"cannot reach a Ray cluster at {address} ({exc}); "
+                                  f"start one with `ray start --head` or leave the flag out") from None
+
+
+def use_token_if_available() -> bool:
+    """Send Ray's auth token when one is on this machine. Ray sends it to an explicit address only with
+    RAY_AUTH_MODE=token, but `ray start --head` turns token auth on whenever ~/.ray/auth_token exists;
+    a cluster without token auth ignores it. An explicit RAY_AUTH_MODE is left as it is."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    if "RAY_AUTH_MODE" in os.environ:
+        return os.environ["RAY_AUTH_MODE"].lower() == "token"
+    if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"  # inherited by the processes this driver starts
+    Config.initialize("")  # Ray caches its config: make this process see the mode too
+    return True
+
+
+def check_authenticated(address: str, timeout: float = CONNECT_TIMEOUT_S, source: str = "--ray-address") -> None:
+    """One GCS request with this driver's token: a wrong or missing one is named at once, where
+    `ray.init` would retry for ~20 s and then report only that it found no cluster."""
+    if address == "auto" or address.startswith("ray://"):
+        return  # found or reached through Ray's own machinery, which reports auth errors itself
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        GcsClient(address=address).internal_kv_get(b"miles-auth-probe", None, timeout=timeout)
+    except AuthenticationError:
+        raise ConfigError(source, f"the Ray cluster at {address} refused the connection: {TOKEN_HELP}") from None
+    except Exception:  # anything else (a slow GCS): ray.init reports it with its own words
+        return
+
+
+def without_job_env_vars(runtime_env: dict | None) -> dict | None:
+    """Inside a Ray job, the env vars the job's own runtime env sets (`ray job submit --runtime-env-json`)
+    reach every worker already, and Ray refuses a driver that sets one of them again."""
+    job_config = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")  # set by Ray for a job's driver
+    if not runtime_env or not job_config:
+        return runtime_env
+    job_vars = (json.loads(job_config).get("runtime_env") or {}).get("env_vars") or {}
+    env_vars = {k: v for k, v in runtime_env.get("env_vars", {}).items() if k not in job_vars}
+    return {**runtime_env, "env_vars": env_vars}
+
+
+def check_cluster(ray_address: str | None) -> str:
+    """For an existing cluster: reachable, and this driver's token accepted (a no-op when one will be
+    started). Returns where the address came from, for error messages."""
+    address = existing_cluster_address(ray_address)
+    source = "--ray-address" if ray_address else "RAY_ADDRESS"
+    if address is not None:
+        check_reachable(address, source=source)
+        use_token_if_available()
+        check_authenticated(address, source=source)
+    return source
+
+
+def connect(ray_address: str | None, num_cpus: int | None = None, object_store_mb: int | None = None,
+            runtime_env: dict | None = None, log_to_driver: bool = True) -> bool:
+    """`ray.init` for this process; returns True when it started a new local cluster (sized by
+    `num_cpus` and `object_store_mb`, which an existing cluster already has and Ray refuses)."""
+    address = existing_cluster_address(ray_address)
+    if address is None:
+        ray.init(num_cpus=num_cpus or os.cpu_count(),
+                 object_store_memory=object_store_mb * 2**20 if object_store_mb else None,
+                 include_dashboard=False, namespace=NAMESPACE, runtime_env=runtime_env, log_to_driver=log_to_driver)
+        return True
+    source = check_cluster(ray_address)
+    try:
+        ray.init(address=address, namespace=NAMESPACE, runtime_env=without_job_env_vars(runtime_env),
+                 log_to_driver=log_to_driver)
+    except ConnectionError as exc:
+        raise ConfigError(source, f"no Ray cluster at {address}: {exc}") from None
+    return False

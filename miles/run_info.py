@@ -1,0 +1,60 @@
+"""What a run is, in the words trackers and the Prefect UI show: its name, tags and a one-line description."""
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import miles
+
+FLOW_RUN_URL_ENV = "MILES_PREFECT_FLOW_RUN_URL"  # set by the Prefect flow for its Ray workers
+DEFAULT_TASK = "arithmetic"  # the tiny task that runs when --prompt-data is not given
+
+
+def run_name(run_dir: str | Path) -> str:
+    """A run is named after its run directory, the one thing a user picked (or was shown)."""
+    return Path(run_dir).name
+
+
+def model_name(config) -> str:
+    checkpoint = config.rollout.hf_checkpoint
+    return Path(checkpoint).name if checkpoint else "tiny-qwen3 (built in)"
+
+
+def task_name(config) -> str:
+    data = config.rollout.prompt_data
+    return Path(data).stem if data else DEFAULT_TASK
+
+
+@cache
+def git_commit() -> str | None:
+    """The commit of the checkout this code runs from (None for an installed copy without git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(miles.__file__).parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def describe(config, run_dir: str | Path) -> str:
+    """`GRPO (fsdp) of tiny-qwen3 on arithmetic: 20 rollouts x 32 prompts x 8 samples, run dir /x/runs/a`."""
+    r = config.rollout
+    return (f"GRPO ({config.train.train_backend}) of {model_name(config)} on {task_name(config)}: "
+            f"{r.num_rollout} rollouts x {r.rollout_batch_size} prompts x {r.n_samples_per_prompt} samples, "
+            f"run dir {Path(run_dir).resolve()}")
+
+
+def run_tags(config, run_dir: str | Path) -> dict[str, str]:
+    """Tags a tracker run carries: backend, model, task, miles version, git commit, the Prefect flow run."""
+    tags = {"miles.train_backend": config.train.train_backend, "miles.model": model_name(config),
+            "miles.task": task_name(config), "miles.version": miles.__version__,
+            "miles.run_dir": str(Path(run_dir).resolve())}
+    if commit := git_commit():
+        tags["mlflow.source.git.commit"] = commit  # MLflow's own key: the UI shows it as the run's source version
+    if url := os.environ.get(FLOW_RUN_URL_ENV):
+        tags["prefect.flow_run_url"] = url
+    return tags

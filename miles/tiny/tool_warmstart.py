@@ -1,0 +1,153 @@
+"""The warm start of the multi-turn task: a short SFT on demonstrations of the calculator format.
+
+Half the demonstrations call the tool, the rest answer the product at once, which a two-layer
+model mostly cannot. The skill (write the call, copy the answer from the observation) is
+learnt from every tool demonstration, but the decision to call is labelled on only some of
+them, so that a `call_share` (30%) of first-token labels open a tool call. The warm-started
+policy therefore knows the format but uses the tool only sometimes: RL has to discover that
+the tool pays. Observation tokens are outside the SFT loss, as in RL. Cached by recipe
+beside the single-turn base model (`tiny-tool-base-<id>`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from miles.rollout.tool_calls import TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE_END
+from miles.tiny import tool_task
+from miles.tiny.model import build_tiny_model
+from miles.tiny.task import Problem
+from miles.tiny.warmstart import cache_root, ensure_cached
+
+RECIPE = dict(version=2, seed=0, lr=3e-3, batch_size=64, max_steps=1500, eval_every=100, tool_rows=0.5,
+              call_share=0.3, target_tool_path=0.95, eval_prompts=256)
+# P(a tool row labels its first token) so that call_share of all first-token labels are the call:
+# tool_rows * q / (tool_rows * q + 1 - tool_rows) = call_share.
+DECISION_LABEL_P = (RECIPE["call_share"] / (1 - RECIPE["call_share"])) * (1 - RECIPE["tool_rows"]) / RECIPE["tool_rows"]
+
+
+def recipe_id() -> str:
+    return hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def tool_model_dir() -> Path:
+    return cache_root() / f"tiny-tool-base-{recipe_id()}"
+
+
+def tool_task_data() -> tuple[Path, Path]:
+    """The multiplication train and eval JSONL files (written on first use)."""
+    return tool_task.write_task_data(cache_root() / "tiny-tool-task", seed=RECIPE["seed"])
+
+
+def ensure_tool_model(progress: bool = True) -> Path:
+    """The cached warm-started checkpoint of the multi-turn task, made first if missing."""
+    tool_task_data()
+    return ensure_cached(tool_model_dir(), lambda out, show: warm_start(out, progress=show), progress)
+
+
+def _encode(tokenizer, problems: list[Problem], use_tool: list[bool], label_decision: list[bool] | None = None):
+    """Right-padded (B, T) ids, attention mask, and labels on the trained pieces (and EOS) only; a tool
+    row's first response token (the decision to call) is labelled only where `label_decision` says."""
+    rows = []
+    for r, (problem, tool) in enumerate(zip(problems, use_tool)):
+        ids = list(tokenizer(problem.prompt)["input_ids"])
+        labels = [-100] * len(ids)
+        for text, trained in tool_task.demonstration(problem, tool):
+            piece = tokenizer(text)["input_ids"]
+            ids += piece
+            labels += piece if trained else [-100] * len(piece)
+        if tool and label_decision is not None and not label_decision[r]:
+            labels[len(tokenizer(problem.prompt)["input_ids"])] = -100
+        ids.append(tokenizer.eos_token_id)
+        labels.append(tokenizer.eos_token_id)
+        rows.append((ids, labels))
+    width = max(len(ids) for ids, _ in rows)
+    out = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask, target = torch.zeros_like(out), torch.full_like(out, -100)
+    for i, (ids, labels) in enumerate(rows):
+        out[i, : len(ids)], mask[i, : len(ids)], target[i, : len(ids)] = (torch.tensor(ids), 1,
+                                                                          torch.tensor(labels))
+    return out, mask, target
+
+
+@torch.no_grad()
+def _greedy(model, tokenizer, prefixes: list[str], max_new_tokens: int) -> list[str]:
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prefixes, return_tensors="pt", padding=True)
+    out = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens,
+                         pad_token_id=tokenizer.pad_token_id)
+    tokenizer.padding_side = "right"
+    return tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def evaluate_format(model, tokenizer, problems: list[Problem]) -> dict[str, float]:
+    """How often the first sampled token opens a tool call (its mean probability), and whether the
+    greedy tool path is right: the call written correctly, and the answer copied from the observation."""
+    model.eval()
+    tokenizer.padding_side = "left"
+    batch = tokenizer([p.prompt for p in problems], return_tensors="pt", padding=True)
+    logits = model(**batch).logits[:, -1]
+    p_tool = torch.softmax(logits, -1)[:, tokenizer.convert_tokens_to_ids(TOOL_CALL)].mean().item()
+    calls = _greedy(model, tokenizer, [p.prompt + TOOL_CALL for p in problems], 12)
+    calls_ok = [c.split(TOOL_CALL_END)[0] == tool_task.tool_turn(p)[len(TOOL_CALL):-len(TOOL_CALL_END)]
+                for c, p in zip(calls, problems)]
+    answers = _greedy(model, tokenizer, [p.prompt + tool_task.tool_turn(p) + tool_task.observation(p)
+                                         for p in problems], 6)
+    answers_ok = [a.strip() == p.label for a, p in zip(answers, problems)]
+    model.train()
+    both = sum(c and a for c, a in zip(calls_ok, answers_ok)) / len(problems)
+    return dict(tool_call_probability=round(p_tool, 4), tool_path_greedy_accuracy=round(both, 4),
+                call_greedy_accuracy=round(sum(calls_ok) / len(problems), 4),
+                answer_greedy_accuracy=round(sum(answers_ok) / len(problems), 4))
+
+
+def warm_start(out_dir: Path, progress: bool = True) -> dict:
+    """SFT on mixed demonstrations until the greedy tool path is right on held-out problems."""
+    from rich.progress import Progress
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small gains nothing from more; on busy cores they spin against each other
+    try:
+        return _warm_start(out_dir, progress, Progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
+    seed = RECIPE["seed"]
+    train, evals = tool_task.split_problems(seed)
+    evals = evals[: RECIPE["eval_prompts"]]
+    model, tokenizer = build_tiny_model(seed, tool_markers=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    start, step, report, history = time.time(), 0, {}, []
+    model.train()
+    with Progress(disable=not progress, transient=True) as bar:
+        job = bar.add_task("warm start (tool SFT)", total=RECIPE["max_steps"])
+        for step in range(1, RECIPE["max_steps"] + 1):
+            idx = torch.randint(len(train), (RECIPE["batch_size"],), generator=gen)
+            use_tool = (torch.rand(RECIPE["batch_size"], generator=gen) < RECIPE["tool_rows"]).tolist()
+            decide = (torch.rand(RECIPE["batch_size"], generator=gen) < DECISION_LABEL_P).tolist()
+            ids, mask, labels = _encode(tokenizer, [train[i] for i in idx], use_tool, decide)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                   ignore_index=-100)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            bar.update(job, advance=1, description=f"warm start (tool SFT) loss={loss.item():.3f}")
+            if step % RECIPE["eval_every"] == 0:
+                report = evaluate_format(model, tokenizer, evals)
+                history.append(dict(step=step, **report))
+                if report["tool_path_greedy_accuracy"] >= RECIPE["target_tool_path"]:
+                    break
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return dict(recipe=RECIPE, steps=step, **report, seconds=round(time.time() - start, 1), history=history)

@@ -1,0 +1,60 @@
+"""`mlflow ui` for a run's MLflow store: the command to type, or (`--mlflow-ui`) the UI started on loopback and left up."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles.service_process import free_port, log_tail, wait_healthy
+
+DEFAULT_PORT = 5000  # `mlflow ui`'s own default, so a printed link and a typed command agree
+START_TIMEOUT_S = 120.0
+
+
+def is_server_uri(uri: str) -> bool:
+    """A tracking server has its own UI; a SQLite or file store needs `mlflow ui` to be browsed."""
+    return uri.startswith(("http://", "https://"))
+
+
+def ui_command(uri: str, port: int = DEFAULT_PORT) -> str:
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {port}"
+
+
+@dataclass(frozen=True)
+class MlflowUi:
+    url: str
+    pid: int
+    log_path: Path
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def start_ui(uri: str, run_dir: Path, timeout: float = START_TIMEOUT_S) -> MlflowUi:
+    """Start `mlflow ui` over `uri` on 127.0.0.1 (port 5000 when free) in its own session, so it
+    outlives the run for browsing; return once it answers /health."""
+    port = DEFAULT_PORT if _port_free(DEFAULT_PORT) else free_port()
+    log_path = Path(run_dir) / "logs" / "mlflow-ui.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+            "--port", str(port), "--workers", "1"]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout, process=process, path="/health")
+    except Exception as exc:
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"--mlflow-ui: `mlflow ui` did not start ({exc}); log {log_path}:\n"
+                           f"{log_tail(log_path)}") from None
+    return MlflowUi(url=url, pid=process.pid, log_path=log_path)

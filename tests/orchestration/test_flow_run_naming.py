@@ -1,0 +1,53 @@
+"""A `grpo` flow run is named after its run dir, tagged with backend and task, and described by its
+`grpo-run` artifact; read back through the Prefect API."""
+from __future__ import annotations
+
+import asyncio
+
+from prefect import flow
+
+from flows.grpo import config_source, describe_flow_run, with_resolved_paths
+from miles.config import parse_config
+
+
+@flow(name="grpo-naming-probe")
+def naming_probe(flags: list[str]) -> str:
+    """The grpo flow's first step (resolve the config, name and describe the run), without training."""
+    config = with_resolved_paths(parse_config(flags))
+    return describe_flow_run(config, None, flags)
+
+
+def read_back(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            run = await client.read_flow_run(flow_run_id)
+            artifacts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            return run, artifacts
+
+    return asyncio.run(read())
+
+
+def test_flow_run_name_tags_and_description(prefect_api, tmp_path, tmp_path_factory):
+    flags = ["--run-dir", str(tmp_path / "grpo-megatron-7"), "--train-backend", "megatron", "--num-rollout", "5"]
+    state = naming_probe(flags, return_state=True)
+    assert state.is_completed(), state.message
+    url = state.result()
+    flow_run_id = state.state_details.flow_run_id
+    run, artifacts = read_back(flow_run_id)
+    assert run.name == "grpo-megatron-7"
+    assert {"backend:megatron", "task:arithmetic"} <= set(run.tags)
+    assert url.endswith(str(flow_run_id)) and url.startswith(prefect_api.ui_url)
+    described = next(a for a in artifacts if a.key == "grpo-run")
+    assert "GRPO (megatron)" in described.description and "5 rollouts" in described.description
+    assert "flags only" in described.data and "--train-backend megatron" in described.data
+
+
+def test_config_source_is_the_yaml_however_it_was_given():
+    assert config_source("configs/tiny-cpu.yaml", []) == "configs/tiny-cpu.yaml"
+    assert config_source(None, ["--config=a.yaml", "--lr", "1"]) == "a.yaml"
+    assert config_source(None, ["--lr", "1", "--config", "b.yaml"]) == "b.yaml"
+    assert config_source(None, ["--lr", "1"]) is None

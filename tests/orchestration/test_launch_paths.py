@@ -1,0 +1,99 @@
+"""Every launch path of the README against a real `ray start --head` with token auth: `ray job submit`
+of both entry points through the head's job server (rows in `ray job logs`), `--ray-address` of both
+with the token where Ray keeps it and a second node joined, and a wrong token named as such."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.orchestration.ray_head import REPO, RayHead, start_head
+
+# The README's recipes, verbatim; the tests swap in their own ports and add tiny sizes and a run dir.
+README_JOB_SUBMIT = [
+    "ray job submit --address=http://127.0.0.1:8265 -- python -m miles.train --num-rollout 3",
+    "ray job submit --address=http://127.0.0.1:8265 -- miles train --num-rollout 3",
+]
+README_MULTI_NODE = [
+    "ray start --head --dashboard-host=127.0.0.1 --port=6379",
+    "ray start --address=127.0.0.1:6379",
+    "miles train --ray-address 127.0.0.1:6379 --num-rollout 3",
+    "python -m miles.train --ray-address 127.0.0.1:6379 --num-rollout 3",
+]
+TINY = ["--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--eval-interval", "none"]
+RUN_TIMEOUT_S = 480
+
+
+@pytest.fixture(scope="module")
+def head():
+    head = start_head()
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def with_ports(command: str, head: RayHead) -> list[str]:
+    return command.replace("8265", str(head.dashboard_port)).replace("6379", str(head.port)).split()
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def journal_rollouts(run_dir: Path) -> list[int]:
+    return [json.loads(line)["rollout_id"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_readme_shows_the_recipes_these_tests_run():
+    readme = (REPO / "README.md").read_text()
+    for command in README_JOB_SUBMIT + README_MULTI_NODE:
+        assert command in readme, command
+
+
+@pytest.mark.slow
+def test_ray_job_submit_runs_both_entry_points_and_ray_job_logs_has_the_rows(head, prefect_api, tmp_path):
+    for i, command in enumerate(README_JOB_SUBMIT):
+        run_dir, job_id = tmp_path / f"run{i}", f"miles-test-{tmp_path.name}-{i}"
+        submit, entrypoint = with_ports(command, head), []
+        submit, entrypoint = submit[:submit.index("--")], submit[submit.index("--"):]
+        # the job reports to the session's Prefect server instead of starting one in ~/.cache
+        runtime_env = json.dumps({"env_vars": {"PREFECT_API_URL": prefect_api.api_url}})
+        proc = run([*submit, "--submission-id", job_id, "--runtime-env-json", runtime_env, *entrypoint,
+                    *TINY, "--run-dir", str(run_dir)], head.cli_env())
+        assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+        logs = run(["ray", "job", "logs", job_id, f"--address={head.dashboard}"], head.cli_env(), timeout=60)
+        assert "[trainer] iter 0/1 | loss=" in logs.stdout, logs.stdout[-3000:] + logs.stderr[-2000:]
+        assert journal_rollouts(run_dir) == [0]
+
+
+@pytest.mark.slow
+def test_ray_address_with_token_auth_and_a_second_node(head, prefect_api, tmp_path):
+    head.join_node(num_cpus=1)
+    assert head.alive_nodes() == 2
+    env = head.driver_env(PREFECT_API_URL=prefect_api.api_url)  # no RAY_AUTH_MODE: found from the token
+    flow = run([*with_ports(README_MULTI_NODE[2], head), *TINY, "--run-dir", str(tmp_path / "flow")], env)
+    assert proc_ok(flow)
+    assert "connected to the Ray cluster" in flow.stdout + flow.stderr and "2 node(s)" in flow.stdout + flow.stderr
+    assert journal_rollouts(tmp_path / "flow") == [0]
+    plain = run([*with_ports(README_MULTI_NODE[3], head), *TINY, "--run-dir", str(tmp_path / "plain")], env)
+    assert proc_ok(plain) and "[trainer] iter 0/1 | loss=" in plain.stdout
+    assert journal_rollouts(tmp_path / "plain") == [0]
+
+
+@pytest.mark.slow
+def test_a_wrong_token_is_named_as_an_authentication_error(head, tmp_path):
+    env = {k: v for k, v in head.driver_env(RAY_AUTH_TOKEN="0" * 32).items() if k != "RAY_AUTH_TOKEN_PATH"}
+    proc = run(["python", "-m", "miles.train", "--ray-address", head.address, *TINY,
+                "--run-dir", str(tmp_path / "run")], env, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (f"--ray-address: the Ray cluster at {head.address} refused the connection: Ray token authentication "
+            f"rejected this driver's token") in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def proc_ok(proc: subprocess.CompletedProcess) -> bool:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return True

@@ -1,0 +1,35 @@
+"""What `miles train` prints about MLflow: the `mlflow ui` command beside a link to a local store, or the UI it started."""
+from __future__ import annotations
+
+from flows.prefect_server import PrefectServer
+from flows.where import print_finished, where_to_look
+from miles.config import parse_config
+from miles.tracking.mlflow_ui import MlflowUi
+from tasks.finish import RunReport
+
+
+def test_the_link_to_a_local_store_comes_with_the_command_that_serves_it(tmp_path, capsys):
+    config = parse_config(["--use-mlflow", "--run-dir", str(tmp_path / "r")])
+    server = PrefectServer(api_url="http://127.0.0.1:4200/api")
+    command = f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'r' / 'mlflow.db'} --host 127.0.0.1 --port 5000"
+    assert ("MLflow", command) in where_to_look(config, server)
+    link = "http://127.0.0.1:5000/#/experiments/1/runs/abc"
+    report = RunReport(run_dir=str(tmp_path / "r"), iterations=1, links={"mlflow-run": link})
+    print_finished(report, server, config)
+    out = capsys.readouterr().out
+    assert f"  mlflow-run: {link}\n    (serve it first: {command})" in out
+
+    ui = MlflowUi(url="http://127.0.0.1:5001", pid=4242, log_path=tmp_path / "ui.log")
+    assert ("MLflow", "http://127.0.0.1:5001  (mlflow ui, pid 4242; stop it with `kill 4242`)") in where_to_look(
+        config, server, ui)
+    print_finished(report, server, config, ui)
+    assert "serve it first" not in capsys.readouterr().out
+
+
+def test_a_tracking_server_is_linked_as_it_is(tmp_path, capsys):
+    config = parse_config(["--use-mlflow", "--mlflow-tracking-uri", "http://mlflow:5000", "--run-dir", str(tmp_path)])
+    server = PrefectServer(api_url="http://127.0.0.1:4200/api")
+    assert ("MLflow", "open http://mlflow:5000") in where_to_look(config, server)
+    print_finished(RunReport(run_dir=str(tmp_path), iterations=1, links={"mlflow-run": "http://mlflow:5000/#/x"}),
+                   server, config)
+    assert "serve it first" not in capsys.readouterr().out
