@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config = parse_config(argv)  # a bad flag is reported before any server or cluster starts
+    load_generate_function(config.generate)  # ... and so is a bad generate hook or tool flag
     if config.train.run_dir is None:
         argv += ["--run-dir", str(default_run_dir())]
         config = parse_config(argv)

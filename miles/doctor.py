@@ -1,4 +1,4 @@
-"""`miles doctor`: check the installation and the services a run will need, before a run."""
+"""`miles doctor RUN_DIR`: a run's health verdicts; `miles doctor --env`: the installation and services."""
 from __future__ import annotations
 
 import argparse
@@ -90,12 +90,8 @@ def run_checks(mlflow_uri: str | None) -> list[Check]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="miles doctor", description=__doc__)
-    parser.add_argument("--mlflow-tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                        help="MLflow server to check (default: env MLFLOW_TRACKING_URI)")
-    args = parser.parse_args(argv)
-    checks = run_checks(args.mlflow_tracking_uri)
+def env_report(mlflow_uri: str | None) -> int:
+    checks = run_checks(mlflow_uri)
     width = max(len(c.name) for c in checks)
     for c in checks:
         mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
@@ -103,3 +99,56 @@ def main(argv: list[str] | None = None) -> int:
     failed = [c.name for c in checks if c.required and not c.ok]
     print("all required checks passed" if not failed else f"failed: {', '.join(failed)}")
     return 1 if failed else 0
+
+
+def split_health_flags(argv: list[str]) -> tuple[dict, list[str]]:
+    """The `--health-*` / `--on-red-flag` flags given to the doctor (they replace the run's own settings
+    in the replay), and the other arguments."""
+    from miles.config import ConfigError
+    from miles.config.health import HealthConfig
+    from miles.config.parse import build_parser
+
+    namespace, rest = build_parser([HealthConfig], prog="miles doctor").parse_known_args(argv)
+    given = vars(namespace)
+    if given.pop("__config_file", None):
+        raise ConfigError("--config", "miles doctor takes the --health-* flags on the command line only")
+    return given, rest
+
+
+def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = None) -> int:
+    """Replay RUN_DIR's journal (or an MLflow run's history) through the health detectors; 1 on a red flag."""
+    from pathlib import Path
+
+    from miles.config import ConfigError
+    from miles.health.doctor import format_table, summarize
+    from miles.health.history import from_mlflow, from_run_dir
+
+    if Path(target).is_dir():
+        history = from_run_dir(Path(target))
+    elif mlflow_uri:
+        history = from_mlflow(target, mlflow_uri)
+    else:
+        raise ConfigError("RUN_DIR", f"{target} is not a directory (an MLflow run id needs --mlflow-tracking-uri)")
+    rows = summarize(history, overrides)
+    print(format_table(history, rows))
+    return 1 if any(r.verdict == "RED" for r in rows) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="miles doctor", description=__doc__)
+    parser.add_argument("target", nargs="?", metavar="RUN_DIR",
+                        help="a run directory, or an MLflow run id with --mlflow-tracking-uri: replay its metrics "
+                             "through the health detectors with the run's own --health-* settings, or those given "
+                             "here (exit 1 on a red flag; see --help of miles train for the --health-* flags)")
+    parser.add_argument("--env", action="store_true", help="check installation, devices, disk and services "
+                                                           "(the default without RUN_DIR)")
+    parser.add_argument("--mlflow-tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="MLflow store of the run id to replay; with --env the server to check "
+                             "(default: env MLFLOW_TRACKING_URI)")
+    overrides, rest = split_health_flags(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(rest)
+    if args.env and (args.target or overrides):
+        parser.error("--env checks this machine; RUN_DIR and the --health-* flags are for replaying a run")
+    if args.target is None:
+        return env_report(args.mlflow_tracking_uri)
+    return health_report(args.target, args.mlflow_tracking_uri, overrides)

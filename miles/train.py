@@ -62,6 +62,7 @@ def _train_locked(config: MilesConfig, run_dir: Path, use_router: bool, start: f
         result, saved = None, None
         for rollout_id in range(first, config.rollout.num_rollout):
             result = trainer.run_iteration(rollout_id)
+            trainer.stop_on_red_flag(result)
             interval = config.train.save_interval
             if (interval and (rollout_id + 1) % interval == 0) or rollout_id == config.rollout.num_rollout - 1:
                 saved = trainer.save_checkpoint(rollout_id)
@@ -75,6 +76,7 @@ def _train_locked(config: MilesConfig, run_dir: Path, use_router: bool, start: f
 
 def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
+    from miles.health import RedFlagStop
 
     config = parse_config(argv, prog="python -m miles.train")
     config = config.replace(run_dir=str(default_run_dir(config)))  # one run dir for the run and its MLflow store
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(config)
     except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
         print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        return 1
+    except RedFlagStop as exc:  # --on-red-flag stop: checkpointed; a failed run, not a crash
+        print(f"[trainer] stopped: {exc}", flush=True)
         return 1
     final = summary.final_metrics
     evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}

@@ -21,6 +21,7 @@ from miles.backends import check_backend
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
+from miles.health import HealthReport, HealthWatch, RedFlagStop, stop_message
 from miles.ray_cluster import check_cluster, connect
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
@@ -31,6 +32,7 @@ from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.tracking import open_tracking
+from miles.tracking.journal import JOURNAL_NAME, read_journal
 from miles.tracking.samples import samples_due
 from miles.tracking.timeline import TIMELINE_NAME, TimelineWriter
 from miles.tracking.tokens import write_tokens
@@ -43,6 +45,7 @@ class IterationResult:
     rollout_id: int
     metrics: dict[str, float]  # every train/ rollout/ passrate/ perf/ (eval/) metric and the step counters
     samples: list[Sample]
+    health: HealthReport  # the health watch's verdicts on this rollout
 
 
 def resolve_paths(config) -> tuple[Path, Path, Path | None]:
@@ -98,6 +101,7 @@ class RLTrainer:
             o = config.orchestration
             connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
         self.tracker = open_tracking(config, self.run_dir)
+        self.health = HealthWatch(config, self.run_dir)
         self.group = ActorGroup(config, str(self.model_path), actor_name_prefix)
         self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
                                in_memory=config.train.colocate, admin_token=router_admin_token(config))
@@ -116,6 +120,7 @@ class RLTrainer:
             self.data.load_state_dict({"epoch": 0, "offset": 0})
             self.weight_version = 0
             self.tracker.resume(None, {})
+            self.health.resume([])
             self._engines_serve(self.model_path, 0)
             return 0
         state = scan.state
@@ -123,6 +128,7 @@ class RLTrainer:
         self.data.load_state_dict(state.data_cursor)
         self.weight_version = state.weight_version
         self.tracker.resume(state.rollout_id, state.extra)
+        self.health.resume(read_journal(self.run_dir / JOURNAL_NAME))
         self._engines_serve(scan.path, state.weight_version)
         print(f"[trainer] resumed from {scan.path} (rollout {state.rollout_id})", flush=True)
         return state.rollout_id + 1
@@ -201,8 +207,17 @@ class RLTrainer:
             with self.timeline.span("eval", rollout_id):
                 evaluated = self.evaluate(rollout_id).metrics  # goes out through the eval logger
             metrics["perf/eval_time"] = time.perf_counter() - t_eval
+        health = self.health.observe(rollout_id, self.tracker.line_for(rollout_id, metrics))
+        metrics.update(health.metrics)  # health/<signal> joins the iteration's own journal line
         self.tracker.record(rollout_id, metrics)
-        return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated}, samples)
+        return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated, **health.metrics}, samples,
+                               health)
+
+    def stop_on_red_flag(self, result: IterationResult) -> None:
+        """With --on-red-flag stop, a red flag checkpoints this rollout and ends the run (RedFlagStop)."""
+        if self.config.health.on_red_flag == "stop" and result.health.red:
+            path = self.save_checkpoint(result.rollout_id)
+            raise RedFlagStop(stop_message(result.health.red, path))
 
     def _write_rank_phases(self, rollout_id: int, summary) -> None:
         for rank, phases in summary.phases.items():

@@ -10,6 +10,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from miles.backends.group import stop_named_group
 from miles.config import MilesConfig
+from miles.health import RED, Verdict, read_health_log
 from miles.tracking.journal import read_journal
 from miles.tracking.mlflow_ui import DEFAULT_PORT, is_server_uri
 from tasks.logs import library_logs_to_prefect
@@ -52,10 +53,23 @@ def trace_dir(config: MilesConfig, run_dir: Path) -> Path:
     return Path(config.tracking.tensorboard_dir or run_dir / "tensorboard")
 
 
-def red_flags_markdown(flags: list[str]) -> str:
-    if not flags:
-        return "## Health\n\nNo red flags."
-    return "## Health: red flags\n\n" + "\n".join(f"- {flag}" for flag in flags)
+def red_flags(verdicts: list[Verdict]) -> list[str]:
+    """One line per red-flagged signal of the run's health log: first rollout, how often, the values."""
+    out = []
+    for signal in dict.fromkeys(v.signal for v in verdicts if v.severity == RED):
+        mine = [v for v in verdicts if v.signal == signal and v.severity == RED]
+        first = mine[0]
+        values = ", ".join(f"{k}={x:.4g}" for k, x in first.values.items())
+        out.append(f"`{signal}` from rollout {first.rollout_id} ({len(mine)} rollouts): {first.message} ({values})")
+    return out
+
+
+def red_flags_markdown(flags: list[str], warnings: list[str] = ()) -> str:
+    text = "## Health: red flags\n\n" + "\n".join(f"- {flag}" for flag in flags) if flags else \
+        "## Health\n\nNo red flags."
+    if warnings:
+        text += "\n\nWarnings: " + ", ".join(f"`{w}`" for w in warnings)
+    return text
 
 
 @task(name="finish_run", log_prints=True)
@@ -76,6 +90,9 @@ def finish_run(config: MilesConfig, run_dir: str, services: Services) -> RunRepo
         links["traces"] = traces.resolve().as_uri()
     for key, url in links.items():
         create_link_artifact(key=f"grpo-{key}", link=url, description=f"{key} of {run_dir}")
-    red_flags: list[str] = []  # filled by the health watch when it lands
-    create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(red_flags), description="health red flags")
-    return RunReport(run_dir=run_dir, iterations=len(journal), final_metrics=final, links=links, red_flags=red_flags)
+    verdicts = read_health_log(path)
+    flags = red_flags(verdicts)
+    warnings = sorted({v.signal for v in verdicts if v.severity != RED})
+    create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(flags, warnings),
+                             description="the health watch's red flags (RUN_DIR/health.jsonl)")
+    return RunReport(run_dir=run_dir, iterations=len(journal), final_metrics=final, links=links, red_flags=flags)

@@ -18,10 +18,12 @@ def retry_delays(orchestration: OrchestrationConfig) -> list[float]:
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
     """A bad flag or path stays bad, and a chunk cannot succeed while an engine is down (the flow
-    relaunches it first): retrying those in place would only delay the error."""
+    relaunches it first), and a health stop is meant to end the run: retrying those in place would only
+    delay the error."""
+    from miles.health import RedFlagStop
     from tasks.faults import EngineDown
 
-    return not isinstance(state.data, (ConfigError, EngineDown))
+    return not isinstance(state.data, (ConfigError, EngineDown, RedFlagStop))
 
 
 def configured(task: T, orchestration: OrchestrationConfig, retries: bool = True) -> T:

@@ -16,6 +16,7 @@ from miles.config import MilesConfig
 from miles.tracking.row import format_eval
 from tasks.chunks import Chunk
 from tasks.faults import EngineDown, maybe_fire
+from tasks.health import emit_finished, emit_health
 from tasks.logs import library_logs_to_prefect
 from tasks.services import engine_alive, kill_engine
 
@@ -89,13 +90,18 @@ def run_chunk(config: MilesConfig, run_dir: str, chunk: Chunk, services: Service
                 for rollout_id in todo:
                     maybe_fire(config.orchestration.inject_fault, rollout_id, Path(run_dir),
                                kill_engine=lambda: kill_engine(services.prefix, 0))
-                    metrics = dict(trainer.run_iteration(rollout_id).metrics)
+                    result = trainer.run_iteration(rollout_id)
+                    metrics = dict(result.metrics)
+                    emit_health(Path(run_dir).name, rollout_id, config.rollout.num_rollout, result.health)
+                    trainer.stop_on_red_flag(result)
                     if progress_id is not None:
                         update_progress_artifact(progress_id,
                                                  100.0 * (rollout_id + 1) / config.rollout.num_rollout)
             if todo:
                 with clock("checkpoint"):
                     trainer.save_checkpoint(chunk.stop - 1)
+            if chunk.stop >= config.rollout.num_rollout:
+                emit_finished(Path(run_dir).name, chunk.stop - 1)
         except Exception as exc:
             down = [i for i in range(len(services.engine_urls)) if not engine_alive(services.prefix, i)]
             if down:

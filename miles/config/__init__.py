@@ -14,6 +14,7 @@ from typing import Any, Callable, NoReturn
 from miles.config.engine import EngineConfig
 from miles.config.generate import GenerateConfig
 from miles.config.fields import ConfigError, flag_name, is_secret_name
+from miles.config.health import HealthConfig
 from miles.config.orchestration import OrchestrationConfig
 from miles.config.parse import parse_sections
 from miles.config.profiling import ProfilingConfig
@@ -25,8 +26,8 @@ from miles.config.train import TrainConfig
 
 __all__ = [
     "ConfigError", "MilesConfig", "parse_config", "EngineConfig", "RouterConfig", "RolloutConfig",
-    "TrainConfig", "TrackingConfig", "GenerateConfig", "ProfilingConfig", "OrchestrationConfig", "EngineServeConfig",
-    "RouterServeConfig", "parse_sections", "redacted_flat_dict", "run_main",
+    "TrainConfig", "TrackingConfig", "GenerateConfig", "ProfilingConfig", "HealthConfig", "OrchestrationConfig",
+    "EngineServeConfig", "RouterServeConfig", "parse_sections", "redacted_flat_dict", "run_main",
 ]
 
 REDACTED = "***"
@@ -43,6 +44,7 @@ class MilesConfig:
     router: RouterConfig = dataclasses.field(default_factory=RouterConfig)
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     profiling: ProfilingConfig = dataclasses.field(default_factory=ProfilingConfig)
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
     orchestration: OrchestrationConfig = dataclasses.field(default_factory=OrchestrationConfig)
 
     @property

@@ -10,7 +10,8 @@ from miles.config.fields import flag
 class OrchestrationConfig:
     """Ray cluster, chunking and task retries."""
 
-    ray_address: str | None = flag(None, "existing Ray cluster (default: start a local one)")
+    ray_address: str | None = flag(None, "existing Ray cluster, HOST:PORT (default: the job's cluster inside "
+                                                 "`ray job submit`, else start a local one)")
     ray_num_cpus: int | None = flag(None, "CPUs of the local Ray (default: all)", minimum=1)
     ray_object_store_mb: int = flag(256, "object store of the local Ray, MiB", minimum=64)
     chunk_size: int = flag(10, "rollout iterations per training task", minimum=1)

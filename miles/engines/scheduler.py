@@ -75,6 +75,9 @@ class QueueFull(RequestError):
         super().__init__(f"the engine's queue is full ({limit} waiting requests); retry later", status=503)
 
 
+IDLE_GAP_S = 0.05  # idle time that ends a stretch of decoding (one timeline span)
+
+
 class Scheduler:
     def __init__(self, runner: ModelRunner, metrics: EngineMetrics, max_batch_size: int, max_queued: int,
                  weight_version: str = "default", timeline: TimelineWriter | None = None):
@@ -157,7 +160,14 @@ class Scheduler:
         while True:
             with self._cond:
                 while not (self._stop or self._controls or (self._waiting and not self._paused)):
-                    self._cond.wait()
+                    if self._busy is None:
+                        self._cond.wait()
+                        continue
+                    left = self._busy["end"] + IDLE_GAP_S - time.time()
+                    if left > 0:
+                        self._cond.wait(timeout=left)
+                    else:
+                        self._write_busy_span()  # idle for a while: the stretch of decoding is over
                 if self._stop:
                     break
                 controls = list(self._controls)
@@ -174,9 +184,6 @@ class Scheduler:
             with self._cond:
                 self._running = []
                 self.metrics.num_running_reqs.set(0)
-                idle = not self._waiting
-            if idle and self._busy is not None:
-                self._write_busy_span()
         if self._busy is not None:
             self._write_busy_span()
         self._drain()
@@ -243,14 +250,16 @@ class Scheduler:
             logits = self.runner.decode(next_tokens, state)
         elapsed = time.perf_counter() - started
         self.metrics.gen_throughput.set(generated / elapsed if elapsed > 0 else 0.0)
+        if self._busy is not None and wall_start - self._busy["end"] > IDLE_GAP_S:
+            self._write_busy_span()  # the engine idled in between (e.g. paused): a new stretch
         busy = self._busy or {"start": wall_start, "batches": 0, "requests": 0, "tokens": 0}
         busy.update(end=wall_start + elapsed, batches=busy["batches"] + 1, requests=busy["requests"] + len(batch),
                     tokens=busy["tokens"] + generated)
         self._busy = busy
 
     def _write_busy_span(self) -> None:
-        """One timeline span for batches decoded back to back (written when the queue runs dry, so a
-        rollout's hundreds of small batches cost a few writes)."""
+        """One timeline span for batches decoded with gaps under IDLE_GAP_S (written once the engine idled
+        that long, so a rollout's hundreds of small batches cost a few writes)."""
         b, self._busy = self._busy, None
         self.timeline.add("decode", b["start"], b["end"], batches=int(b["batches"]), requests=int(b["requests"]),
                           tokens=int(b["tokens"]))

@@ -37,6 +37,8 @@ def rollout_metrics(samples: list[Sample], advantages: list[float], group_size: 
     n = len(samples)
     metrics = {
         "rollout/raw_reward": sum(s.raw_reward for s in samples) / n,
+        # across-sample spread: a reward that saturates on one value loses it (the health watch reads it)
+        "rollout/raw_reward_std": statistics.pstdev(s.raw_reward for s in samples),
         "rollout/rewards": sum(s.reward for s in samples) / n,
         "rollout/advantages": sum(advantages) / n,
         "rollout/response_lengths": sum(lengths) / n,

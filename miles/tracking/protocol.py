@@ -32,6 +32,9 @@ class RunTracker(Protocol):
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
         """One iteration's metrics (with `train/step`, `rollout/step`, `eval/step`): stdout row + journal."""
 
+    def line_for(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, float]:
+        """The journal line `record` would write for these metrics now (with what the loggers left)."""
+
     def commit(self, rollout_id: int) -> None:
         """Everything recorded up to and including `rollout_id` is checkpointed: deliver it."""
 

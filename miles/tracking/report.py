@@ -16,18 +16,21 @@ class Panel:
     keys: tuple[str, ...]
     hline: float | None = None  # a threshold from the "What to watch" table
     hline_label: str = ""
+    signal: str = ""  # the health watch's signal: its red flags are marked on the panel
 
 
 def panels(clip_grad: float) -> list[Panel]:
     return [
-        Panel("loss", ("train/loss",)),
-        Panel("raw_reward", ("rollout/raw_reward",)),
-        Panel("kl_loss (--use-kl-loss)", ("train/kl_loss",)),
-        Panel("train_rollout_logprob_abs_diff", ("train/train_rollout_logprob_abs_diff",)),
-        Panel("entropy_loss", ("train/entropy_loss",)),
-        Panel("grad_norm", ("train/grad_norm",), clip_grad, f"clip_grad={clip_grad:g}"),
-        Panel("rollout_time vs train_time (s)", ("perf/rollout_time", "perf/train_time")),
-        Panel("pg_clipfrac", ("train/pg_clipfrac",), 0.2, "0.2 (healthy below)"),
+        Panel("loss", ("train/loss",), signal="loss"),
+        Panel("raw_reward", ("rollout/raw_reward",), signal="raw_reward"),
+        Panel("kl_loss (--use-kl-loss)", ("train/kl_loss",), signal="kl_loss"),
+        Panel("train_rollout_logprob_abs_diff", ("train/train_rollout_logprob_abs_diff",),
+              signal="train_rollout_logprob_abs_diff"),
+        Panel("entropy_loss", ("train/entropy_loss",), signal="entropy_loss"),
+        Panel("grad_norm", ("train/grad_norm",), clip_grad, f"clip_grad={clip_grad:g}", signal="grad_norm"),
+        Panel("rollout_time vs train_time (s)", ("perf/rollout_time", "perf/train_time"),
+              signal="rollout_train_time"),
+        Panel("pg_clipfrac", ("train/pg_clipfrac",), 0.2, "0.2 (healthy below)", signal="pg_clipfrac"),
     ]
 
 
@@ -38,6 +41,12 @@ MULTI_TURN_PANEL = Panel("multi_turn: turns per trajectory, tool use",
 def series(lines: list[JournalLine], key: str) -> tuple[list[float], list[float]]:
     points = [(ln.metrics.get(step_key(key), ln.rollout_id), ln.metrics[key]) for ln in lines if key in ln.metrics]
     return [p[0] for p in points], [p[1] for p in points]
+
+
+def red_flag_rollouts(lines: list[JournalLine], signal: str) -> list[int]:
+    """Rollouts on which the health watch raised `signal`'s red flag (`health/<signal>` = 1)."""
+    key = f"health/{signal}"
+    return sorted({ln.rollout_id for ln in lines if ln.metrics.get(key, 0.0) >= 1.0})
 
 
 def write_report(lines: list[JournalLine], path: Path, clip_grad: float = 1.0, title: str = "") -> Path:
@@ -68,7 +77,16 @@ def write_report(lines: list[JournalLine], path: Path, clip_grad: float = 1.0, t
             continue
         if panel.hline is not None:
             ax.axhline(panel.hline, color="red", linestyle="--", linewidth=1, label=panel.hline_label)
+        flagged = red_flag_rollouts(lines, panel.signal) if panel.signal else []
+        if flagged:  # red flags on the rollout axis (train/* panels: their last train step of the rollout)
+            axis = step_key(panel.keys[0])
+            steps = {ln.rollout_id: ln.metrics[axis] for ln in lines if axis in ln.metrics}
+            for rollout_id in flagged:
+                x = steps.get(rollout_id)
+                ax.axvline(rollout_id if x is None else x, color="red", alpha=0.25, linewidth=3)
+            ax.set_title(f"{panel.title}: RED FLAG from rollout {flagged[0]}", fontsize=10, color="red")
         ax.legend(fontsize=7)
-    fig.suptitle(title or "What to watch")
+    others = [s for s in ("stall", "router_errors", "truncated_ratio") if red_flag_rollouts(lines, s)]
+    fig.suptitle((title or "What to watch") + (f"  (red flags: {', '.join(others)})" if others else ""))
     fig.savefig(path, dpi=80)
     return path

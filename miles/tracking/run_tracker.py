@@ -183,10 +183,16 @@ class RunTracker:
                 raise RuntimeError(f"rollout {rollout_id} is already committed to the trackers; "
                                    f"resume from its checkpoint instead of recording it again")
             self.journal.truncate_after(rollout_id - 1)  # an uncommitted redo replaces the old lines
-        merged = {**self.pending.pop(rollout_id, {}), **map_metrics(metrics)}
+        merged = self.line_for(rollout_id, metrics)
+        self.pending.pop(rollout_id, None)
         self.journal.append(JournalLine(rollout_id, time.time(), merged))
         print(format_row(rollout_id, self.config.rollout.num_rollout, merged, self.config.train.use_kl_loss),
               flush=True)
+
+    def line_for(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, float]:
+        """The journal line `record(rollout_id, metrics)` would write now (what the health watch judges
+        before the iteration is recorded, so its verdicts join the same line)."""
+        return {**self.pending.get(rollout_id, {}), **map_metrics(metrics)}
 
     def commit(self, rollout_id: int) -> None:
         self._require_open()

@@ -14,3 +14,8 @@ def test_lists_commands(capsys):
 def test_unknown_command(capsys):
     assert main(["fly"]) == 2
     assert "unknown command 'fly'" in capsys.readouterr().err
+
+
+def test_a_bad_generate_hook_fails_before_any_server_starts(capsys):
+    assert main(["train", "--custom-generate-function-path", "no_such_pkg.generate"]) == 2
+    assert "--custom-generate-function-path" in capsys.readouterr().err

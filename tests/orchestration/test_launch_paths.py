@@ -74,13 +74,28 @@ def test_ray_address_with_token_auth_and_a_second_node(head, prefect_api, tmp_pa
     head.join_node(num_cpus=1)
     assert head.alive_nodes() == 2
     env = head.driver_env(PREFECT_API_URL=prefect_api.api_url)  # no RAY_AUTH_MODE: found from the token
-    flow = run([*with_ports(README_MULTI_NODE[2], head), *TINY, "--run-dir", str(tmp_path / "flow")], env)
+    flow = run([*with_ports(README_MULTI_NODE[2], head), *TINY, "--run-dir", str(tmp_path / "flow"),
+                "--use-mlflow"], env)
     assert proc_ok(flow)
     assert "connected to the Ray cluster" in flow.stdout + flow.stderr and "2 node(s)" in flow.stdout + flow.stderr
     assert journal_rollouts(tmp_path / "flow") == [0]
+    # the tracker run, opened in a Ray worker, names the run and links the flow run that drove it
+    tags = mlflow_tags(tmp_path / "flow")
+    assert tags["mlflow.runName"] == "flow"
+    assert tags["prefect.flow_run_url"].startswith(f"{prefect_api.ui_url}/runs/flow-run/")
+    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'flow' / 'mlflow.db'}" in flow.stdout
     plain = run([*with_ports(README_MULTI_NODE[3], head), *TINY, "--run-dir", str(tmp_path / "plain")], env)
     assert proc_ok(plain) and "[trainer] iter 0/1 | loss=" in plain.stdout
     assert journal_rollouts(tmp_path / "plain") == [0]
+
+
+def mlflow_tags(run_dir: Path) -> dict[str, str]:
+    from mlflow.tracking import MlflowClient
+
+    from miles.tracking.state import TrackingState
+
+    spec = TrackingState.load(run_dir).sinks["mlflow"].spec.options
+    return MlflowClient(tracking_uri=spec["tracking_uri"]).get_run(spec["run_id"]).data.tags
 
 
 @pytest.mark.slow

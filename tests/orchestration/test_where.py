@@ -1,4 +1,4 @@
-"""What `miles train` prints about MLflow: the `mlflow ui` command beside a link to a local store, or the UI it started."""
+"""What `miles train` prints: the `mlflow ui` command beside a link to a local store, or the UI it started; the dashboard command."""
 from __future__ import annotations
 
 from flows.prefect_server import PrefectServer
@@ -33,3 +33,9 @@ def test_a_tracking_server_is_linked_as_it_is(tmp_path, capsys):
     print_finished(RunReport(run_dir=str(tmp_path), iterations=1, links={"mlflow-run": "http://mlflow:5000/#/x"}),
                    server, config)
     assert "serve it first" not in capsys.readouterr().out
+
+
+def test_the_dashboard_command_is_printed(tmp_path):
+    config = parse_config(["--run-dir", str(tmp_path / "r")])
+    server = PrefectServer(api_url="http://127.0.0.1:4200/api")
+    assert ("dashboard", f"miles dashboard {(tmp_path / 'r').resolve()} --follow") in where_to_look(config, server)

@@ -26,6 +26,7 @@ def test_pass_rates_per_power_of_two():
 def test_rollout_metrics_names_and_values():
     m = rollout_metrics(samples(), [1.0, -1.0, 0.0, 0.0], group_size=2, binary_reward=True)
     assert m["rollout/raw_reward"] == 0.25 and m["rollout/rewards"] == 0.25
+    assert m["rollout/raw_reward_std"] == pytest.approx(0.25 ** 0.5 * 0.75 ** 0.5)  # binary: sqrt(p (1 - p))
     assert m["rollout/truncated_ratio"] == 0.25 and m["rollout/truncated"] == 0.25
     assert m["rollout/response_len/mean"] == 3.0 and m["rollout/response_len/median"] == 3.0
     assert (m["rollout/response_len/max"], m["rollout/response_len/min"]) == (4.0, 2.0)

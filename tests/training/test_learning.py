@@ -1,4 +1,6 @@
 """The default tiny config learns: `python -m miles.train`'s loop with engines, router and two FSDP ranks."""
+import json
+
 import pytest
 
 from miles.config import parse_config
@@ -18,6 +20,10 @@ def test_default_config_raises_eval_pass_at_1(tmp_path):
     assert summary.checkpoint is not None and (summary.checkpoint / "manifest.json").exists()
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == config.rollout.num_rollout
+    # the health watch's defaults are calibrated so that the default run raises nothing
+    assert not (tmp_path / "run" / "health.jsonl").exists()
+    assert all('"health/loss": ' in row for row in rows)
+    assert all(v == 0.0 for row in rows for k, v in json.loads(row).items() if k.startswith("health/"))
     check_timeline(tmp_path / "run", config.rollout.num_rollout)
 
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from miles.health.alerts import red_flags_in
 from miles.tracking.names import step_of
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
@@ -22,6 +23,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
+HEALTH_TAG = "miles.health"
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's model-training view, not GenAI
 DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
@@ -43,6 +45,7 @@ class MlflowSink:
         self.run_id, self.run_name, self.artifact_dir = run_id, run_name, artifact_dir
         self.tags, self.description, self.system_metrics = dict(tags or {}), description, system_metrics
         self.client = None
+        self.tagged: set[str] = set()  # tags of red flags already on the run
         self.monitor = None  # MLflow's SystemMetricsMonitor thread while the run is open
 
     def spec(self) -> SinkSpec:
@@ -63,6 +66,7 @@ class MlflowSink:
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         if self.run_id is not None:
             run = self.client.get_run(self.run_id)  # raises if the id is unknown to this server
+            self.tagged = {k for k in run.data.tags if k.startswith(HEALTH_TAG)}
             if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
                 self.client.update_run(self.run_id, status="RUNNING")
             self._start_system_metrics(resume=True)
@@ -108,6 +112,17 @@ class MlflowSink:
             self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
         for path in delivery.samples.values():
             self.client.log_artifact(self.run_id, str(path), "samples")
+        self._tag_red_flags(delivery)
+
+    def _tag_red_flags(self, delivery: Delivery) -> None:
+        """`miles.health.<signal>`: the first rollout a red flag was raised on; `miles.health`: red."""
+        for line in delivery.lines:
+            for signal in red_flags_in(line.metrics):
+                tag = f"{HEALTH_TAG}.{signal}"
+                if tag not in self.tagged:
+                    self.client.set_tag(self.run_id, tag, f"red flag at rollout {line.rollout_id}")
+                    self.client.set_tag(self.run_id, HEALTH_TAG, "red")
+                    self.tagged.add(tag)
 
     def upload(self, files: list[Path]) -> None:
         for path in files:

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from miles.health.alerts import AlertLimiter, alert_text, alert_title, red_flags_in
 from miles.tracking.names import STEP_KEYS
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
@@ -22,7 +23,8 @@ from miles.tracking.sinks.base import Delivery, SinkSpec
 # `durable_cursor` then finds missing and redelivers
 FLUSH_INTERVAL_S = 1.0
 AXES = {"train/*": "train/step", "rollout/*": "rollout/step", "perf/*": "rollout/step",
-        "multi_turn/*": "rollout/step", "passrate/*": "rollout/step", "eval/*": "eval/step"}
+        "multi_turn/*": "rollout/step", "passrate/*": "rollout/step", "eval/*": "eval/step",
+        "health/*": "rollout/step"}
 SAMPLES_KEY = "rollout/samples"
 
 
@@ -44,6 +46,7 @@ class WandbSink:
         self.params, self.run_id, self.directory, self.mode = params, run_id, directory, mode
         self.project, self.group, self.entity, self.run_name = project, group, entity, run_name
         self.run = None
+        self.alerts = AlertLimiter(float(params.get("health_alert_interval", 300.0)))
 
     def spec(self) -> SinkSpec:
         return SinkSpec("wandb", dict(run_id=self.run_id, directory=self.directory, mode=self.mode,
@@ -82,6 +85,15 @@ class WandbSink:
             if i in delivery.samples:
                 row[SAMPLES_KEY] = self._table(delivery.samples[i])
             self.run.log(row, step=delivery.first + i, commit=True)
+            self._alert(line)
+
+    def _alert(self, line) -> None:
+        """A wandb alert per red flag of the health watch in this line, rate-limited per signal."""
+        for signal in red_flags_in(line.metrics):
+            if self.alerts.allow(signal):
+                self.run.alert(title=alert_title(signal, line.rollout_id),
+                               text=alert_text(signal, line.rollout_id, line.metrics), level="ERROR",
+                               wait_duration=self.alerts.interval or None)
 
     def _table(self, path: Path):
         import json

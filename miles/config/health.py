@@ -1,0 +1,77 @@
+"""Settings of the health watch: the "What to watch" detectors' windows and thresholds, and the reaction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles.config.fields import ConfigError, flag
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Health watch: red flags of the "What to watch" signals, live and in `miles doctor RUN_DIR`."""
+
+    health_watch: str = flag("on", "evaluate the red-flag detectors every iteration", choices=("on", "off"))
+    on_red_flag: str = flag("warn", "what a red flag does: warn (log, metric, alert), stop (checkpoint and end "
+                                    "the run as failed), profile (open a profiler window for the next rollouts)",
+                            choices=("warn", "stop", "profile"))
+    health_alert_interval: float = flag(300.0, "seconds between two wandb alerts of one signal", minimum=0.0)
+
+    health_loss_window: int = flag(20, "loss: rollouts of history its spike is measured against", minimum=3)
+    health_loss_spike_mads: float = flag(25.0, "loss: a red flag this many MADs from the window's median", minimum=1.0)
+
+    health_raw_reward_window: int = flag(5, "raw_reward: rollouts the saturation is judged over", minimum=2)
+    health_raw_reward_min_std: float = flag(0.02, "raw_reward: saturated when every rollout of the window has an "
+                                                  "across-sample std below this", minimum=0.0)
+    health_raw_reward_max_range: float = flag(0.05, "raw_reward: ... and its mean moved less than this", minimum=0.0)
+    health_raw_reward_zero_std_share: float = flag(
+        0.95, "raw_reward: red flag when this share of reward groups has zero std over the whole window",
+        minimum=0.0, maximum=1.0)
+
+    health_kl_loss_window: int = flag(10, "kl_loss: rollouts of trend a jump is measured against", minimum=3)
+    health_kl_loss_jump: float = flag(5.0, "kl_loss: a red flag at this many times the window's median, "
+                                           "and above --health-kl-loss-floor", minimum=1.0)
+    health_kl_loss_floor: float = flag(0.01, "kl_loss: values below this never count as a jump", minimum=0.0)
+
+    health_logprob_diff_window: int = flag(20, "train_rollout_logprob_abs_diff: rollouts of its trend", minimum=3)
+    health_logprob_diff_growth: float = flag(
+        3.0, "train_rollout_logprob_abs_diff: red flag when the window's last quarter is this many times its first "
+             "and rises in most steps", minimum=1.0)
+    health_logprob_diff_floor: float = flag(0.01, "train_rollout_logprob_abs_diff: a climb below this is noise",
+                                            minimum=0.0)
+    health_logprob_diff_ceiling: float = flag(0.5, "train_rollout_logprob_abs_diff: red flag at or above this",
+                                              minimum=0.0)
+
+    health_entropy_loss_window: int = flag(10, "entropy_loss: rollouts over which a fall counts as fast", minimum=1)
+    health_entropy_loss_min_ratio: float = flag(
+        0.25, "entropy_loss: red flag when it falls below this share of its highest value in the window before",
+        minimum=0.0, maximum=1.0)
+    health_entropy_loss_floor: float = flag(0.05, "entropy_loss: red flag at or below this (collapsed)", minimum=0.0)
+
+    health_grad_norm_window: int = flag(20, "grad_norm: rollouts of the clip share", minimum=1)
+    health_grad_norm_clip_share: float = flag(1.0, "grad_norm: red flag when this share of the window is at or "
+                                                   "above --clip-grad", minimum=0.0, maximum=1.0)
+
+    health_time_window: int = flag(5, "rollout_time / train_time: rollouts the imbalance must last", minimum=1)
+    health_time_ratio: float = flag(50.0, "rollout_time / train_time: warning when one is this many times the other "
+                                          "for the whole window", minimum=1.0)
+
+    health_pg_clipfrac_warn: float = flag(0.2, "pg_clipfrac: warning above this", minimum=0.0, maximum=1.0)
+    health_pg_clipfrac_red: float = flag(0.5, "pg_clipfrac: red flag above this (drop the LR)", minimum=0.0,
+                                         maximum=1.0)
+
+    health_stall_factor: float = flag(10.0, "liveness: red flag when an iteration takes this many times the median "
+                                           "of the ones before", minimum=1.0)
+    health_stall_min_s: float = flag(300.0, "liveness: ... and at least this many seconds longer", minimum=0.0)
+    health_router_error_share: float = flag(0.05, "liveness: red flag when this share of a rollout's router "
+                                                  "requests failed, were retried or found no worker",
+                                            minimum=0.0, maximum=1.0)
+    health_truncated_ratio: float = flag(0.5, "liveness: red flag when this share of samples was truncated "
+                                              "(warning from half of it)", minimum=0.0, maximum=1.0)
+
+    def validate(self) -> None:
+        if self.on_red_flag == "profile":
+            raise ConfigError("--on-red-flag", "profile is not supported yet (it needs a library call that opens "
+                                               "a profiler window for the next rollouts); use warn or stop")
+        if self.health_pg_clipfrac_red < self.health_pg_clipfrac_warn:
+            raise ConfigError("--health-pg-clipfrac-red", f"must be >= --health-pg-clipfrac-warn "
+                              f"({self.health_pg_clipfrac_warn}), got {self.health_pg_clipfrac_red}")

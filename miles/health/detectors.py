@@ -1,0 +1,285 @@
+"""One detector per "What to watch" signal plus liveness: pure functions of the rollouts so far.
+
+Each takes the history (one `Rollout` per recorded rollout, oldest first, the one to judge
+last), the health settings and a few run facts, and returns a `Verdict` or None. Thresholds
+are robust statistics over a window of the signal's own history, so a noisy healthy run stays
+quiet while a break from its own pattern is caught within the window.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from miles.config.health import HealthConfig
+from miles.health.signals import RED, WARNING, Verdict
+
+MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+
+
+@dataclass(frozen=True)
+class Rollout:
+    rollout_id: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the detectors need from the rest of the config."""
+
+    clip_grad: float
+    groups_per_rollout: int  # --rollout-batch-size: GRPO groups in a rollout
+    use_kl_loss: bool
+
+
+def recent(history: Sequence[Rollout], key: str, n: int) -> list[float]:
+    """The last `n` values of `key` (rollouts that lack it are skipped), oldest first."""
+    values = [r.metrics[key] for r in history if key in r.metrics]
+    return values[-n:] if n > 0 else []
+
+
+def current(history: Sequence[Rollout], key: str) -> float | None:
+    return history[-1].metrics.get(key) if history else None
+
+
+def _verdict(history, signal, severity, message, **values) -> Verdict:
+    return Verdict(history[-1].rollout_id, signal, severity, message, {k: float(v) for k, v in values.items()})
+
+
+def _not_finite(history, signal: str, key: str) -> Verdict | None:
+    x = current(history, key)
+    if x is not None and not math.isfinite(x):
+        return _verdict(history, signal, RED, f"{key} is not finite", **{key: x})
+    return None
+
+
+def check_loss(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Non-finite, or far above its window's median in robust (MAD) units."""
+    key = "train/loss"
+    if (bad := _not_finite(history, "loss", key)) is not None:
+        return bad
+    x = current(history, key)
+    before = [v for v in recent(history[:-1], key, cfg.health_loss_window) if math.isfinite(v)]
+    if x is None or len(before) < min(cfg.health_loss_window, 5):
+        return None
+    median = statistics.median(before)
+    mad = statistics.median(abs(v - median) for v in before)
+    scale = max(MAD_TO_STD * mad, 1e-6 * max(abs(median), 1.0))
+    z = (x - median) / scale
+    if z > cfg.health_loss_spike_mads:
+        return _verdict(history, "loss", RED, f"loss spiked {z:.0f} MADs above its median of the last "
+                        f"{len(before)} rollouts", **{key: x, "median": median, "mad": mad})
+    return None
+
+
+def check_raw_reward(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Saturation: across-sample std collapsed and the mean stuck for the whole window; or nearly
+    every reward group with zero std (no GRPO signal left) for the whole window."""
+    w = cfg.health_raw_reward_window
+    window = history[-w:]
+    if len(window) < w:
+        return None
+    means = [r.metrics.get("rollout/raw_reward") for r in window]
+    stds = [r.metrics.get("rollout/raw_reward_std") for r in window]
+    if None not in means and None not in stds:
+        spread = max(means) - min(means)
+        if max(stds) < cfg.health_raw_reward_min_std and spread <= cfg.health_raw_reward_max_range:
+            return _verdict(history, "raw_reward", RED, f"raw_reward saturated at {means[-1]:.3g} for {w} rollouts "
+                            f"(std below {cfg.health_raw_reward_min_std:g})",
+                            **{"rollout/raw_reward": means[-1], "rollout/raw_reward_std": stds[-1],
+                               "range": spread})
+    shares = [zero_std_share(r, run.groups_per_rollout) for r in window]
+    if None not in shares and min(shares) >= cfg.health_raw_reward_zero_std_share:
+        return _verdict(history, "raw_reward", RED, f"{shares[-1]:.0%} of reward groups have zero std "
+                        f"(at least {cfg.health_raw_reward_zero_std_share:.0%} for {w} rollouts)",
+                        **{"zero_std_share": shares[-1], "rollout/raw_reward": means[-1] or 0.0})
+    return None
+
+
+def zero_std_share(rollout: Rollout, groups: int) -> float | None:
+    counts = [v for k, v in rollout.metrics.items() if k.startswith("rollout/zero_std/count_")]
+    if not counts or groups <= 0:
+        return None
+    return sum(counts) / groups
+
+
+def check_kl_loss(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Only with --use-kl-loss: non-finite, or a jump to many times its recent median."""
+    key = "train/kl_loss"
+    if not run.use_kl_loss:
+        return None
+    if (bad := _not_finite(history, "kl_loss", key)) is not None:
+        return bad
+    x = current(history, key)
+    before = recent(history[:-1], key, cfg.health_kl_loss_window)
+    if x is None or len(before) < min(cfg.health_kl_loss_window, 3):
+        return None
+    median = statistics.median(before)
+    if x > cfg.health_kl_loss_floor and x > cfg.health_kl_loss_jump * max(median, 0.0):
+        return _verdict(history, "kl_loss", RED, f"kl_loss jumped to {x / max(median, 1e-12):.1f}x its median of "
+                        f"the last {len(before)} rollouts", **{key: x, "median": median})
+    return None
+
+
+def check_logprob_diff(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """At or above an absolute ceiling (red), or climbing steadily over the window (warning)."""
+    key = "train/train_rollout_logprob_abs_diff"
+    signal = "train_rollout_logprob_abs_diff"
+    x = current(history, key)
+    if x is None:
+        return None
+    if not math.isfinite(x) or x >= cfg.health_logprob_diff_ceiling:
+        return _verdict(history, signal, RED, f"{x:.3g} is at or above the ceiling "
+                        f"{cfg.health_logprob_diff_ceiling:g}", **{key: x})
+    w = cfg.health_logprob_diff_window
+    values = recent(history, key, w)
+    if len(values) < w:
+        return None
+    quarter = max(w // 4, 1)
+    first, last = statistics.fmean(values[:quarter]), statistics.fmean(values[-quarter:])
+    rises = sum(b > a for a, b in zip(values, values[1:])) / (len(values) - 1)
+    if last >= cfg.health_logprob_diff_floor and last >= cfg.health_logprob_diff_growth * first and rises > 0.5:
+        return _verdict(history, signal, WARNING, f"climbing: {first:.3g} -> {last:.3g} over {w} rollouts",
+                        **{key: x, "first_quarter": first, "last_quarter": last, "rising_share": rises})
+    return None
+
+
+def check_entropy(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Collapsed to near 0, or fell below a small share of its highest value in the window before."""
+    key = "train/entropy_loss"
+    x = current(history, key)
+    if x is None:
+        return None
+    if x <= cfg.health_entropy_loss_floor:
+        return _verdict(history, "entropy_loss", RED, f"entropy {x:.3g} is at or below "
+                        f"{cfg.health_entropy_loss_floor:g} (mode collapse)", **{key: x})
+    before = recent(history[:-1], key, cfg.health_entropy_loss_window)
+    if not before:
+        return None
+    high = max(before)
+    if high > 0 and x < cfg.health_entropy_loss_min_ratio * high:
+        return _verdict(history, "entropy_loss", RED, f"entropy fell to {x / high:.0%} of its high of the last "
+                        f"{len(before)} rollouts", **{key: x, "high": high})
+    return None
+
+
+def check_grad_norm(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Non-finite, or at/above --clip-grad in a large share of the window."""
+    key = "train/grad_norm"
+    if (bad := _not_finite(history, "grad_norm", key)) is not None:
+        return bad
+    w = cfg.health_grad_norm_window
+    values = recent(history, key, w)
+    if current(history, key) is None or len(values) < w or run.clip_grad <= 0:
+        return None
+    share = sum(v >= run.clip_grad for v in values) / len(values)
+    if share >= cfg.health_grad_norm_clip_share:
+        return _verdict(history, "grad_norm", RED, f"at or above clip_grad={run.clip_grad:g} in {share:.0%} of the "
+                        f"last {w} rollouts", **{key: values[-1], "clip_share": share})
+    return None
+
+
+def check_time_balance(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """rollout_time and train_time differing by a large factor for the whole window (warning)."""
+    w = cfg.health_time_window
+    pairs = [(r.metrics["perf/rollout_time"], r.metrics["perf/train_time"]) for r in history[-w:]
+             if "perf/rollout_time" in r.metrics and "perf/train_time" in r.metrics]
+    if len(pairs) < w or "perf/rollout_time" not in history[-1].metrics:
+        return None
+    ratios = [max(a, b) / max(min(a, b), 1e-9) for a, b in pairs]
+    if min(ratios) >= cfg.health_time_ratio:
+        rollout, train = pairs[-1]
+        slower = "rollout_time" if rollout > train else "train_time"
+        return _verdict(history, "rollout_train_time", WARNING, f"{slower} at least {min(ratios):.0f}x the other "
+                        f"for {w} rollouts", **{"perf/rollout_time": rollout, "perf/train_time": train})
+    return None
+
+
+def check_pg_clipfrac(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    key = "train/pg_clipfrac"
+    x = current(history, key)
+    if x is None:
+        return None
+    if x > cfg.health_pg_clipfrac_red:
+        return _verdict(history, "pg_clipfrac", RED, f"{x:.2f} of tokens clipped (above "
+                        f"{cfg.health_pg_clipfrac_red:g})", **{key: x})
+    if x > cfg.health_pg_clipfrac_warn:
+        return _verdict(history, "pg_clipfrac", WARNING, f"{x:.2f} of tokens clipped (healthy below "
+                        f"{cfg.health_pg_clipfrac_warn:g})", **{key: x})
+    return None
+
+
+STALL_KEYS = ("perf/step_time", "perf/rollout_time", "perf/train_time", "perf/update_weights_time")
+
+
+def check_stall(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """An iteration or one of its phases far slower than its median so far (at least 3 before it)."""
+    worst = None
+    for key in STALL_KEYS:
+        x = current(history, key)
+        before = recent(history[:-1], key, 50)
+        if x is None or len(before) < 3:
+            continue
+        median = statistics.median(before)
+        if x > cfg.health_stall_factor * median and x - median >= cfg.health_stall_min_s:
+            factor = x / max(median, 1e-9)
+            if worst is None or factor > worst[0]:
+                worst = (factor, key, x, median)
+    if worst is None:
+        return None
+    factor, key, x, median = worst
+    return _verdict(history, "stall", RED, f"{key} took {x:.1f}s, {factor:.0f}x its median {median:.1f}s",
+                    **{key: x, "median": median})
+
+
+def check_router_errors(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """A burst of router errors, retries and no-worker answers in one rollout's requests."""
+    m = history[-1].metrics if history else {}
+    requests = m.get("rollout/router_requests")
+    if not requests:
+        return None
+    bad = m.get("rollout/router_errors", 0.0) + m.get("rollout/router_retries", 0.0)
+    share = bad / requests
+    if share >= cfg.health_router_error_share:
+        return _verdict(history, "router_errors", RED, f"{share:.0%} of {requests:.0f} router requests failed, "
+                        f"were retried or found no worker",
+                        **{k: m.get(k, 0.0) for k in ("rollout/router_requests", "rollout/router_errors",
+                                                       "rollout/router_retries", "rollout/router_no_worker")})
+    return None
+
+
+def check_truncation(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    key = "rollout/truncated_ratio"
+    x = current(history, key)
+    if x is None:
+        return None
+    if x >= cfg.health_truncated_ratio:
+        return _verdict(history, "truncated_ratio", RED, f"{x:.0%} of samples truncated", **{key: x})
+    if x >= cfg.health_truncated_ratio / 2:
+        return _verdict(history, "truncated_ratio", WARNING, f"{x:.0%} of samples truncated", **{key: x})
+    return None
+
+
+Detector = Callable[[Sequence[Rollout], HealthConfig, RunFacts], "Verdict | None"]
+
+DETECTORS: dict[str, Detector] = {
+    "loss": check_loss,
+    "raw_reward": check_raw_reward,
+    "kl_loss": check_kl_loss,
+    "train_rollout_logprob_abs_diff": check_logprob_diff,
+    "entropy_loss": check_entropy,
+    "grad_norm": check_grad_norm,
+    "rollout_train_time": check_time_balance,
+    "pg_clipfrac": check_pg_clipfrac,
+    "stall": check_stall,
+    "router_errors": check_router_errors,
+    "truncated_ratio": check_truncation,
+}
+
+
+def judge(history: Sequence[Rollout], cfg: HealthConfig, run: RunFacts) -> list[Verdict]:
+    """Every detector's verdict on the last rollout of `history` (those that flag it)."""
+    if not history:
+        return []
+    return [v for check in DETECTORS.values() if (v := check(history, cfg, run)) is not None]

@@ -1,0 +1,77 @@
+"""A finished or running run's history and settings, read back for `miles doctor`: from RUN_DIR, or MLflow.
+
+Both give the rollouts the live watch saw (one merged row per rollout) and the flat config
+the run was started with, so the same detectors replay it with the same thresholds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from miles.config import ConfigError
+from miles.config.health import HealthConfig
+from miles.config.parse import build_section
+from miles.health.detectors import Rollout, RunFacts
+from miles.health.watch import rollouts_of
+from miles.tracking.journal import JOURNAL_NAME, JournalLine, read_journal
+from miles.tracking.state import CONFIG_ARTIFACT
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    source: str
+    rollouts: list[Rollout]
+    params: dict[str, Any]  # the run's flat public config (empty when unknown: defaults apply)
+
+    def health_config(self, overrides: dict[str, Any] | None = None) -> HealthConfig:
+        known = {k: v for k, v in self.params.items() if k.startswith(("health_", "on_red_flag"))}
+        return build_section(HealthConfig, {**known, **(overrides or {})})
+
+    def run_facts(self) -> RunFacts:
+        p = self.params
+
+        def get(name: str, default: Any, kind: type) -> Any:
+            value = p.get(name, default)
+            if kind is bool:
+                return str(value).strip().lower() in ("1", "true", "yes", "on")
+            return kind(value)
+
+        return RunFacts(clip_grad=get("clip_grad", 1.0, float),
+                        groups_per_rollout=get("rollout_batch_size", 32, int),
+                        use_kl_loss=get("use_kl_loss", False, bool))
+
+
+def from_run_dir(run_dir: Path) -> RunHistory:
+    journal = Path(run_dir) / JOURNAL_NAME
+    if not journal.exists():
+        raise ConfigError("RUN_DIR", f"{run_dir} has no {JOURNAL_NAME} (not a run directory?)")
+    config = Path(run_dir) / CONFIG_ARTIFACT
+    params = yaml.safe_load(config.read_text()) or {} if config.exists() else {}
+    return RunHistory(str(run_dir), rollouts_of(read_journal(journal)), params)
+
+
+def from_mlflow(run_id: str, tracking_uri: str) -> RunHistory:
+    """Rebuild the journal lines from MLflow: every point of one journal line carries that line's
+    timestamp, and its `rollout/step` (or `eval/step`) is the rollout id."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        raise ConfigError("RUN_DIR", f"{run_id!r} is neither a run directory nor an MLflow run at "
+                                     f"{tracking_uri}: {exc.message}") from None
+    by_time: dict[int, dict[str, float]] = {}
+    for key in run.data.metrics:
+        for point in client.get_metric_history(run_id, key):
+            by_time.setdefault(point.timestamp, {})[key] = point.value
+    lines = []
+    for timestamp, metrics in sorted(by_time.items()):
+        rollout_id = metrics.get("rollout/step", metrics.get("eval/step"))
+        if rollout_id is not None:
+            lines.append(JournalLine(int(rollout_id), timestamp / 1000.0, metrics))
+    return RunHistory(f"mlflow run {run_id}", rollouts_of(lines), dict(run.data.params))

@@ -1,0 +1,71 @@
+"""The signals the health watch judges: their names, the journal keys they read, and the page's advice.
+
+A verdict is what one detector says about one rollout; `health/<signal>` is 1 on a red flag.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WARNING, RED = "warning", "red"
+SEVERITIES = (WARNING, RED)
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    keys: tuple[str, ...]  # the journal keys it reads (their values go into the verdict)
+    advice: str  # what the "What to watch" table says to do about it
+
+
+SIGNALS: dict[str, Signal] = {s.name: s for s in [
+    Signal("loss", ("train/loss",), "a spike that crashes within an iteration: lower --lr or check the data"),
+    Signal("raw_reward", ("rollout/raw_reward", "rollout/raw_reward_std"),
+           "reward saturated near one value (collapse or reward hacking): check the reward function"),
+    Signal("kl_loss", ("train/kl_loss",), "sudden jump: the policy diverged from the reference; lower --lr"),
+    Signal("train_rollout_logprob_abs_diff", ("train/train_rollout_logprob_abs_diff",),
+           "climbing without bound: train/inference precision drift; check weight sync and dtypes"),
+    Signal("entropy_loss", ("train/entropy_loss",),
+           "falling to ~0 too fast (mode collapse): raise --rollout-temperature or --entropy-coef"),
+    Signal("grad_norm", ("train/grad_norm",), "repeatedly hitting --clip-grad: lower --lr"),
+    Signal("rollout_train_time", ("perf/rollout_time", "perf/train_time"),
+           "one much larger than the other: resource imbalance; rebalance engines and training ranks"),
+    Signal("pg_clipfrac", ("train/pg_clipfrac",), "above 0.5 the policy is moving fast: drop the LR"),
+    Signal("stall", ("perf/step_time", "perf/rollout_time", "perf/train_time", "perf/update_weights_time"),
+           "an iteration or phase far slower than usual: look for a hung engine or rank (py-spy dump)"),
+    Signal("router_errors", ("rollout/router_requests", "rollout/router_errors", "rollout/router_retries",
+                             "rollout/router_no_worker"),
+           "router errors, retries or no-worker answers: check the engines (/workers, RUN_DIR/logs)"),
+    Signal("truncated_ratio", ("rollout/truncated_ratio",),
+           "most answers hit --rollout-max-response-len: raise it"),
+]}
+
+
+def metric_name(signal: str) -> str:
+    """The 0/1 journal and tracker key of a signal."""
+    return f"health/{signal}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One detector's flag on one rollout; `values` are the figures it judged."""
+
+    rollout_id: int
+    signal: str
+    severity: str  # WARNING | RED
+    message: str
+    values: dict[str, float] = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {"rollout_id": self.rollout_id, "signal": self.signal, "severity": self.severity,
+                "message": self.message, "values": self.values}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> "Verdict":
+        return cls(int(raw["rollout_id"]), raw["signal"], raw["severity"], raw["message"], dict(raw["values"]))
+
+    def line(self) -> str:
+        """The WARN line: signal, rollout, observed values, the page's advice."""
+        shown = " ".join(f"{k}={v:.4g}" for k, v in self.values.items())
+        label = "RED FLAG" if self.severity == RED else "warning"
+        return (f"[health] WARN {label} {self.signal} at rollout {self.rollout_id}: {self.message} ({shown}) "
+                f"-> {SIGNALS[self.signal].advice}")

@@ -1,0 +1,46 @@
+"""The health watch in Prefect: an event per iteration (so a stall can be caught) and one per red flag.
+
+Emitted from inside the training task, so Prefect relates them to the task and flow run; the
+automations in `flows/automations.py` react to them.
+"""
+from __future__ import annotations
+
+from prefect.events import emit_event
+from prefect.runtime import flow_run
+
+from miles.health import HealthReport, Verdict
+
+ITERATION_EVENT = "miles.training.iteration"
+FINISHED_EVENT = "miles.training.finished"
+RED_FLAG_EVENT = "miles.health.red-flag"
+
+
+def run_resource(run_name: str) -> dict[str, str]:
+    """The flow run is the resource of the iteration events: a stall automation acts on it."""
+    return {"prefect.resource.id": f"prefect.flow-run.{flow_run.get_id()}", "prefect.resource.name": run_name}
+
+
+def emit_iteration(run_name: str, rollout_id: int, num_rollout: int, report: HealthReport) -> None:
+    emit_event(ITERATION_EVENT, resource=run_resource(run_name),
+               payload={"rollout_id": rollout_id, "num_rollout": num_rollout,
+                        "red_flags": sorted({v.signal for v in report.red})})
+
+
+def emit_finished(run_name: str, rollout_id: int) -> None:
+    """Closes the stall watch's window: no iteration event is expected after this."""
+    emit_event(FINISHED_EVENT, resource=run_resource(run_name), payload={"rollout_id": rollout_id})
+
+
+def emit_red_flag(run_name: str, verdict: Verdict) -> None:
+    """`miles.health.red-flag`: the signal and severity as resource labels, the values in the payload."""
+    emit_event(RED_FLAG_EVENT,
+               resource={"prefect.resource.id": f"miles.run.{run_name}", "prefect.resource.name": run_name,
+                         "miles.signal": verdict.signal, "miles.severity": verdict.severity},
+               payload=verdict.as_json())
+
+
+def emit_health(run_name: str, rollout_id: int, num_rollout: int, report: HealthReport) -> None:
+    """The flags that start at this rollout, then the iteration event."""
+    for verdict in report.started:
+        emit_red_flag(run_name, verdict)
+    emit_iteration(run_name, rollout_id, num_rollout, report)

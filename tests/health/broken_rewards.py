@@ -1,0 +1,6 @@
+"""Deliberately broken custom rewards for the health watch's calibration runs and tests."""
+
+
+def always_one(args, sample) -> float:
+    """Rewards every answer: the reward saturates at 1 (the `raw_reward` red flag)."""
+    return 1.0

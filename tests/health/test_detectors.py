@@ -1,0 +1,148 @@
+"""Per signal: a synthetic healthy stream (smooth and noisy) stays silent, a red-flag stream fires within its window."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from miles.config.health import HealthConfig
+from miles.health import RED, WARNING, Rollout, RunFacts, judge, replay
+from miles.health.watch import health_metrics
+
+CFG = HealthConfig()
+RUN = RunFacts(clip_grad=1.0, groups_per_rollout=32, use_kl_loss=True)
+N = 60
+
+
+def healthy_row(i: int, rng: random.Random, noise: float) -> dict[str, float]:
+    """One rollout of a learning run shaped like the default tiny run (its scales measured there);
+    `noise` scales random wobble around those trends."""
+    def wobble(scale: float) -> float:
+        return noise * scale * rng.gauss(0.0, 1.0)
+
+    reward = min(0.25 + 0.01 * i + wobble(0.05), 0.95)
+    return {
+        "train/loss": 0.4 * math.exp(-i / 200) + wobble(0.02),
+        "rollout/raw_reward": reward,
+        "rollout/raw_reward_std": math.sqrt(max(reward * (1 - reward), 0.01)),
+        "rollout/zero_std/count_0.0": float(rng.randint(0, 3)),
+        "rollout/zero_std/count_1.0": float(rng.randint(0, 6)),
+        "train/kl_loss": 0.001 + 0.0002 * i + abs(wobble(0.0005)),
+        "train/train_rollout_logprob_abs_diff": 3e-7 + abs(wobble(1e-7)),
+        "train/entropy_loss": 2.0 * math.exp(-i / 40) + abs(wobble(0.05)),
+        "train/grad_norm": max(0.9 + wobble(0.3), 0.3),  # the default run: about half at or above clip
+        "train/pg_clipfrac": abs(wobble(0.02)),
+        "perf/rollout_time": 1.4 + abs(wobble(0.8)),
+        "perf/train_time": 0.15 + abs(wobble(0.8)),
+        "perf/update_weights_time": 0.06 + abs(wobble(0.02)),
+        "perf/step_time": 1.7 + abs(wobble(1.5)),
+        "rollout/truncated_ratio": abs(wobble(0.01)),
+        "rollout/router_requests": 256.0, "rollout/router_errors": 0.0, "rollout/router_retries": 0.0,
+        "rollout/router_no_worker": 0.0,
+    }
+
+
+def stream(noise: float = 1.0, seed: int = 0, n: int = N) -> list[Rollout]:
+    rng = random.Random(seed)
+    return [Rollout(i, healthy_row(i, rng, noise)) for i in range(n)]
+
+
+def broken(rollouts: list[Rollout], start: int, **changes) -> list[Rollout]:
+    """From rollout `start` on, each change (key -> fn(i, value)) rewrites a metric."""
+    out = []
+    for r in rollouts:
+        metrics = dict(r.metrics)
+        if r.rollout_id >= start:
+            for key, fn in changes.items():
+                metrics[key.replace("__", "/")] = fn(r.rollout_id - start, metrics.get(key.replace("__", "/")))
+        out.append(Rollout(r.rollout_id, metrics))
+    return out
+
+
+def flagged(rollouts, cfg=CFG, run=RUN):
+    return replay(rollouts, cfg, run)
+
+
+@pytest.mark.parametrize("noise", [0.0, 1.0, 2.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_healthy_streams_raise_nothing(noise, seed):
+    assert flagged(stream(noise, seed)) == []
+
+
+START = 30
+RED_STREAMS = {
+    # signal: (changes from START on, rollouts within which it must fire)
+    "loss": (dict(train__loss=lambda i, v: v + 5.0 if i == 0 else v), 1),
+    "raw_reward": (dict(rollout__raw_reward=lambda i, v: 1.0, rollout__raw_reward_std=lambda i, v: 0.0,
+                        **{"rollout__zero_std/count_1.0": lambda i, v: 32.0,
+                           "rollout__zero_std/count_0.0": lambda i, v: 0.0}), CFG.health_raw_reward_window),
+    "kl_loss": (dict(train__kl_loss=lambda i, v: 0.2), 1),
+    "train_rollout_logprob_abs_diff": (dict(train__train_rollout_logprob_abs_diff=lambda i, v: 0.6), 1),
+    "entropy_loss": (dict(train__entropy_loss=lambda i, v: v * 0.5 ** (i + 1)), CFG.health_entropy_loss_window),
+    "grad_norm": (dict(train__grad_norm=lambda i, v: 8.0 + i), CFG.health_grad_norm_window),
+    "pg_clipfrac": (dict(train__pg_clipfrac=lambda i, v: 0.7), 1),
+    "stall": (dict(perf__step_time=lambda i, v: 1000.0 if i == 0 else v), 1),
+    "router_errors": (dict(rollout__router_errors=lambda i, v: 40.0, rollout__router_retries=lambda i, v: 10.0), 1),
+    "truncated_ratio": (dict(rollout__truncated_ratio=lambda i, v: 0.9), 1),
+}
+
+
+@pytest.mark.parametrize("signal", sorted(RED_STREAMS))
+@pytest.mark.parametrize("noise", [0.0, 1.0])
+def test_red_flag_fires_within_its_window(signal, noise):
+    changes, within = RED_STREAMS[signal]
+    verdicts = flagged(broken(stream(noise), START, **changes))
+    reds = [v for v in verdicts if v.signal == signal and v.severity == RED]
+    assert reds, f"{signal} never fired"
+    assert START <= reds[0].rollout_id < START + within
+    assert all(v.rollout_id >= START for v in verdicts), "something fired on the healthy part"
+
+
+def test_loss_and_grad_norm_non_finite_fire_at_once():
+    verdicts = flagged(broken(stream(), START, train__loss=lambda i, v: math.nan,
+                              train__grad_norm=lambda i, v: math.inf))
+    firsts = {}
+    for v in verdicts:
+        firsts.setdefault(v.signal, v.rollout_id)
+    assert firsts["loss"] == START and firsts["grad_norm"] == START
+
+
+def test_logprob_diff_climbing_is_a_warning():
+    verdicts = flagged(broken(stream(), START, train__train_rollout_logprob_abs_diff=lambda i, v: 0.01 * 1.3 ** i))
+    mine = [v for v in verdicts if v.signal == "train_rollout_logprob_abs_diff"]
+    assert mine[0].severity == WARNING and mine[0].rollout_id < START + CFG.health_logprob_diff_window
+    assert any(v.severity == RED for v in mine)  # and red once past the ceiling
+
+
+def test_pg_clipfrac_warning_then_red():
+    rollouts = broken(stream(0.0), START, train__pg_clipfrac=lambda i, v: 0.3 if i < 3 else 0.6)
+    mine = [(v.rollout_id, v.severity) for v in flagged(rollouts) if v.signal == "pg_clipfrac"]
+    assert mine[:4] == [(START, WARNING), (START + 1, WARNING), (START + 2, WARNING), (START + 3, RED)]
+
+
+def test_time_imbalance_is_a_warning_after_its_window():
+    rollouts = broken(stream(0.0), START, perf__rollout_time=lambda i, v: 100.0)
+    mine = [v for v in flagged(rollouts) if v.signal == "rollout_train_time"]
+    assert mine[0].severity == WARNING and mine[0].rollout_id == START + CFG.health_time_window - 1
+
+
+def test_kl_loss_judged_only_with_use_kl_loss():
+    rollouts = broken(stream(), START, train__kl_loss=lambda i, v: 5.0)
+    no_kl = RunFacts(clip_grad=1.0, groups_per_rollout=32, use_kl_loss=False)
+    assert [v for v in flagged(rollouts, run=no_kl) if v.signal == "kl_loss"] == []
+    assert "health/kl_loss" not in health_metrics([], no_kl)
+
+
+def test_thresholds_follow_the_flags():
+    rollouts = broken(stream(0.0), START, rollout__truncated_ratio=lambda i, v: 0.3)
+    assert not [v for v in flagged(rollouts) if v.severity == RED]
+    strict = HealthConfig(health_truncated_ratio=0.25)
+    assert [v.signal for v in flagged(rollouts, cfg=strict) if v.severity == RED][0] == "truncated_ratio"
+
+
+def test_health_metrics_are_0_or_1_per_signal():
+    rollouts = broken(stream(0.0), START, train__pg_clipfrac=lambda i, v: 0.9)
+    metrics = health_metrics(judge(rollouts[: START + 1], CFG, RUN), RUN)
+    assert metrics["health/pg_clipfrac"] == 1.0
+    assert set(metrics.values()) == {0.0, 1.0} and len(metrics) == 11
