@@ -39,9 +39,10 @@ class DeliveryProcess:
         return self.proc.pid
 
     def check(self, closing: bool = False) -> bool:
-        """Whether it still runs; a failed exit is reported once (training goes on regardless)."""
+        """Whether it still runs; a stop the trainer did not ask for (any exit before its close, a
+        failed one during it) is reported once. Training goes on regardless."""
         code = self.proc.poll()
-        if code and not self.reported:
+        if code is not None and (code != 0 or not closing) and not self.reported:
             self.reported = True
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             log.warning("tracking: the delivery process stopped (%s)%s; training goes on, the committed points "

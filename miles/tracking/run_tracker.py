@@ -1,6 +1,7 @@
 """The run tracker behind `open_tracking`: stdout row and journal on the training thread;
 every tracker fed from committed journal lines by a separate delivery process (`miles
-replay-spool RUN_DIR --follow`), started by `resume`, the tracker's explicit open."""
+replay-spool RUN_DIR --follow`), started with the tracker; `resume` (after the checkpoint is
+read) is the explicit open that lets it open the tracker runs."""
 from __future__ import annotations
 
 import logging

@@ -109,7 +109,8 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
         deadline = time.monotonic() + DEADLINE_S
         while not any("delivery process stopped" in r.message for r in caplog.records):
             assert time.monotonic() < deadline, (tracker.delivery.proc.returncode, tracker.delivery.reported,
-                                                 [r.message for r in caplog.records])
+                                                 [r.message for r in caplog.records],
+                                                 (run_dir / "tracking" / "delivery.log").read_text()[-2000:])
             time.sleep(0.1)  # poll interval
         extra = tracker.checkpoint_extra()
         assert tracker.close().undelivered == {"mlflow": 3}  # spooled, not lost
