@@ -107,11 +107,12 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
         wait_gone(pid, DEADLINE_S)
         iterate(tracker, config, range(3, 6))  # training goes on, rows and journal as before
         deadline = time.monotonic() + DEADLINE_S
+        # a killed process's last threads (MLflow's system-metrics sampler in a disk write) may
+        # outlive its zombie leader for a moment: the next commits notice it once it is reaped
         while not any("delivery process stopped" in r.message for r in caplog.records):
-            assert time.monotonic() < deadline, (tracker.delivery.proc.returncode, tracker.delivery.reported,
-                                                 [r.message for r in caplog.records],
-                                                 (run_dir / "tracking" / "delivery.log").read_text()[-2000:])
+            assert time.monotonic() < deadline, [r.message for r in caplog.records]
             time.sleep(0.1)  # poll interval
+            tracker.commit(5)
         extra = tracker.checkpoint_extra()
         assert tracker.close().undelivered == {"mlflow": 3}  # spooled, not lost
     stops = [r for r in caplog.records if "delivery process stopped" in r.message]
