@@ -20,6 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from miles.config import EngineConfig  # noqa: E402
 from miles.engines.launch import launch_engine  # noqa: E402
 from miles.tiny.warmstart import ensure_base_model  # noqa: E402
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     args = parser.parse_args(argv)
     model = ensure_base_model(progress=False)
-    with launch_engine(model, device=args.device, max_batch_size=args.requests) as engine:
+    with launch_engine(model, EngineConfig(engine_device=args.device, engine_max_batch_size=args.requests)) as engine:
         run_mode(engine.url, "concurrent", 4, 4)  # warm-up: first-call allocations out of the timings
         sequential = run_mode(engine.url, "sequential", args.requests, args.max_new_tokens)
         concurrent = run_mode(engine.url, "concurrent", args.requests, args.max_new_tokens)

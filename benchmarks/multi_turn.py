@@ -38,9 +38,11 @@ def main() -> int:
     config = parse_config(["--config", str(ROOT / "configs" / "tiny-multi-turn.yaml"), "--run-dir", str(run_dir),
                            *flags])
     summary = train(config)
-    lines = [ln.metrics for ln in read_journal(run_dir / "metrics.jsonl")]
-    key = next(k for k in summary.final_metrics if k.startswith("eval/") and k.endswith("-pass@1"))
-    base, final = summary.base_eval[key], summary.final_metrics[key]
+    journal = read_journal(run_dir / "metrics.jsonl")
+    lines = [ln.metrics for ln in journal if ln.rollout_id >= 0]  # iterations (the base eval's line is -1)
+    evals = [ln.metrics for ln in journal if any(k.endswith("-pass_at_1") for k in ln.metrics)]
+    key = next(k for k in evals[0] if k.endswith("-pass_at_1"))
+    base, final = evals[0][key], evals[-1][key]
     tool_first = lines[0]["multi_turn/tool_use_ratio"]
     tool_last = sum(m["multi_turn/tool_use_ratio"] for m in lines[-3:]) / len(lines[-3:])
     turns_first = lines[0]["multi_turn/round_number_mean"]

@@ -111,16 +111,20 @@ def bench_backend(config, model_path: Path, rounds: int) -> dict:
 
 
 def bench_iterations(config, iterations: int) -> dict:
-    from miles.services import start_services
+    import ray
+
+    from miles.ray_cluster import connect
+    from miles.config.resolve import resolve
+    from miles.inference import start_inference
     from miles.trainer import RLTrainer
 
-    run_dir = Path(tempfile.mkdtemp(prefix="miles-bench-"))
-    config = config.replace(eval_interval=None)
-    services = start_services(config, run_dir)
+    config = resolve(config.replace(eval_interval=None, run_dir=tempfile.mkdtemp(prefix="miles-bench-")))
+    connect(None, config.orchestration.ray_num_cpus, config.orchestration.ray_object_store_mb)
+    services = start_inference(config)
     trainer = None
     rows = []
     try:
-        trainer = RLTrainer(config, run_dir, services.rollout_url, services.engine_urls)
+        trainer = RLTrainer(config, services.rollout_url, services.engine_urls)
         trainer.resume()
         for r in range(iterations):
             rows.append(trainer.run_iteration(r).metrics)
@@ -128,6 +132,7 @@ def bench_iterations(config, iterations: int) -> dict:
         if trainer is not None:
             trainer.close()
         services.stop()
+        ray.shutdown()
     keys = ["perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/step_time"]
     rows = rows[1:] or rows  # the first iteration pays one-off warm-up costs
     return {k.split("/")[1]: statistics.mean(row[k] for row in rows) for k in keys}
@@ -135,7 +140,7 @@ def bench_iterations(config, iterations: int) -> dict:
 
 def main(argv=None) -> int:
     from miles.config import parse_config
-    from miles.trainer import resolve_paths
+    from miles.config.resolve import resolve
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="timed training rounds per side")
@@ -143,7 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-loop", action="store_true", help="skip the RL iteration breakdown")
     args = parser.parse_args(argv)
     config = parse_config([])
-    model_path = resolve_paths(config)[0]
+    model_path = resolve(config).rollout.hf_checkpoint
 
     tp = bench_backend(config, model_path, args.rounds)
     print(f"{'training (world size 1)':<28}{'tokens/s':>12}")

@@ -1,15 +1,13 @@
 """The GRPO training flow: `miles train [flags]` (same flags as `python -m miles.train`).
 
-Reads top to bottom: parse the flags (a bad one fails here, before anything starts), bring up
-the Ray cluster, then on Ray start the router and engines, register the engines, train
-chunk by chunk (a profiling window as its own task), finish; Ray is shut down if we started it.
+Reads top to bottom: parse the flags and resolve every default once, check everything that can
+be checked (a bad flag, hook or data path fails here, before anything starts), bring up the
+Ray cluster, then on Ray (`flows.on_ray`) start the router, engines and ranks, train chunk by
+chunk with the driver loop, finish; Ray is shut down if we started it.
 """
 from __future__ import annotations
 
-import hashlib
-import re
 import sys
-import time
 from pathlib import Path
 
 from prefect import flow
@@ -17,46 +15,19 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.on_ray import train_on_ray
 from miles.config import ConfigError, MilesConfig, parse_config
+from miles.config.resolve import default_run_dir, resolve
 from miles.config.secrets import export_secrets, secrets_to_env
+from miles.preflight import preflight
 from miles.rollout.generate_hook import load_generate_function
 from miles.run_info import describe, run_name, task_name
 from miles.run_lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.finish import RunReport
-from tasks.options import configured
-
-
-def default_run_dir() -> Path:
-    return Path("runs") / time.strftime("grpo-%Y%m%d-%H%M%S")
+from tasks.options import with_run_retries
 
 
 def build_argv(config_file: str | None, flags: list[str] | None) -> list[str]:
     return ([f"--config={config_file}"] if config_file else []) + list(flags or [])
-
-
-def with_resolved_paths(config: MilesConfig) -> MilesConfig:
-    """Absolute paths (Ray workers may run elsewhere) and the defaults every task must agree on."""
-    from miles.tiny.defaults import tiny_model
-
-    def absolute(value: str | None) -> str | None:
-        return str(Path(value).expanduser().resolve()) if value else value
-
-    run_dir = Path(config.train.run_dir or default_run_dir()).resolve()
-    return config.replace(
-        run_dir=str(run_dir),
-        hf_checkpoint=absolute(config.rollout.hf_checkpoint) or str(
-            tiny_model(config.generate.custom_generate_function_path is not None)),
-        prompt_data=absolute(config.rollout.prompt_data),
-        save=absolute(config.train.save), load=absolute(config.train.load),
-        wandb_dir=absolute(config.tracking.wandb_dir), tensorboard_dir=absolute(config.tracking.tensorboard_dir),
-        eval_prompt_data=[v if i % 2 == 0 else absolute(v) for i, v in enumerate(config.rollout.eval_prompt_data)],
-    )
-
-
-def run_prefix(run_dir: str) -> str:
-    """Names of the run's Ray actors: readable, and unique per run dir."""
-    digest = hashlib.sha1(run_dir.encode()).hexdigest()[:6]
-    return f"miles-{re.sub(r'[^A-Za-z0-9_.-]', '_', Path(run_dir).name)}-{digest}"
 
 
 def api_url() -> str:
@@ -105,16 +76,15 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
-    config = export_secrets(with_resolved_paths(parse_config(build_argv(config_file, flags))))
-    load_generate_function(config.generate)  # a bad generate hook or tool flag fails before the cluster starts
+    config = export_secrets(resolve(parse_config(build_argv(config_file, flags))))
+    preflight(config)  # a bad hook, data path or Ray address fails here, before the cluster starts
     with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
         flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
-        cluster = configured(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)
+        with_run_retries(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)
         try:
-            on_ray = train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")
-            return on_ray(config, config.train.run_dir, run_prefix(config.train.run_dir))
+            return train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")(config)
         finally:
-            shut_down_cluster(cluster)
+            shut_down_cluster()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,20 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     from prefect.settings import temporary_settings
 
     from flows.prefect_server import ensure_server
-    from flows.where import mlflow_uri, print_finished, print_where_to_look
+    from flows.where import print_finished, print_where_to_look
     from miles.tracking.mlflow_ui import start_ui
     from tasks.finish import mlflow_link
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config = parse_config(argv)  # a bad flag is reported before any server or cluster starts
     load_generate_function(config.generate)  # ... and so is a bad generate hook or tool flag
-    if config.train.run_dir is None:
-        argv += ["--run-dir", str(default_run_dir())]
-        config = parse_config(argv)
+    if config.train.run_dir is None:  # one run dir for the flow and for what is printed here
+        argv += ["--run-dir", str(default_run_dir().resolve())]
+    config = resolve(parse_config(argv))
+    preflight(config)
     argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
     server = ensure_server()
-    ui = start_ui(mlflow_uri(config, Path(config.train.run_dir).resolve()), Path(config.train.run_dir)) \
-        if config.tracking.mlflow_ui else None
+    ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
     print_where_to_look(config, server, ui)
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         report = grpo(flags=argv)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from miles.service_process import free_port, log_tail, wait_healthy
 
 DEFAULT_PORT = 4200
 
@@ -46,18 +47,6 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("MILES_PREFECT_HOME", root / "prefect"))
 
 
-def free_port(preferred: int | None = None) -> int:
-    """`preferred` if it can be bound on loopback, else a port the OS picks."""
-    for port in ([preferred] if preferred else []) + [0]:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise RuntimeError("no free loopback port")
-
-
 def is_healthy(api_url: str, timeout: float = 2.0) -> bool:
     try:
         return httpx.get(f"{api_url}/health", timeout=timeout).status_code == 200
@@ -65,23 +54,10 @@ def is_healthy(api_url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def wait_healthy(api_url: str, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None) -> None:
-    """Poll `/api/health` until it answers 200; fail early if the server process exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if is_healthy(api_url):
-            return
-        if process is not None and process.poll() is not None:
-            tail = log.read_text()[-2000:] if log and log.exists() else ""
-            raise RuntimeError(f"Prefect server exited with code {process.returncode} before it was healthy:\n{tail}")
-        time.sleep(0.25)
-    raise TimeoutError(f"Prefect server at {api_url} not healthy within {timeout:.0f}s")
-
-
 def start_server(home: Path, port: int | None = None, timeout: float = 120.0, ui: bool = True) -> PrefectServer:
     """Start `prefect server start` on 127.0.0.1 with SQLite under `home`; return once healthy."""
     home.mkdir(parents=True, exist_ok=True)
-    port = free_port(port)
+    port = free_port(preferred=port)
     api_url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
@@ -99,7 +75,10 @@ def start_server(home: Path, port: int | None = None, timeout: float = 120.0, ui
                                    env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
     try:
-        wait_healthy(api_url, timeout, process, log)
+        wait_healthy(api_url.removesuffix("/api"), timeout, process, path="/api/health", error=RuntimeError)
+    except RuntimeError as exc:
+        _terminate(process.pid, 10.0)
+        raise RuntimeError(f"Prefect server: {exc}; {log} ends with:\n{log_tail(log)}") from None
     except BaseException:
         _terminate(process.pid, 10.0)
         raise
@@ -114,7 +93,7 @@ def ensure_server(home: Path | None = None, port: int = DEFAULT_PORT, timeout: f
     configured = os.environ.get("PREFECT_API_URL")
     if configured:
         api_url = configured.rstrip("/")
-        wait_healthy(api_url, timeout=min(timeout, 30.0))
+        wait_healthy(api_url, timeout=min(timeout, 30.0), path="/health")
         return PrefectServer(api_url=api_url)
     home = home or default_state_dir()
     record = home / "server.json"

@@ -9,24 +9,21 @@ from miles.dashboard.cli import command as dashboard_command
 from miles.tracking.mlflow_ui import MlflowUi, is_server_uri, ui_command
 
 
-def mlflow_uri(config: MilesConfig, run_dir: Path) -> str:
-    return config.tracking.mlflow_tracking_uri or f"sqlite:///{run_dir / 'mlflow.db'}"
-
-
-def mlflow_ui_command(config: MilesConfig, run_dir: Path) -> str:
-    uri = mlflow_uri(config, run_dir)
+def mlflow_ui_command(config: MilesConfig) -> str:
+    uri = config.tracking.mlflow_tracking_uri
     return f"open {uri}" if is_server_uri(uri) else ui_command(uri)
 
 
 def where_to_look(config: MilesConfig, server: PrefectServer, ui: MlflowUi | None = None) -> list[tuple[str, str]]:
-    run_dir = Path(config.train.run_dir).resolve()
+    """`config` is resolved: every path in it is absolute."""
+    run_dir = Path(config.train.run_dir)
     rows = [("Prefect UI", server.ui_url), ("run dir", str(run_dir)),
             ("journal", str(run_dir / "metrics.jsonl")), ("dashboard", dashboard_command(run_dir))]
     if config.tracking.use_mlflow:
         rows.append(("MLflow", f"{ui.url}  (mlflow ui, pid {ui.pid}; stop it with `kill {ui.pid}`)" if ui
-                     else mlflow_ui_command(config, run_dir)))
+                     else mlflow_ui_command(config)))
     if config.tracking.use_wandb:
-        rows.append(("wandb", str(Path(config.tracking.wandb_dir or run_dir).resolve() / "wandb")
+        rows.append(("wandb", str(Path(config.tracking.wandb_dir) / "wandb")
                      + ("" if config.tracking.wandb_mode == "online" else "  (offline: `wandb sync` it)")))
     return rows
 
@@ -49,6 +46,6 @@ def print_finished(report, server: PrefectServer, config: MilesConfig, ui: Mlflo
         print(f"  {key:<32} {value:.4g}")
     for key, url in report.links.items():
         print(f"  {key}: {url}")
-        if key == "mlflow-run" and ui is None and not is_server_uri(mlflow_uri(config, Path(report.run_dir))):
-            print(f"    (serve it first: {mlflow_ui_command(config, Path(report.run_dir))})")
+        if key == "mlflow-run" and ui is None and not is_server_uri(config.tracking.mlflow_tracking_uri):
+            print(f"    (serve it first: {mlflow_ui_command(config)})")
     print(f"  red flags: {len(report.red_flags)}; flow runs: {server.ui_url}/runs")

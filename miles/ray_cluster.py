@@ -7,9 +7,9 @@ import socket
 
 import ray
 
+from miles.cluster.names import NAMESPACE
 from miles.config import ConfigError
 
-NAMESPACE = "miles"
 CONNECT_TIMEOUT_S = 5.0
 TOKEN_HELP = ("Ray token authentication rejected this driver's token: give it the cluster's token "
               "(`ray get-auth-token` on the head node) in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")

@@ -17,14 +17,21 @@ def run_name(run_dir: str | Path) -> str:
     return Path(run_dir).name
 
 
+def is_tiny_default(path: str | None) -> bool:
+    """No path, or one `resolve` filled in from the tiny defaults (they live in the miles cache)."""
+    from miles.tiny.warmstart import cache_root
+
+    return not path or Path(path).resolve().is_relative_to(cache_root().resolve())
+
+
 def model_name(config) -> str:
     checkpoint = config.rollout.hf_checkpoint
-    return Path(checkpoint).name if checkpoint else "tiny-qwen3 (built in)"
+    return "tiny-qwen3 (built in)" if is_tiny_default(checkpoint) else Path(checkpoint).name
 
 
 def task_name(config) -> str:
     data = config.rollout.prompt_data
-    return Path(data).stem if data else DEFAULT_TASK
+    return DEFAULT_TASK if is_tiny_default(data) else Path(data).stem
 
 
 @cache

@@ -30,10 +30,16 @@ class ServiceStartError(RuntimeError):
     """The service exited or never became healthy; the message holds its command and log tail."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1", preferred: int | None = None) -> int:
+    """`preferred` if it can be bound on `host`, else a port the OS picks."""
+    for port in ([preferred] if preferred else []) + [0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port on {host}")
 
 
 def wait_healthy(url: str, timeout: float, process: subprocess.Popen | None = None, path: str = "/health",

@@ -1,22 +1,20 @@
 """`python -m miles.train [flags]`: the whole GRPO loop in one process, no Prefect (Miles' train.py).
 
-With no flags it trains the tiny CPU policy on the arithmetic task: engines and router
-start on loopback, the training ranks (FSDP or Megatron) run as Ray actors, and RUN_DIR
-gets checkpoints and metrics.jsonl. The Prefect flow runs the same `RLTrainer` in retryable chunks instead.
+With no flags it trains the tiny CPU policy on the arithmetic task: resolve and check the
+flags, connect Ray, start the engines and router on loopback, then `miles.loop.run_loop`
+over every rollout (the Prefect flow runs the same loop in chunks). RUN_DIR gets
+checkpoints, metrics.jsonl and the logs.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from miles.config import MilesConfig, parse_config
-from miles.tracking.sinks.mlflow_sink import default_tracking_uri
 from miles.tracking.mlflow_ui import is_server_uri, start_ui, ui_command
 from miles.tracking.names import map_metrics
-from miles.tracking.row import format_eval
 
 
 @dataclass
@@ -28,59 +26,60 @@ class RunSummary:
     base_eval: dict[str, float] = field(default_factory=dict)  # eval of the starting weights (fresh runs)
     final_metrics: dict[str, float] = field(default_factory=dict)  # the last iteration's row
     seconds: float = 0.0
+    stop_reason: str | None = None  # an observer stopped the run early
 
 
-def default_run_dir(config: MilesConfig) -> Path:
-    return Path(config.train.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-
-
-def train(config: MilesConfig, use_router: bool = True) -> RunSummary:
+def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSummary:
+    """Resolve and check `config`, then run the driver loop over every rollout with `observers`
+    (see `miles.loop`); engines, router and a Ray started here are stopped at the end."""
+    from miles.config.resolve import resolve
+    from miles.preflight import preflight
     from miles.run_lock import RunDirLock
-    from miles.trainer import preflight
 
-    preflight(config)  # a bad hook or data path fails here, before any engine or actor starts
+    config = resolve(config)
+    preflight(config)  # a bad hook or data path fails here, before Ray, engines or ranks start
+    with RunDirLock(Path(config.train.run_dir)):  # a second trainer on this run dir fails here, naming the holder
+        return _train_locked(config, use_router, observers)
+
+
+def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummary:
+    import ray
+
+    from miles.faults import FaultInjector
+    from miles.inference import start_inference
+    from miles.loop import run_loop
+    from miles.ray_cluster import connect
+    from miles.trainer import RedFlagStopper, RLTrainer
+
     start = time.time()
-    run_dir = default_run_dir(config)
-    with RunDirLock(run_dir):  # a second trainer on this run dir fails here, naming the holder
-        return _train_locked(config, run_dir, use_router, start)
-
-
-def _train_locked(config: MilesConfig, run_dir: Path, use_router: bool, start: float) -> RunSummary:
-    from miles.services import start_services
-    from miles.trainer import RLTrainer
-
-    services = start_services(config, run_dir, use_router=use_router)
-    trainer = None
+    o = config.orchestration
+    started_ray = not ray.is_initialized() and connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
+    services = None
     try:
-        trainer = RLTrainer(config, run_dir, services.rollout_url, services.engine_urls)
-        first = trainer.resume()
-        base_eval = {}
-        if first == 0 and trainer.eval_sets:
-            base_eval = trainer.evaluate(0, log=False).metrics
-            (run_dir / "base_eval.json").write_text(json.dumps(base_eval, indent=2))
-            print(format_eval("base eval", base_eval), flush=True)
-        result, saved = None, None
-        for rollout_id in range(first, config.rollout.num_rollout):
-            result = trainer.run_iteration(rollout_id)
-            trainer.stop_on_red_flag(result)
-            interval = config.train.save_interval
-            if (interval and (rollout_id + 1) % interval == 0) or rollout_id == config.rollout.num_rollout - 1:
-                saved = trainer.save_checkpoint(rollout_id)
-        return RunSummary(run_dir, first, config.rollout.num_rollout - 1, saved, base_eval,
-                          result.metrics if result else {}, time.time() - start)
+        services = start_inference(config, use_router=use_router)
+        trainer = RLTrainer(config, services.rollout_url, services.engine_urls)
+        fault = FaultInjector(o.inject_fault, config.train.run_dir, kill_engine=lambda: services.kill_engine(0))
+        outcome = run_loop(trainer, range(config.rollout.num_rollout), [fault, RedFlagStopper(trainer), *observers])
+        last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1
+        return RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
+                          outcome.base_eval, outcome.last_metrics, time.time() - start, outcome.stop_reason)
     finally:
-        if trainer is not None:
-            trainer.close()
-        services.stop()
+        try:
+            if services is not None:
+                services.stop()
+        finally:
+            if started_ray:
+                ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
     from miles.health import RedFlagStop
 
-    config = parse_config(argv, prog="python -m miles.train")
-    config = config.replace(run_dir=str(default_run_dir(config)))  # one run dir for the run and its MLflow store
-    mlflow_uri = config.tracking.mlflow_tracking_uri or default_tracking_uri(Path(config.train.run_dir))
+    from miles.config.resolve import resolve
+
+    config = resolve(parse_config(argv, prog="python -m miles.train"))  # one run dir for the run and its MLflow UI
+    mlflow_uri = config.tracking.mlflow_tracking_uri
     if config.tracking.mlflow_ui:
         ui = start_ui(mlflow_uri, Path(config.train.run_dir))
         print(f"[trainer] MLflow UI {ui.url} (pid {ui.pid}, left up: stop it with `kill {ui.pid}`)", flush=True)
@@ -96,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}
     base_eval = map_metrics(summary.base_eval)
     print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"
-          f", checkpoint {summary.checkpoint}", flush=True)
+          f", checkpoint {summary.checkpoint}" + (f", stopped: {summary.stop_reason}" if summary.stop_reason else ""),
+          flush=True)
     for key, value in evals.items():
         base = base_eval.get(key)
         print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))

@@ -54,7 +54,7 @@ def bring_up_cluster(orchestration: OrchestrationConfig, api_url: str, flow_run_
     return cluster
 
 
-def shut_down_cluster(cluster: ClusterInfo) -> None:
-    """Disconnect; a cluster the run started goes away with it, an existing one stays."""
+def shut_down_cluster() -> None:
+    """Disconnect from Ray; a local cluster the run started goes away with it, an existing one stays."""
     if ray.is_initialized():
         ray.shutdown()

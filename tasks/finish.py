@@ -14,7 +14,7 @@ from miles.health import RED, Verdict, read_health_log
 from miles.tracking.journal import read_journal
 from miles.tracking.mlflow_ui import DEFAULT_PORT, is_server_uri
 from tasks.logs import library_logs_to_prefect
-from tasks.training import Services
+from tasks.training import RunServices
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -
         return None
     import mlflow
 
-    uri = tracking.mlflow_tracking_uri or f"sqlite:///{run_dir / 'mlflow.db'}"
+    uri = tracking.mlflow_tracking_uri
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(tracking.mlflow_experiment_name)
     if experiment is None:
@@ -47,10 +47,6 @@ def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -
         return None
     base = uri if is_server_uri(uri) else ui_url or f"http://127.0.0.1:{DEFAULT_PORT}"
     return f"{base.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{mine[0].info.run_id}"
-
-
-def trace_dir(config: MilesConfig, run_dir: Path) -> Path:
-    return Path(config.tracking.tensorboard_dir or run_dir / "tensorboard")
 
 
 def red_flags(verdicts: list[Verdict]) -> list[str]:
@@ -73,11 +69,12 @@ def red_flags_markdown(flags: list[str], warnings: list[str] = ()) -> str:
 
 
 @task(name="finish_run", log_prints=True)
-def finish_run(config: MilesConfig, run_dir: str, services: Services) -> RunReport:
+def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
     """Ranks stopped cleanly, then the final-metrics table, link and health artifacts."""
+    run_dir = config.train.run_dir
     path = Path(run_dir)
     with library_logs_to_prefect():
-        stop_named_group(services.trainer_prefix, config.world_size)
+        stop_named_group(services.names, config.world_size)
     journal = read_journal(path / "metrics.jsonl")
     final = dict(journal[-1].metrics) if journal else {}
     create_table_artifact(key="grpo-final-metrics", table=[{"metric": k, "value": v} for k, v in sorted(final.items())],
@@ -85,7 +82,7 @@ def finish_run(config: MilesConfig, run_dir: str, services: Services) -> RunRepo
     links = {}
     if (mlflow_url := mlflow_link(config, path)) is not None:
         links["mlflow-run"] = mlflow_url
-    traces = trace_dir(config, path)
+    traces = Path(config.tracking.tensorboard_dir)
     if traces.exists():
         links["traces"] = traces.resolve().as_uri()
     for key, url in links.items():
@@ -95,4 +92,5 @@ def finish_run(config: MilesConfig, run_dir: str, services: Services) -> RunRepo
     warnings = sorted({v.signal for v in verdicts if v.severity != RED})
     create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(flags, warnings),
                              description="the health watch's red flags (RUN_DIR/health.jsonl)")
-    return RunReport(run_dir=run_dir, iterations=len(journal), final_metrics=final, links=links, red_flags=flags)
+    iterations = len({ln.rollout_id for ln in journal if ln.rollout_id >= 0})  # not the base eval's line
+    return RunReport(run_dir=run_dir, iterations=iterations, final_metrics=final, links=links, red_flags=flags)

@@ -1,4 +1,9 @@
-"""Retries, backoff and timeout from the orchestration flags, applied to any task."""
+"""Retries, backoff and timeout from the orchestration flags, applied to any task.
+
+One retry layer per kind of work: the service tasks (cluster, router, engines, registration,
+ranks, finish) retry in place through Prefect, at most --task-retries times; a training chunk
+is never retried in place (retries=False): the flow resubmits it after healing the engines,
+at most --task-retries times, so it runs at most --task-retries + 1 times in all."""
 from __future__ import annotations
 
 from typing import TypeVar
@@ -17,16 +22,14 @@ def retry_delays(orchestration: OrchestrationConfig) -> list[float]:
 
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
-    """A bad flag or path stays bad, and a chunk cannot succeed while an engine is down (the flow
-    relaunches it first), and a health stop is meant to end the run: retrying those in place would only
-    delay the error."""
+    """A bad flag or path stays bad, and a health stop is meant to end the run: retrying those
+    would only delay the error."""
     from miles.health import RedFlagStop
-    from tasks.faults import EngineDown
 
-    return not isinstance(state.data, (ConfigError, EngineDown, RedFlagStop))
+    return not isinstance(state.data, (ConfigError, RedFlagStop))
 
 
-def configured(task: T, orchestration: OrchestrationConfig, retries: bool = True) -> T:
+def with_run_retries(task: T, orchestration: OrchestrationConfig, retries: bool = True) -> T:
     """`task` with the run's retries, backoff and timeout. No result caching: every run of a
     task does its work again (a chunk resumes from its checkpoint, never from a cache)."""
     return task.with_options(

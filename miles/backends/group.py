@@ -1,4 +1,4 @@
-"""The training ranks as Ray actors: created (optionally named, in namespace "miles") or re-attached."""
+"""The training ranks as Ray actors: created (optionally named after the run, see `RunNames`) or re-attached."""
 from __future__ import annotations
 
 import logging
@@ -9,18 +9,18 @@ import ray
 
 from miles.backends import actor_class
 from miles.backends.base import RankBatch, RankTrainResult
+from miles.cluster.names import NAMESPACE, RunNames
 from miles.service_process import free_port
 
 log = logging.getLogger(__name__)
-NAMESPACE = "miles"
 
 
-def _named(prefix: str, world_size: int) -> list[Any] | None:
-    """The existing actors `<prefix>-rank<k>` if all are there, else None."""
+def _named(names: RunNames, world_size: int) -> list[Any] | None:
+    """The run's existing rank actors if all are there, else None."""
     handles = []
     for rank in range(world_size):
         try:
-            handles.append(ray.get_actor(f"{prefix}-rank{rank}", namespace=NAMESPACE))
+            handles.append(ray.get_actor(names.rank(rank), namespace=NAMESPACE))
         except ValueError:
             return None
     return handles
@@ -29,15 +29,15 @@ def _named(prefix: str, world_size: int) -> list[Any] | None:
 class ActorGroup:
     """`world_size` ranks; `attached` says they already existed (a retried task found them)."""
 
-    def __init__(self, config, model_path: str, name_prefix: str | None = None):
-        self.config = config
+    def __init__(self, config, model_path: str, names: RunNames | None = None):
+        self.config, self.names = config, names
         self.world_size = config.world_size
-        existing = _named(name_prefix, self.world_size) if name_prefix else None
+        existing = _named(names, self.world_size) if names else None
         self.attached = existing is not None
         if existing is not None:
             self.actors = existing
             ray.get([a.info.remote() for a in self.actors])  # they answer: alive
-            log.info("attached to %d existing training actors %s-rank*", self.world_size, name_prefix)
+            log.info("attached to %d existing training actors %s", self.world_size, names.rank(0))
             return
         cls = ray.remote(actor_class(config.train.train_backend))
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= self.world_size else 0
@@ -45,9 +45,9 @@ class ActorGroup:
         self.actors = []
         for rank in range(self.world_size):
             options: dict[str, Any] = dict(num_cpus=0, num_gpus=gpus, max_concurrency=1)
-            if name_prefix:
+            if names:
                 # Detached so a failed Prefect task's worker exiting does not take the ranks with it.
-                options.update(name=f"{name_prefix}-rank{rank}", namespace=NAMESPACE, lifetime="detached")
+                options.update(name=names.rank(rank), namespace=NAMESPACE, lifetime="detached")
             self.actors.append(cls.options(**options).remote(config, rank, self.world_size, threads))
         port = free_port()
         ray.get([a.init.remote(model_path, "127.0.0.1", port) for a in self.actors])
@@ -75,9 +75,9 @@ def stop_ranks(actors: list[Any]) -> None:
             ray.kill(actor, no_restart=True)
 
 
-def stop_named_group(name_prefix: str, world_size: int) -> bool:
+def stop_named_group(names: RunNames, world_size: int) -> bool:
     """Stop a run's named ranks cleanly without building a trainer; False when they are gone."""
-    actors = _named(name_prefix, world_size)
+    actors = _named(names, world_size)
     if actors is None:
         return False
     stop_ranks(actors)

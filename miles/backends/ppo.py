@@ -15,7 +15,6 @@ import math
 import os
 import pickle
 import random
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +29,7 @@ from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
 from miles.backends.schedule import lr_at
+from miles.phases import timed
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> torch.device:
@@ -185,13 +185,14 @@ class PPORank:
         sums: dict[str, float] = defaultdict(float)
         mbs = micro_batches(batch, cfg.micro_batch_size, self.pad_id, self.device)
 
-        wall0, t0 = time.time(), time.perf_counter()
-        old = self._score(self.model, mbs)
-        log_probs_time = time.perf_counter() - t0
-        phases = [("log_probs", wall0, wall0 + log_probs_time)]
-        t1 = time.perf_counter()
-        ref = self._score(self.ref_model, mbs) if self.ref_model is not None else None
-        ref_time = time.perf_counter() - t1
+        times: dict[str, float] = {}
+        phases: list[tuple[str, float, float]] = []  # (phase, wall start, wall end) for the run's timeline
+        with timed("log_probs", times, phases):
+            old = self._score(self.model, mbs)
+        ref = None
+        if self.ref_model is not None:
+            with timed("ref_log_probs", times, phases):
+                ref = self._score(self.ref_model, mbs)
         for i, mb in enumerate(mbs):
             m = mb.response_mask
             sums["rollout/log_probs"] += sample_mean(old[i].log_probs, m).sum().item()
@@ -202,27 +203,24 @@ class PPORank:
             if ref is not None:
                 sums["rollout/ref_log_probs"] += sample_mean(ref[i].log_probs, m).sum().item()
 
-        wall2, t2 = time.time(), time.perf_counter()
         self.model.train()
         step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": []}
-        for step in range(len(batch.step_sizes)):
-            self.optimizer.zero_grad(set_to_none=True)
-            for i, mb in enumerate(mbs):
-                if mb.step == step:
-                    self._backward(mb, old[i].log_probs, None if ref is None else ref[i].log_probs,
-                                   batch.global_step_sizes[step], sums)
-            step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
-            step_values["train/grad_norm"].append(self.clip_and_step())
-        actor_train_time = time.perf_counter() - t2
-        phases.append(("actor_train", wall2, wall2 + actor_train_time))
+        with timed("actor_train", times, phases):
+            for step in range(len(batch.step_sizes)):
+                self.optimizer.zero_grad(set_to_none=True)
+                for i, mb in enumerate(mbs):
+                    if mb.step == step:
+                        self._backward(mb, old[i].log_probs, None if ref is None else ref[i].log_probs,
+                                       batch.global_step_sizes[step], sums)
+                step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
+                step_values["train/grad_norm"].append(self.clip_and_step())
         num_tokens = sum(mb.num_tokens for mb in mbs)
         token_stats = {}
         if batch.return_token_stats:
-            wall3 = time.time()
-            token_stats = response_token_stats(batch, mbs, old)
-            phases.append(("token_stats", wall3, time.time()))
-        return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, log_probs_time, ref_time,
-                               actor_train_time, phases, token_stats)
+            with timed("token_stats", times, phases):
+                token_stats = response_token_stats(batch, mbs, old)
+        return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, times["log_probs"],
+                               times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats)
 
     def _backward(self, mb: MicroBatch, old_log_probs, ref_log_probs, global_step_size: int, sums) -> None:
         terms = sample_losses(self.token_stats(self.model, mb), old_log_probs, ref_log_probs, mb, self.config.train)

@@ -85,6 +85,13 @@ class MilesConfig:
                               f"global batch ({gbs} / {self.world_size} ranks = {per_rank})")
         if self.train.use_kl_loss and self.train.kl_loss_coef == 0.0:
             raise ConfigError("--kl-loss-coef", "must be > 0 with --use-kl-loss")
+        gpus = self.rollout.rollout_num_gpus_per_engine
+        if gpus != 1 and self.engine.engine != "sglang":
+            raise ConfigError("--rollout-num-gpus-per-engine", f"the embedded engine runs on one device, got {gpus}; "
+                                                               "several GPUs per engine need --engine sglang")
+        if gpus != 1 and self.engine.sglang_tp_size not in (1, gpus):
+            raise ConfigError("--sglang-tp-size", f"{self.engine.sglang_tp_size} disagrees with "
+                                                  f"--rollout-num-gpus-per-engine {gpus} (one GPU per TP rank)")
         if self.rollout.n_samples_per_prompt == 1 and self.train.advantage_estimator == "grpo":
             raise ConfigError("--n-samples-per-prompt", "GRPO needs groups of at least 2 samples per prompt")
         t = self.tracking

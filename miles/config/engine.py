@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from miles.config.fields import flag
+from miles.config.fields import ConfigError, flag
 
 
 @dataclass(frozen=True)
@@ -30,3 +30,14 @@ class EngineConfig:
     sglang_tp_size: int = flag(1, "SGLang tensor-parallel size per engine", minimum=1)
     sglang_extra_args: list[str] = flag([], "extra arguments for python -m sglang.launch_server, as one quoted "
                                        "string split like a shell ('--disable-radix-cache --chunked-prefill-size 4096')")
+
+    def validate(self) -> None:
+        if self.engine == "sglang":
+            return
+        given = {"--sglang-tp-size": self.sglang_tp_size != 1,
+                 "--sglang-mem-fraction-static": self.sglang_mem_fraction_static is not None,
+                 "--sglang-extra-args": bool(self.sglang_extra_args)}
+        for name, set_here in given.items():
+            if set_here:
+                raise ConfigError(name, "applies to SGLang engines only; add --engine sglang (the embedded engine "
+                                        "has no such setting)")

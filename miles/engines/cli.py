@@ -1,10 +1,13 @@
 """`miles engine`: serve a checkpoint over SGLang's HTTP API with the embedded engine, or start real SGLang.
 
+The first line it prints is its effective settings as one JSON object (as SGLang prints its server args).
+
     miles engine --model DIR --host 127.0.0.1 --port 30000 [--engine-max-batch-size 64]
     miles engine --engine sglang --model DIR --sglang-tp-size 2      # needs a GPU and the [gpu] extra
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -12,6 +15,7 @@ from pathlib import Path
 
 from miles import auth
 from miles.config import ConfigError, EngineConfig, EngineServeConfig, parse_sections
+from miles.config.argv import print_settings
 from miles.parent_watch import watch_parent
 
 TOKEN_ENV = "MILES_ENGINE_ADMIN_TOKEN"
@@ -27,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parsed = parse_sections([EngineServeConfig, EngineConfig], argv, prog="miles engine",
                             description=__doc__.strip().splitlines()[0])
     serve, engine = parsed[EngineServeConfig], parsed[EngineConfig]
+    # the first line of its log; the admin token (from the flag or the environment) shows as ***
+    print_settings("engine", dataclasses.replace(serve, engine_admin_token=resolve_admin_token(serve)), engine)
     if engine.engine == "sglang":
         if not auth.is_loopback(serve.host) and "--api-key" not in " ".join(engine.sglang_extra_args):
             raise ConfigError("--host", f"SGLang bound to {serve.host} (not loopback) needs its own key: pass "

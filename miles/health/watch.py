@@ -34,6 +34,8 @@ def rollouts_of(lines: Iterable[JournalLine]) -> list[Rollout]:
     """One merged row per rollout (an eval line joins its iteration's), `health/*` keys left out."""
     merged: dict[int, dict[str, float]] = {}
     for line in lines:
+        if line.rollout_id < 0:
+            continue  # the eval before training (rollout id -1) is not an iteration
         row = merged.setdefault(line.rollout_id, {})
         row.update({k: v for k, v in line.metrics.items() if not k.startswith("health/")})
     return [Rollout(rid, metrics) for rid, metrics in sorted(merged.items())]

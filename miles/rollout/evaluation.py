@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from miles.rollout.data import Prompt, read_prompts
 from miles.rollout.generate import SamplingParams, generate_groups
@@ -24,11 +23,9 @@ class EvalResult:
     data: dict[str, dict]  # Miles' eval data: name -> {"rewards", "truncated", "samples"}
 
 
-def load_eval_sets(rollout_config, default_path: Path | None) -> list[EvalSet]:
-    """NAME PATH pairs of --eval-prompt-data, else the default arithmetic eval set."""
+def load_eval_sets(rollout_config) -> list[EvalSet]:
+    """The NAME PATH pairs of --eval-prompt-data (`resolve` adds the arithmetic eval set to the default task)."""
     pairs = list(zip(rollout_config.eval_prompt_data[0::2], rollout_config.eval_prompt_data[1::2]))
-    if not pairs and default_path is not None:
-        pairs = [(DEFAULT_EVAL_NAME, str(default_path))]
     sets = []
     for name, path in pairs:
         prompts = read_prompts(path, rollout_config.input_key, rollout_config.label_key, "--eval-prompt-data")

@@ -1,4 +1,5 @@
-"""Sampling through SGLang's native `/generate`: one request per sample, a bounded number in flight.
+"""Sampling through SGLang's native `/generate`: one request per sample (or the turns of a
+`--custom-generate-function-path` function, given a `GenerateFnInput`), a bounded number in flight.
 
 Each sample gets its own seed derived from (seed, rollout_id, index), so a rollout is
 the same whichever engine serves it and however requests interleave. The rollout side

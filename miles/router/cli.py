@@ -1,9 +1,11 @@
 """`miles router`: serve the router in the foreground until interrupted."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from miles.config import ConfigError, RouterConfig, RouterServeConfig, parse_sections
+from miles.config.argv import print_settings
 from miles.parent_watch import watch_parent
 from miles.router.app import Router, check_bind, resolve_admin_token
 from miles.router.server import bind_socket, serve_forever
@@ -15,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parsed = parse_sections([RouterServeConfig, RouterConfig], argv, prog="miles router",
                             description="Route SGLang-style requests across engines, with health checks and failover.")
     serve, config = parsed[RouterServeConfig], parsed[RouterConfig]
+    # the first line of its log; the token (from the flag or the environment) shows as ***
+    print_settings("router", serve, dataclasses.replace(config, router_admin_token=resolve_admin_token(config)))
     check_bind(serve.host, resolve_admin_token(config))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

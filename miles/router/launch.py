@@ -5,13 +5,12 @@ process would compete with the rollout client for the same interpreter lock.
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 import tempfile
 from pathlib import Path
 
 from miles.config import RouterConfig
-from miles.config.fields import flag_name
+from miles.config.argv import section_argv
 from miles.router.app import resolve_admin_token
 from miles.service_process import ServiceProcess, ServiceStartError, free_port, start_service
 
@@ -24,15 +23,7 @@ def router_command(config: RouterConfig, host: str, port: int, worker_urls: list
     argv = [sys.executable, "-m", "miles.router.cli", "--host", host, "--port", str(port)]
     if worker_urls:
         argv += ["--worker-urls", *worker_urls]
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if field.metadata.get("secret") or value is None:
-            continue
-        if isinstance(value, bool):
-            argv.append(flag_name(field.name) if value else f"--no-{field.name.replace('_', '-')}")
-        else:
-            argv += [flag_name(field.name), str(value)]
-    return argv
+    return argv + section_argv(config)
 
 
 def launch_router(config: RouterConfig, *, host: str = "127.0.0.1", port: int | None = None,

@@ -85,12 +85,6 @@ class RouterHandle:
             return self.router.snapshot(reset=reset).as_metrics()
         return asyncio.run_coroutine_threadsafe(take(), self._loop).result(timeout=30)
 
-    def call(self, fn, *args):
-        """Run `fn(*args)` on the router's event loop thread (e.g. handle.call(handle.router.add_worker, url))."""
-        async def run():
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
-
     def stop(self, timeout: float = 30.0) -> None:
         self._server.should_exit = True
         self._thread.join(timeout)

@@ -3,8 +3,8 @@ source of truth every tracker must equal.
 
 A line is flat: `rollout_id` (the iteration) and `time` (unix seconds, when recorded; the
 trackers reuse it as the point's timestamp, so re-delivering a line is recognisably the
-same point) plus the mapped metric keys, step counters included. An eval that arrives
-after its iteration was recorded adds one more line for that rollout with its `eval/*` keys.
+same point) plus the mapped metric keys, step counters included. The eval of the starting
+weights, before any training, is a line of its own with rollout id -1 and `eval/step` 0.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 JOURNAL_NAME = "metrics.jsonl"
 BOOKKEEPING = ("rollout_id", "time")
+BASE_EVAL_ROLLOUT_ID = -1  # the line of the eval before training: it sorts before rollout 0
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,10 @@ class RunTracker(Protocol):
         """Miles' custom eval logger hook, likewise: `extra_metrics` are the loop's `eval/` metrics
         of `data` ({name: {"rewards", "truncated", "samples"}})."""
 
+    def log_base_eval(self, args: Any, data: dict, extra_metrics: dict) -> None:
+        """The eval of the starting weights, before rollout 0: the eval logger hook (as rollout 0), then,
+        unless it returned True, its own journal line at `eval/step` 0 (rollout id -1: before rollout 0)."""
+
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
         """One iteration's metrics (with `train/step`, `rollout/step`, `eval/step`): stdout row + journal."""
 

@@ -16,10 +16,10 @@ import yaml
 from miles.run_info import describe, run_name, run_tags
 from miles.tracking.delivery_process import DeliveryProcess
 from miles.tracking.hooks import load_hooks
-from miles.tracking.journal import Journal, JournalLine
+from miles.tracking.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
 from miles.tracking.names import map_metrics
 from miles.tracking.report import REPORT_NAME, write_report
-from miles.tracking.row import format_row
+from miles.tracking.row import format_eval, format_row
 from miles.tracking.samples import samples_due, write_samples
 from miles.tracking.secrets import public_params, scrubber_for
 from miles.tracking.sinks.base import SinkSpec
@@ -171,11 +171,16 @@ class RunTracker:
         self._require_open()
         if self.hooks.eval is not None and self.hooks.eval(rollout_id, args, data, extra_metrics):
             return
-        metrics = map_metrics({"eval/step": rollout_id, **extra_metrics})
-        if self.journal.lines and self.journal.lines[-1].rollout_id == rollout_id:
-            self.journal.append(JournalLine(rollout_id, time.time(), metrics))  # eval after its iteration
-        else:
-            self.pending.setdefault(rollout_id, {}).update(metrics)
+        # recorded with the iteration's line (the loop evaluates before it records)
+        self.pending.setdefault(rollout_id, {}).update(map_metrics({"eval/step": rollout_id, **extra_metrics}))
+
+    def log_base_eval(self, args: Any, data: dict, extra_metrics: dict) -> None:
+        self._start({})
+        if self.hooks.eval is not None and self.hooks.eval(0, args, data, extra_metrics):
+            return
+        metrics = map_metrics({**extra_metrics, "eval/step": 0})
+        self.journal.append(JournalLine(BASE_EVAL_ROLLOUT_ID, time.time(), metrics))
+        print(format_eval("base eval", {k: v for k, v in metrics.items() if k != "eval/step"}), flush=True)
 
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
         self._require_open()

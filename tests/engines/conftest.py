@@ -6,6 +6,7 @@ import time
 import httpx
 import pytest
 
+from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
 
 MAX_BATCH = 16
@@ -20,9 +21,9 @@ def engine_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def engine(base_model, engine_dir):
-    handle = launch_engine(base_model, device="cpu", max_batch_size=MAX_BATCH, log_path=engine_dir / "engine.log",
-                           extra_args=["--engine-max-queued-requests", str(MAX_QUEUED),
-                                       "--timeline-path", str(engine_dir / "timeline.jsonl")])
+    config = EngineConfig(engine_device="cpu", engine_max_batch_size=MAX_BATCH, engine_max_queued_requests=MAX_QUEUED)
+    handle = launch_engine(base_model, config, log_path=engine_dir / "engine.log",
+                           serve_args=["--timeline-path", str(engine_dir / "timeline.jsonl")])
     yield handle
     handle.stop()
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
 from miles.engines.weights import WeightPushError, push_weights_from_disk, push_weights_in_memory
 
@@ -16,7 +17,7 @@ PROBE = {"text": "37+58=", "return_logprob": True,
 @pytest.fixture(scope="module")
 def own_engine(base_model, tmp_path_factory):
     # Its own engine: these tests change the served weights.
-    handle = launch_engine(base_model, device="cpu", max_batch_size=4,
+    handle = launch_engine(base_model, EngineConfig(engine_device="cpu", engine_max_batch_size=4),
                            log_path=tmp_path_factory.mktemp("weights-engine") / "engine.log")
     yield handle
     assert handle.stop() is not None  # stop() ends the process

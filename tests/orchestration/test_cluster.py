@@ -18,7 +18,7 @@ from prefect_ray.context import remote_options
 from miles.config import ConfigError, OrchestrationConfig
 from miles.ray_cluster import check_reachable
 from tasks.cluster import bring_up_cluster, shut_down_cluster
-from tasks.options import configured
+from tasks.options import with_run_retries
 
 
 @task(name="report_worker")
@@ -34,7 +34,7 @@ def report_worker(marker: str) -> dict:
 @flow(name="on-ray", task_runner=RayTaskRunner())
 def on_ray(marker: str, orchestration: OrchestrationConfig) -> dict:
     with remote_options(max_retries=0):
-        return configured(report_worker, orchestration).submit(marker).result()
+        return with_run_retries(report_worker, orchestration).submit(marker).result()
 
 
 @flow(name="cluster-check")
@@ -48,7 +48,7 @@ def cluster_check(marker: str, api_url: str) -> dict:
         out["started_here"] = cluster.started_here
         return out
     finally:
-        shut_down_cluster(cluster)
+        shut_down_cluster()
 
 
 async def _task_runs(flow_run_ids: list) -> list:

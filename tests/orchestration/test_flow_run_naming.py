@@ -6,14 +6,15 @@ import asyncio
 
 from prefect import flow
 
-from flows.grpo import config_source, describe_flow_run, with_resolved_paths
+from flows.grpo import config_source, describe_flow_run
+from miles.config.resolve import resolve
 from miles.config import parse_config
 
 
 @flow(name="grpo-naming-probe")
 def naming_probe(flags: list[str]) -> str:
     """The grpo flow's first step (resolve the config, name and describe the run), without training."""
-    config = with_resolved_paths(parse_config(flags))
+    config = resolve(parse_config(flags))
     return describe_flow_run(config, None, flags)
 
 

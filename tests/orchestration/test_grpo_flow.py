@@ -1,13 +1,17 @@
-"""The GRPO flow end to end on a real Prefect server and real Ray: faults are retried, resumed
-from the checkpoint, visible on the Prefect API, and the journal holds one line per step."""
+"""The GRPO flow end to end on a real Prefect server and real Ray: a failed chunk is resubmitted (one
+retry layer), resumed from the checkpoint, visible on the Prefect API; --save-interval is honoured;
+the journal holds one line per step."""
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import ray
 
-from miles.config import ConfigError
+from miles.config import ConfigError, parse_config
 from tests.orchestration.conftest import journal_steps, task_runs_of
 
 
@@ -18,14 +22,17 @@ def names(runs) -> Counter:
 
 
 @pytest.mark.slow
-def test_a_raising_chunk_is_retried_and_resumes(run_grpo):
-    state, run_dir = run_grpo("--inject-fault", "raise@1")
+def test_a_raising_chunk_is_resubmitted_and_resumes_from_the_interval_checkpoint(run_grpo):
+    state, run_dir = run_grpo("--inject-fault", "raise@1", "--save-interval", "1", "--keep-checkpoints", "10")
     assert state.is_completed(), state.message
     assert journal_steps(run_dir) == [0, 1, 2, 3]  # nothing lost, nothing doubled
     runs = task_runs_of(state.state_details.flow_run_id)
-    chunk = next(r for r in runs if r.name == "train_chunk[0-2]")
-    assert chunk.state.is_completed() and chunk.run_count == 2  # Prefect's own retry, on the API
+    attempts = sorted((r for r in runs if r.name == "train_chunk[0-2]"), key=lambda r: r.expected_start_time)
+    # one retry layer: the flow resubmits the chunk (no Prefect retry inside it), and the API shows both
+    assert [r.state.type.value for r in attempts] == ["FAILED", "COMPLETED"] and attempts[0].run_count == 1
     assert names(runs)["train_chunk[2-4]"] == 1 and names(runs)["finish_run"] == 1
+    # --save-interval 1 with chunks of 2: a checkpoint after every rollout, not only at chunk ends
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"iter_000000{i}" for i in range(4)]
     assert not ray.is_initialized()
 
 
@@ -39,14 +46,34 @@ def test_a_chunk_whose_worker_is_killed_is_resubmitted(run_grpo):
     assert [r.state.type.value for r in attempts] == ["CRASHED", "COMPLETED"]
 
 
+# non-default values of every engine flag the embedded engine has, and two router flags
+ENGINE_FLAGS = ["--engine-device", "cpu", "--engine-max-batch-size", "32", "--engine-cpu-threads", "2",
+                "--engine-max-queued-requests", "999", "--context-length", "200"]
+ROUTER_FLAGS = ["--router-policy", "round-robin", "--router-max-retries", "3"]
+
+
+def settings_lines(log: Path) -> list[dict]:
+    """The effective-settings line each launch of a service wrote first (a relaunch appends its own)."""
+    return [json.loads(line)["settings"] for line in log.read_text().splitlines() if line.startswith('{"service"')]
+
+
 @pytest.mark.slow
-def test_a_killed_engine_is_relaunched_and_reregistered(run_grpo):
-    state, run_dir = run_grpo("--rollout-num-engines", "2", "--inject-fault", "kill-engine@1")
+def test_a_killed_engine_is_relaunched_and_reregistered_and_every_engine_flag_reaches_the_engines(run_grpo):
+    state, run_dir = run_grpo("--rollout-num-engines", "2", "--inject-fault", "kill-engine@1",
+                              *ENGINE_FLAGS, *ROUTER_FLAGS)
     assert state.is_completed(), state.message
     assert journal_steps(run_dir) == [0, 1, 2, 3]
     counts = names(task_runs_of(state.state_details.flow_run_id))
     # two engines launched and registered at start, engine 0 once more after it was killed
     assert counts["launch_engine"] == 3 and counts["register_engine"] == 3
+    given = parse_config([*ENGINE_FLAGS, *ROUTER_FLAGS])
+    logs = run_dir / "logs"
+    engine_launches = settings_lines(logs / "engine-0.log") + settings_lines(logs / "engine-1.log")
+    assert len(engine_launches) == 3  # engine 0 twice (relaunched), engine 1 once
+    for launch in engine_launches:
+        assert {k: launch[k] for k in dataclasses.asdict(given.engine)} == dataclasses.asdict(given.engine)
+    (router,) = settings_lines(logs / "router.log")
+    assert router["router_policy"] == "round-robin" and router["router_max_retries"] == 3
 
 
 def test_unreachable_ray_address_fails_before_any_engine(run_grpo):

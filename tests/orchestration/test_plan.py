@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.plan import Chunk, plan_chunks, plan_for
+from miles.cluster.chunks import Chunk, plan_chunks, plan_for
 from miles.config import parse_config
 
 

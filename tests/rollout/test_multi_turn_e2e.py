@@ -8,7 +8,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from miles.config import GenerateConfig, RouterConfig
+from miles.config import EngineConfig, GenerateConfig, RouterConfig
 from miles.engines.launch import launch_engine
 from miles.rollout import multi_turn
 from miles.rollout.data import Prompt
@@ -37,8 +37,9 @@ def tool_model():
 
 @pytest.fixture(scope="module")
 def engines(tool_model, tmp_path_factory):
-    handles = [launch_engine(tool_model, device="cpu", max_batch_size=8, extra_args=["--tool-call-parser", "tiny"],
-                             log_path=tmp_path_factory.mktemp("engine") / f"engine{i}.log") for i in range(2)]
+    config = EngineConfig(engine_device="cpu", engine_max_batch_size=8, tool_call_parser="tiny")
+    handles = [launch_engine(tool_model, config, log_path=tmp_path_factory.mktemp("engine") / f"engine{i}.log")
+               for i in range(2)]
     yield handles
     for handle in handles:
         handle.stop()

@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from miles.config import RouterConfig
+from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
 from miles.router import start_router
 
@@ -16,9 +17,9 @@ MAX_BATCH = 32
 
 @pytest.fixture(scope="session")
 def engine(base_model, tmp_path_factory):
-    handle = launch_engine(base_model, device="cpu", max_batch_size=MAX_BATCH,
-                           log_path=tmp_path_factory.mktemp("engine") / "engine.log",
-                           env={"MILES_ENGINE_ADMIN_TOKEN": TOKEN}, extra_args=["--engine-header-timeout", "2"])
+    config = EngineConfig(engine_device="cpu", engine_max_batch_size=MAX_BATCH, engine_header_timeout=2)
+    handle = launch_engine(base_model, config, log_path=tmp_path_factory.mktemp("engine") / "engine.log",
+                           env={"MILES_ENGINE_ADMIN_TOKEN": TOKEN})
     yield handle
     handle.stop()
 

@@ -18,9 +18,10 @@ TRAINER = """
 import json, sys, time
 from pathlib import Path
 from miles.config import parse_config
-from miles.services import start_services
+from miles.config.resolve import resolve
+from miles.inference import start_inference
 
-services = start_services(parse_config([]), Path(sys.argv[1]))
+services = start_inference(resolve(parse_config(["--run-dir", sys.argv[1]])))
 print(json.dumps([services.rollout_url, *services.engine_urls]), flush=True)
 time.sleep(600)
 """

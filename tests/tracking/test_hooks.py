@@ -91,3 +91,22 @@ def test_bad_logger_fails_at_start_up(run_dir, hook_module, flag, path, message)
     with pytest.raises(ConfigError):
         open_tracking(config, run_dir / "never")
     assert not (run_dir / "never").exists()
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_base_eval_is_its_own_line_at_eval_step_0_unless_the_eval_logger_replaces_it(run_dir, hook_module, replace):
+    flags = ["--custom-eval-rollout-log-function-path", f"{hook_module}.eval_replace"] if replace else []
+    config = parse_config(["--num-rollout", "2", *flags])
+    tracker = open_tracking(config, run_dir)
+    tracker.resume(None, {})
+    tracker.log_base_eval(config.as_namespace(), {"arith": {"rewards": [1, 0]}}, {"eval/arith": 0.5, "eval/step": 0.0})
+    tracker.record(0, {"train/loss": 0.5, "rollout/step": 0.0, "train/step": 0.0})
+    tracker.commit(0)
+    tracker.close()
+    lines = read_journal(run_dir / "metrics.jsonl")
+    if replace:
+        assert CALLS == [("eval", 0, ["arith"])] and [ln.rollout_id for ln in lines] == [0]
+    else:
+        assert [ln.rollout_id for ln in lines] == [-1, 0]
+        assert lines[0].metrics == {"eval/arith": 0.5, "eval/step": 0.0}
+        assert "eval/step" not in lines[1].metrics  # no eval with rollout 0: no eval step on its line

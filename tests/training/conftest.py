@@ -1,7 +1,7 @@
 """Shared parts for training tests: one embedded engine on the tiny base model, a small config."""
 import pytest
 
-from miles.config import parse_config
+from miles.config import EngineConfig, parse_config
 
 # Small enough to run in seconds on 2 busy cores, big enough for GRPO groups and two ranks.
 SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "4",
@@ -13,7 +13,7 @@ SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-roll
 def engine(base_model, tmp_path_factory):
     from miles.engines.launch import launch_engine
 
-    handle = launch_engine(base_model, device="cpu", log_path=tmp_path_factory.mktemp("engine") / "engine.log",
+    handle = launch_engine(base_model, EngineConfig(engine_device="cpu"), log_path=tmp_path_factory.mktemp("engine") / "engine.log",
                            env={"OMP_NUM_THREADS": "1"})
     yield handle
     handle.stop()

@@ -49,11 +49,16 @@ def test_megatron_backend_is_accepted():
 
 
 def test_custom_rm_path_is_checked_before_anything_starts(tmp_path):
-    from miles.trainer import preflight
+    from miles.config.resolve import resolve
+    from miles.preflight import preflight
 
-    config = parse_config(["--custom-rm-path", "nowhere_at_all.reward"])
+    config = resolve(parse_config(["--custom-rm-path", "nowhere_at_all.reward", "--run-dir", str(tmp_path)]))
     with pytest.raises(ConfigError, match="cannot import module 'nowhere_at_all'"):
         preflight(config)
     (tmp_path / "p.jsonl").write_text('{"question": "1+1="}\n')
     with pytest.raises(ConfigError, match="has no key 'prompt'"):
-        preflight(parse_config(["--prompt-data", str(tmp_path / "p.jsonl")]))
+        preflight(resolve(parse_config(["--prompt-data", str(tmp_path / "p.jsonl"), "--run-dir", str(tmp_path)])))
+    with pytest.raises(ConfigError, match="--custom-rollout-log-function-path"):
+        preflight(resolve(parse_config(["--custom-rollout-log-function-path", "os.nope", "--run-dir", str(tmp_path)])))
+    with pytest.raises(ConfigError, match="--inject-fault"):
+        preflight(resolve(parse_config(["--inject-fault", "explode@3", "--run-dir", str(tmp_path)])))

@@ -18,12 +18,15 @@ def test_default_config_raises_eval_pass_at_1(tmp_path):
     base, final = summary.base_eval["eval/arithmetic"], summary.final_metrics["eval/arithmetic"]
     assert final >= base + MIN_GAIN, f"eval pass@1 {base:.3f} -> {final:.3f}"
     assert summary.checkpoint is not None and (summary.checkpoint / "manifest.json").exists()
-    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert len(rows) == config.rollout.num_rollout
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the eval before training is a line of its own at eval/step 0, then one line per iteration
+    assert rows[0]["rollout_id"] == -1 and rows[0]["eval/step"] == 0
+    assert rows[0]["eval/arithmetic"] == pytest.approx(base)
+    assert [r["rollout_id"] for r in rows[1:]] == list(range(config.rollout.num_rollout))
     # the health watch's defaults are calibrated so that the default run raises nothing
     assert not (tmp_path / "run" / "health.jsonl").exists()
-    assert all('"health/loss": ' in row for row in rows)
-    assert all(v == 0.0 for row in rows for k, v in json.loads(row).items() if k.startswith("health/"))
+    assert all("health/loss" in row for row in rows[1:])
+    assert all(v == 0.0 for row in rows for k, v in row.items() if k.startswith("health/"))
     check_timeline(tmp_path / "run", config.rollout.num_rollout)
 
 

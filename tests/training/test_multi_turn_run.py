@@ -22,8 +22,9 @@ def test_multi_turn_run_end_to_end(tmp_path, capsys):
     run_dir = tmp_path / "run"
     config = parse_config(["--config", str(CONFIG), *SHORT, "--run-dir", str(run_dir)])
     summary = train(config)
-    metrics = [line.metrics for line in read_journal(run_dir / "metrics.jsonl")]
-    assert len(metrics) == 2
+    lines = read_journal(run_dir / "metrics.jsonl")
+    assert [line.rollout_id for line in lines] == [-1, 0, 1]  # the eval before training, then the iterations
+    metrics = [line.metrics for line in lines[1:]]
     # rollout 0: the engines and the trainer hold the same weights; observation tokens are not scored
     assert metrics[0]["train/train_rollout_logprob_abs_diff"] <= 1e-3
     for m in metrics:

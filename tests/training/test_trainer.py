@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from miles.cluster.names import RunNames
 from miles.trainer import RLTrainer
 
 TRAIN_KEYS = ["loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
@@ -26,7 +27,7 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
 
     config = small_config("--use-kl-loss", "--kl-loss-coef", "0.01", "--entropy-coef", "0.001")
     router = start_router(config.router, worker_urls=[engine.url])
-    trainer = RLTrainer(config, tmp_path / "run", router.url, [engine.url])
+    trainer = RLTrainer(config, router.url, [engine.url])
     try:
         assert trainer.resume() == 0
         first = trainer.run_iteration(0)
@@ -37,8 +38,9 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
         assert abs(m["rollout/log_probs"] - m["rollout/ref_log_probs"]) < 1e-6  # policy == reference at step 0
         missing = [k for k in [f"train/{k}" for k in TRAIN_KEYS + ["kl_loss"]] + [f"rollout/{k}" for k in
                    ROLLOUT_KEYS + ["ref_log_probs"]] + [f"perf/{k}" for k in PERF_KEYS] + ["passrate/pass@1",
-                   "passrate/pass@4", "train/step", "rollout/step", "eval/step"] if k not in m]
+                   "passrate/pass@4", "train/step", "rollout/step"] if k not in m]
         assert missing == []
+        assert "eval/step" not in m  # only lines that carry eval metrics have it
         assert all(math.isfinite(v) for v in m.values())
         assert {s.weight_version for s in first.samples} == {"0"}
         assert len(first.samples) == 16 and all(s.reward in (0.0, 1.0) for s in first.samples)
@@ -55,6 +57,7 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
         assert httpx.get(f"{router.url}/router_health").json()["weight_version"] == "2"
         rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         assert [r["rollout/step"] for r in rows] == [0, 1]
+        assert "eval/step" not in rows[0] and rows[1]["eval/step"] == 1 and "eval/arithmetic" in rows[1]
         check_dashboard_files(tmp_path / "run", first.samples)
     finally:
         trainer.close()
@@ -82,7 +85,7 @@ def check_dashboard_files(run_dir: Path, samples) -> None:
 
 def run(config, run_dir, engine, rollout_ids, save_at=(), last=False):
     # Named ranks kept between runs (as Prefect chunks keep them): a resume must overwrite all their state.
-    trainer = RLTrainer(config, run_dir, engine.url, [engine.url], actor_name_prefix="t-resume")
+    trainer = RLTrainer(config.replace(run_dir=str(run_dir)), engine.url, [engine.url], RunNames("t-resume"))
     try:
         start = trainer.resume()
         rows = {}
@@ -93,7 +96,9 @@ def run(config, run_dir, engine, rollout_ids, save_at=(), last=False):
         digest = trainer.group.call("weights_digest")
         return start, rows, digest
     finally:
-        trainer.close(keep_actors=not last)
+        if last:
+            trainer.group.stop()
+        trainer.close()
 
 
 def comparable(metrics):
@@ -125,16 +130,17 @@ def test_resume_is_exact_even_past_a_corrupt_checkpoint(small_config, ray_cluste
 
 def test_attach_to_named_actors_and_restart_from_base(small_config, ray_cluster, engine, tmp_path):
     config = small_config()
-    first = RLTrainer(config, tmp_path / "run", engine.url, [engine.url], actor_name_prefix="t-attach")
+    first = RLTrainer(config, engine.url, [engine.url], RunNames("t-attach"))
     first.resume()
     first.run_iteration(0)
     trained = first.group.call("weights_digest")
     # a retried task: a new trainer finds the same actors instead of starting twins
-    second = RLTrainer(config, tmp_path / "run", engine.url, [engine.url], actor_name_prefix="t-attach")
+    second = RLTrainer(config, engine.url, [engine.url], RunNames("t-attach"))
     try:
         assert second.group.attached and second.group.call("weights_digest") == trained
         assert second.resume() == 0  # no checkpoint: the actors go back to the base weights
         assert second.group.call("weights_digest") != trained
         assert second.run_iteration(0).metrics["train/train_rollout_logprob_abs_diff"] <= 1e-3
     finally:
+        second.group.stop()
         second.close()

@@ -1,8 +1,20 @@
-"""Split a run's rollout iterations into training chunks; a profiling window is a chunk of its own."""
+"""A run's rollouts split into training chunks (one task each); a profiling window is a chunk of its own."""
 from __future__ import annotations
 
-from miles.config import MilesConfig
-from tasks.chunks import Chunk
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rollout ids `first` .. `stop - 1`, run by one training task (`profiled`: the profiling window)."""
+
+    first: int
+    stop: int
+    profiled: bool = False
+
+    @property
+    def rollouts(self) -> range:
+        return range(self.first, self.stop)
 
 
 def plan_chunks(num_rollout: int, chunk_size: int, window: tuple[int, int] | None = None) -> list[Chunk]:
@@ -23,7 +35,7 @@ def _fill(first: int, stop: int, chunk_size: int) -> list[Chunk]:
     return [Chunk(i, min(i + chunk_size, stop)) for i in range(first, stop, chunk_size)]
 
 
-def plan_for(config: MilesConfig) -> list[Chunk]:
+def plan_for(config) -> list[Chunk]:
     profiling = config.profiling
     window = (profiling.profile_step_start, profiling.profile_step_end) if profiling.use_pytorch_profiler else None
     return plan_chunks(config.rollout.num_rollout, config.orchestration.chunk_size, window)
