@@ -175,7 +175,7 @@ class RunTracker:
         self.pending.setdefault(rollout_id, {}).update(map_metrics({"eval/step": rollout_id, **extra_metrics}))
 
     def log_base_eval(self, args: Any, data: dict, extra_metrics: dict) -> None:
-        self._start({})
+        self._require_open()
         if self.hooks.eval is not None and self.hooks.eval(0, args, data, extra_metrics):
             return
         metrics = map_metrics({**extra_metrics, "eval/step": 0})
