@@ -23,19 +23,22 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
     """A uvicorn `http=` protocol class enforcing the two limits."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        # One timer per connection, not per request: it fires every `head_timeout` seconds and refuses
+        # the connection if a request head has been arriving for longer than that (cheap on the hot path).
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._head_done = False
             self._head_bytes = 0
+            self._head_started: float | None = self.loop.time()  # a connection that sends nothing counts too
             self._refused = False
-            self._head_timer = self.loop.call_later(head_timeout, self._head_too_slow)
+            self._head_timer = self.loop.call_later(head_timeout, self._check_head_time)
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
             if not self._head_done:
-                if self._head_timer is None:  # the first byte of the next request on a kept-alive connection
-                    self._head_timer = self.loop.call_later(head_timeout, self._head_too_slow)
+                if self._head_started is None:  # the first byte of the next request on a kept-alive connection
+                    self._head_started = self.loop.time()
                 self._head_bytes += len(data)
             super().data_received(data)
             if not self._head_done and self._head_bytes > max_head_bytes:
@@ -46,7 +49,7 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
             if self._refused:
                 return
             self._head_done = True
-            self._cancel_timer()
+            self._head_started = None
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:
@@ -69,10 +72,17 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
                 self._head_timer.cancel()
                 self._head_timer = None
 
-        def _head_too_slow(self) -> None:
+        def _check_head_time(self) -> None:
             self._head_timer = None
-            if not self._head_done and not self.transport.is_closing():
+            if self._refused or self.transport.is_closing():
+                return
+            started = self._head_started
+            now = self.loop.time()
+            if started is not None and now - started >= head_timeout:
                 self._refuse(408, "Request Timeout", f"the request headers did not arrive within {head_timeout}s")
+                return
+            wait = head_timeout if started is None else head_timeout - (now - started)
+            self._head_timer = self.loop.call_later(wait, self._check_head_time)
 
         def _refuse(self, status: int, reason: str, message: str) -> None:
             self._refused = True

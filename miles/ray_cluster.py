@@ -11,8 +11,9 @@ from miles.cluster.names import NAMESPACE
 from miles.config import ConfigError
 
 CONNECT_TIMEOUT_S = 5.0
-TOKEN_HELP = ("Ray token authentication rejected this driver's token: give it the cluster's token "
-              "(`ray get-auth-token` on the head node) in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")
+TOKEN_HELP = ("Ray token authentication rejected this driver's token (wrong or missing): give it the cluster's "
+              "token (`ray get-auth-token` on the head node) in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
+              "RAY_AUTH_TOKEN")
 
 
 def existing_cluster_address(ray_address: str | None) -> str | None:

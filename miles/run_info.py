@@ -25,6 +25,7 @@ def is_tiny_default(path: str | None) -> bool:
 
 
 def model_name(config) -> str:
+    """The checkpoint's directory name, or the built-in tiny model's label (given or resolved, the same)."""
     checkpoint = config.rollout.hf_checkpoint
     return "tiny-qwen3 (built in)" if is_tiny_default(checkpoint) else Path(checkpoint).name
 

@@ -116,6 +116,7 @@ class Router:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+            self.proxy.close()
             self.upstream.close()
 
     # what the endpoints do

@@ -33,6 +33,7 @@ ROUTING_KEY_HEADER = b"x-smg-routing-key"
 # Each router appends its id to this header on the way to a worker; seeing its own id again means the
 # request went round a loop (a router registered behind itself), answered 508 instead of recursing.
 HOP_HEADER = b"x-miles-router-hop"
+WATCH_AFTER_S = 0.05  # a request answered sooner never starts a disconnect watch
 
 
 @dataclass(frozen=True)
@@ -62,22 +63,34 @@ class LoopDetected(Exception):
 
 class ClientWatch:
     """Waits for the client to disconnect while its request is served, and then aborts the worker
-    connection in use, so the engine sees the disconnect and stops decoding for nobody."""
+    connection in use, so the engine sees the disconnect and stops decoding for nobody.
 
-    def __init__(self, receive):
+    The proxy starts the watching task only once a request has taken `WATCH_AFTER_S` (most answers
+    come sooner; a task per request would cost the hot path more than the proxying). A client that
+    left earlier is noticed then: its disconnect waits in `receive`."""
+
+    __slots__ = ("conn", "gone", "receive", "since", "task")
+
+    def __init__(self, receive, since: float):
         self.conn: Connection | None = None
         self.gone = False
-        self._task = asyncio.ensure_future(self._watch(receive))
+        self.receive = receive
+        self.since = since
+        self.task: asyncio.Task | None = None
 
-    async def _watch(self, receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
             pass
         self.gone = True
         if self.conn is not None:
             self.conn.abort()
 
     def close(self) -> None:
-        self._task.cancel()
+        if self.task is not None:
+            self.task.cancel()
 
 
 class Proxy:
@@ -95,6 +108,23 @@ class Proxy:
         self.retry_backoff = retry_backoff
         self.request_timeout = request_timeout
         self.rng = rng or random.Random()
+        self._unwatched: dict[ClientWatch, None] = {}  # in arrival order; the sweeper starts the old ones
+        self._sweeper: asyncio.Task | None = None
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_AFTER_S)
+            due = time.perf_counter() - WATCH_AFTER_S
+            for watch in list(self._unwatched):
+                if watch.since > due:
+                    break
+                del self._unwatched[watch]
+                watch.start()
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based): exponential, capped, jittered +-50%."""
@@ -113,15 +143,19 @@ class Proxy:
             await send_json(send, 508, {"error": "loop detected: this request already went through this router "
                                                  "(is the router registered as its own worker?)"})
             return
-        watch = ClientWatch(receive)
+        start = time.perf_counter()
+        watch = ClientWatch(receive, start)
+        self._unwatched[watch] = None
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
         try:
-            await self.forward(scope, head, body, watch, send)
+            await self.forward(scope, head, body, watch, send, start)
         finally:
+            self._unwatched.pop(watch, None)
             watch.close()
 
-    async def forward(self, scope, head: bytes, body: bytes, watch: ClientWatch, send) -> None:
+    async def forward(self, scope, head: bytes, body: bytes, watch: ClientWatch, send, start: float) -> None:
         routing_key = routing_key_of(scope)
-        start = time.perf_counter()
         tried: list[Worker] = []
         retries = 0
         error: str | None = None

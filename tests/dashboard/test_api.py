@@ -39,6 +39,14 @@ def test_run_summary_names_what_is_missing(client):
     assert run["missing"] == ["health (health.jsonl)", "profiler (profiler/summaries.jsonl)"]
 
 
+def test_the_eval_before_training_is_plotted_at_step_0_not_counted(run_copy, client):
+    journal = (run_copy / "metrics.jsonl").read_text()
+    base = {"rollout_id": -1, "time": 1.0, "eval/arithmetic": 0.188, "eval/step": 0}
+    (run_copy / "metrics.jsonl").write_text(json.dumps(base) + "\n" + journal)
+    assert get(client, "/api/run")["iterations"] == 4
+    assert get(client, "/api/metrics")["series"]["eval/arithmetic"]["x"] == [0, 1.0, 3.0]
+
+
 def test_metrics_every_key_on_its_own_step_axis(client):
     data = get(client, "/api/metrics")
     assert {"train", "rollout", "perf", "eval"} <= set(data["namespaces"])

@@ -85,3 +85,22 @@ def test_unreachable_ray_address_is_a_clear_error():
         check_reachable(f"127.0.0.1:{port}", timeout=2.0)
     with pytest.raises(ConfigError, match="expected HOST:PORT"):
         check_reachable("nowhere")
+
+
+def test_inside_a_ray_job_the_jobs_cluster_and_env_vars_are_used(monkeypatch):
+    import json
+
+    from miles.ray_cluster import existing_cluster_address, without_job_env_vars
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert existing_cluster_address(None) is None and existing_cluster_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    ours = {"env_vars": {"PREFECT_API_URL": "http://127.0.0.1:4200/api", "MILES_CACHE_DIR": "/c"}}
+    assert without_job_env_vars(ours) == ours  # not a job: nothing to leave out
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")  # what Ray sets for a job's driver
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(
+        {"runtime_env": {"env_vars": {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}}}))
+    assert existing_cluster_address(None) == "10.0.0.2:6379"
+    assert existing_cluster_address("10.0.0.1:6379") == "10.0.0.1:6379"  # the flag wins
+    # Ray refuses a driver that sets a variable the job's runtime env already sets
+    assert without_job_env_vars(ours) == {"env_vars": {"MILES_CACHE_DIR": "/c"}}

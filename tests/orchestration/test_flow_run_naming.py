@@ -32,7 +32,7 @@ def read_back(flow_run_id):
     return asyncio.run(read())
 
 
-def test_flow_run_name_tags_and_description(prefect_api, tmp_path, tmp_path_factory):
+def test_flow_run_name_tags_and_description(prefect_api, tmp_path):
     flags = ["--run-dir", str(tmp_path / "grpo-megatron-7"), "--train-backend", "megatron", "--num-rollout", "5"]
     state = naming_probe(flags, return_state=True)
     assert state.is_completed(), state.message

@@ -105,7 +105,7 @@ def test_a_wrong_token_is_named_as_an_authentication_error(head, tmp_path):
                 "--run-dir", str(tmp_path / "run")], env, timeout=120)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (f"--ray-address: the Ray cluster at {head.address} refused the connection: Ray token authentication "
-            f"rejected this driver's token") in proc.stderr
+            f"rejected this driver's token (wrong or missing)") in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

@@ -34,7 +34,7 @@ def test_runs_are_named_tagged_described_and_have_system_metrics_unless_turned_o
                                      "mlflow.source.git.commit")} == {
         "miles.train_backend": "fsdp", "miles.task": "arithmetic", "miles.version": "0.1.0",
         "prefect.flow_run_url": FLOW_RUN_URL, "mlflow.source.git.commit": commit or None}
-    assert tags["miles.model"] and tags["miles.run_dir"] == str(first.resolve())
+    assert tags["miles.model"] == "tiny-qwen3 (built in)" and tags["miles.run_dir"] == str(first.resolve())
     assert tags["mlflow.note.content"].startswith("GRPO (fsdp) of ") and "2 rollouts" in tags["mlflow.note.content"]
     system = {k for k in run.data.metrics if k.startswith("system/")}
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= system
