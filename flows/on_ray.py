@@ -19,6 +19,7 @@ from miles.cluster.chunks import Chunk, plan_for
 from miles.cluster.service_actors import engine_alive, stop_run_actors
 from miles.config import ConfigError, MilesConfig
 from miles.config.resolve import run_names
+from miles.health import RedFlagStop
 from miles.dashboard.cli import command as dashboard_command
 from miles.inference import timeline_args
 from miles.router.app import resolve_admin_token
@@ -43,15 +44,19 @@ def train_on_ray(config: MilesConfig) -> RunReport:
     with remote_options(max_retries=0), ProgressBar(config.rollout.num_rollout) as bar:
         try:
             services = bring_up_services(config)
-            for chunk in plan_for(config):
-                task = with_run_retries(profile_window if chunk.profiled else train_chunk, o, retries=False)
-                result = run_chunk_to_end(task, chunk, dict(config=config, services=services,
-                                                            progress_id=progress_id),
-                                          config, heal=lambda: heal_engines(config, services), on_progress=bar)
-                if result.stop_reason:
-                    get_run_logger().warning(f"the run stopped in {task.name}[{chunk.first}-{chunk.stop}]: "
-                                             f"{result.stop_reason}")
-                    break
+            try:
+                for chunk in plan_for(config):
+                    task = with_run_retries(profile_window if chunk.profiled else train_chunk, o, retries=False)
+                    result = run_chunk_to_end(task, chunk, dict(config=config, services=services,
+                                                                progress_id=progress_id),
+                                              config, heal=lambda: heal_engines(config, services), on_progress=bar)
+                    if result.stop_reason:
+                        get_run_logger().warning(f"the run stopped in {task.name}[{chunk.first}-{chunk.stop}]: "
+                                                 f"{result.stop_reason}")
+                        break
+            except RedFlagStop:  # --on-red-flag stop: the artifacts (grpo-health) still, then the run fails
+                with_run_retries(finish_run, o).submit(config, services).result()
+                raise
             return with_run_retries(finish_run, o).submit(config, services).result()
         finally:
             stop_run_actors(names)
@@ -119,7 +124,7 @@ def run_chunk_to_end(task: Task, chunk: Chunk, params: dict, config: MilesConfig
             mark_crashed(future.task_run_id, message)  # a killed worker cannot report it itself
         else:
             error = future.result(raise_on_failure=False)
-            if isinstance(error, ConfigError):
+            if isinstance(error, (ConfigError, RedFlagStop)):  # a bad flag stays bad; a health stop is deliberate
                 raise error
             message = f"{where} failed: {error!r}"
         if attempt == retries:

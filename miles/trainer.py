@@ -174,12 +174,6 @@ class RLTrainer:
         return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated, **health.metrics}, samples,
                                health)
 
-    def stop_on_red_flag(self, result: IterationResult) -> None:
-        """With --on-red-flag stop, a red flag checkpoints this rollout and ends the run (RedFlagStop)."""
-        if self.config.health.on_red_flag == "stop" and result.health.red:
-            path = self.save_checkpoint(result.rollout_id)
-            raise RedFlagStop(stop_message(result.health.red, path))
-
     @contextmanager
     def phase(self, name: str, rollout_id: int, times: dict[str, float] | None = None, **span) -> Iterator[None]:
         """One named phase of an iteration: timed through `miles.phases` (where profiling hooks in) and
@@ -274,11 +268,19 @@ def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> 
 
 
 class RedFlagStopper(Observer):
-    """--on-red-flag stop as a loop observer: a red flag checkpoints its rollout and ends the run
-    with `RedFlagStop` (see `RLTrainer.stop_on_red_flag`)."""
+    """--on-red-flag stop as a loop observer: a red flag asks the loop to stop (it checkpoints the rollout
+    and closes the trackers as the run's end); the driver then fails the run with `raise_if_stopped`."""
 
-    def __init__(self, trainer: RLTrainer):
-        self.trainer = trainer
+    def __init__(self, config):
+        self.stop = config.health.on_red_flag == "stop"
+        self.reason: str | None = None
 
-    def after_iteration(self, result: IterationResult) -> None:
-        self.trainer.stop_on_red_flag(result)
+    def after_iteration(self, result: IterationResult) -> str | None:
+        if self.stop and result.health.red:
+            self.reason = stop_message(result.health.red)
+        return self.reason
+
+    def raise_if_stopped(self, outcome) -> None:
+        """RedFlagStop naming the flags and the checkpoint the loop saved, if this observer stopped it."""
+        if self.reason is not None:
+            raise RedFlagStop(f"{self.reason}. Checkpoint: {outcome.checkpoint}")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from uuid import UUID
 
 from prefect import task
@@ -12,6 +11,7 @@ from miles.cluster.chunks import Chunk
 from miles.cluster.names import RunNames
 from miles.config import MilesConfig
 from miles.loop import Observer
+from miles.run_info import run_name
 from tasks.health import emit_finished, emit_health
 from tasks.logs import library_logs_to_prefect
 
@@ -50,14 +50,15 @@ class ProgressArtifact(Observer):
 
 class HealthEvents(Observer):
     """The health watch's Prefect events: one per iteration (and per red flag that starts), and one when
-    the run's last rollout is done (it closes the stall watch's window)."""
+    the run's last rollout is done or a red flag stops it (it closes the stall watch's window)."""
 
     def __init__(self, config: MilesConfig):
-        self.run_name, self.num_rollout = Path(config.train.run_dir).name, config.rollout.num_rollout
+        self.run_name, self.num_rollout = run_name(config.train.run_dir), config.rollout.num_rollout
+        self.stops = config.health.on_red_flag == "stop"
 
     def after_iteration(self, result) -> None:
         emit_health(self.run_name, result.rollout_id, self.num_rollout, result.health)
-        if result.rollout_id == self.num_rollout - 1:
+        if result.rollout_id == self.num_rollout - 1 or (self.stops and result.health.red):
             emit_finished(self.run_name, result.rollout_id)
 
 
@@ -81,11 +82,13 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices, progress
 
     with library_logs_to_prefect():
         trainer = RLTrainer(config, services.router_url, services.engine_urls, services.names)
+        stopper = RedFlagStopper(config)
         observers = [FaultInjector(config.orchestration.inject_fault, config.train.run_dir,
                                    kill_engine=lambda: kill_engine(services.names, 0)),
-                     HealthEvents(config), RedFlagStopper(trainer), trainer.profiler,
+                     HealthEvents(config), stopper, trainer.profiler,
                      ProgressArtifact(progress_id, config.rollout.num_rollout)]
         outcome = run_loop(trainer, chunk.rollouts, observers)
+        stopper.raise_if_stopped(outcome)  # the task fails with the flag; the flow does not resubmit it
     return ChunkResult(chunk.first, chunk.stop, outcome.resumed_at, len(outcome.rollout_ids), outcome.last_metrics,
                        outcome.stop_reason)
 
