@@ -25,6 +25,7 @@ from miles.config.resolve import resolve
 from miles.health import HealthReport, HealthWatch, RedFlagStop, stop_message
 from miles.loop import Observer
 from miles.phases import timed
+from miles.profiling.driver import RunProfiler
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import evaluate, load_eval_sets
@@ -80,6 +81,8 @@ class RLTrainer:
                                in_memory=config.train.colocate, admin_token=resolve_admin_token(config.router))
         self.weight_version = 0
         self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
+        self.profiler = RunProfiler(config, self.run_dir, self.group.actors, self.engine_urls, router_url,
+                                    resolve_admin_token(config.router))
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -238,6 +241,7 @@ class RLTrainer:
         """Stop the ranks cleanly unless they are named (the next chunk's trainer attaches to those, the
         flow's finish stops them), then close the trackers; `final=False`: the run goes on elsewhere."""
         try:
+            self.profiler.close()  # the loop's end already did, unless the trainer ran outside the loop
             if self.group.actors and self.group.names is None:
                 self.group.stop()
         finally:
