@@ -78,14 +78,14 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices, progress
     from miles.cluster.service_actors import kill_engine
     from miles.faults import FaultInjector
     from miles.loop import run_loop
-    from miles.trainer import RedFlagStopper, RLTrainer
+    from miles.trainer import RedFlagProfiler, RedFlagStopper, RLTrainer
 
     with library_logs_to_prefect():
         trainer = RLTrainer(config, services.router_url, services.engine_urls, services.names)
         stopper = RedFlagStopper(config)
         observers = [FaultInjector(config.orchestration.inject_fault, config.train.run_dir,
                                    kill_engine=lambda: kill_engine(services.names, 0)),
-                     HealthEvents(config), stopper, trainer.profiler,
+                     HealthEvents(config), stopper, RedFlagProfiler(config, trainer.profiler), trainer.profiler,
                      ProgressArtifact(progress_id, config.rollout.num_rollout)]
         outcome = run_loop(trainer, chunk.rollouts, observers)
         stopper.raise_if_stopped(outcome)  # the task fails with the flag; the flow does not resubmit it
