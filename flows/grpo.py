@@ -17,6 +17,7 @@ from flows.on_ray import train_on_ray
 from miles.config import ConfigError, MilesConfig, parse_config
 from miles.config.resolve import default_run_dir, resolve
 from miles.config.secrets import export_secrets, secrets_to_env
+from miles.health import RedFlagStop
 from miles.preflight import preflight
 from miles.rollout.generate_hook import load_generate_function
 from miles.run_info import describe, run_name, task_name
@@ -108,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
     print_where_to_look(config, server, ui)
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-        report = grpo(flags=argv)
+        try:
+            report = grpo(flags=argv)
+        except RedFlagStop as exc:  # --on-red-flag stop: checkpointed, the flow run Failed with this message
+            print(f"miles train: stopped: {exc}", file=sys.stderr, flush=True)
+            return 1
     if ui is not None and (link := mlflow_link(config, Path(report.run_dir), ui.url)):
         report.links["mlflow-run"] = link
     print_finished(report, server, config, ui)

@@ -19,7 +19,9 @@ from miles.cluster.chunks import Chunk, plan_for
 from miles.cluster.service_actors import engine_alive, stop_run_actors
 from miles.config import ConfigError, MilesConfig
 from miles.config.resolve import run_names
+from miles.health import RedFlagStop
 from miles.dashboard.cli import command as dashboard_command
+from miles.inference import timeline_args
 from miles.router.app import resolve_admin_token
 from tasks.finish import RunReport, finish_run
 from tasks.options import with_run_retries
@@ -42,15 +44,19 @@ def train_on_ray(config: MilesConfig) -> RunReport:
     with remote_options(max_retries=0), ProgressBar(config.rollout.num_rollout) as bar:
         try:
             services = bring_up_services(config)
-            for chunk in plan_for(config):
-                task = with_run_retries(profile_window if chunk.profiled else train_chunk, o, retries=False)
-                result = run_chunk_to_end(task, chunk, dict(config=config, services=services,
-                                                            progress_id=progress_id),
-                                          config, heal=lambda: heal_engines(config, services), on_progress=bar)
-                if result.stop_reason:
-                    get_run_logger().warning(f"the run stopped in {task.name}[{chunk.first}-{chunk.stop}]: "
-                                             f"{result.stop_reason}")
-                    break
+            try:
+                for chunk in plan_for(config):
+                    task = with_run_retries(profile_window if chunk.profiled else train_chunk, o, retries=False)
+                    result = run_chunk_to_end(task, chunk, dict(config=config, services=services,
+                                                                progress_id=progress_id),
+                                              config, heal=lambda: heal_engines(config, services), on_progress=bar)
+                    if result.stop_reason:
+                        get_run_logger().warning(f"the run stopped in {task.name}[{chunk.first}-{chunk.stop}]: "
+                                                 f"{result.stop_reason}")
+                        break
+            except RedFlagStop:  # --on-red-flag stop: the artifacts (grpo-health) still, then the run fails
+                with_run_retries(finish_run, o).submit(config, services).result()
+                raise
             return with_run_retries(finish_run, o).submit(config, services).result()
         finally:
             stop_run_actors(names)
@@ -63,7 +69,7 @@ def bring_up_services(config: MilesConfig) -> RunServices:
     ranks = with_run_retries(start_training_ranks, o).submit(config, names)
     router = with_run_retries(start_router, o).submit(config.router, names, log_dir(config))
     engines = [with_run_retries(launch_engine, o).submit(config.engine, config.rollout.hf_checkpoint, names, i,
-                                                         log_dir(config))
+                                                         log_dir(config), engine_args(config))
                for i in range(config.rollout.rollout_num_engines)]
     services = RunServices(names, router.result().url, [e.result().url for e in engines])
     register_all(config, services.router_url, services.engine_urls)
@@ -73,6 +79,11 @@ def bring_up_services(config: MilesConfig) -> RunServices:
 
 def log_dir(config: MilesConfig) -> str:
     return str(Path(config.train.run_dir) / "logs")
+
+
+def engine_args(config: MilesConfig) -> tuple[str, ...]:
+    """Serve flags of the run's engines: their decoding goes to the run's timeline (embedded engines)."""
+    return tuple(timeline_args(config.engine.engine, Path(config.train.run_dir)))
 
 
 def register_all(config: MilesConfig, router_url: str, engine_urls: list[str]) -> None:
@@ -90,7 +101,8 @@ def heal_engines(config: MilesConfig, services: RunServices) -> None:
         return
     get_run_logger().warning(f"engines {dead} are down: relaunching and re-registering them")
     relaunched = [with_run_retries(launch_engine, config.orchestration).submit(
-        config.engine, config.rollout.hf_checkpoint, services.names, i, log_dir(config)) for i in dead]
+        config.engine, config.rollout.hf_checkpoint, services.names, i, log_dir(config), engine_args(config))
+        for i in dead]
     register_all(config, services.router_url, [r.result().url for r in relaunched])
 
 
@@ -112,7 +124,7 @@ def run_chunk_to_end(task: Task, chunk: Chunk, params: dict, config: MilesConfig
             mark_crashed(future.task_run_id, message)  # a killed worker cannot report it itself
         else:
             error = future.result(raise_on_failure=False)
-            if isinstance(error, ConfigError):
+            if isinstance(error, (ConfigError, RedFlagStop)):  # a bad flag stays bad; a health stop is deliberate
                 raise error
             message = f"{where} failed: {error!r}"
         if attempt == retries:

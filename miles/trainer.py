@@ -22,13 +22,14 @@ from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
 from miles.cluster.names import RunNames
 from miles.config.resolve import resolve
-from miles.health import HealthReport, HealthWatch, RedFlagStop, stop_message
+from miles.health import RED, HealthReport, HealthWatch, RedFlagStop, stop_message
 from miles.loop import Observer
 from miles.phases import timed
+from miles.profiling.driver import RunProfiler
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import evaluate, load_eval_sets
-from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.generate import RolloutSampling, generate_groups
 from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
@@ -70,7 +71,7 @@ class RLTrainer:
         self.eval_sets = load_eval_sets(r) if r.eval_interval is not None else []
         self.reward = RewardModel(r.rm_type, r.custom_rm_path, self.args)
         self.generate_fn = load_generate_function(config.generate)
-        self.params = SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
+        self.params = RolloutSampling(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
                                      r.rollout_max_response_len)
         self.save_dir, self.load_dir = Path(config.train.save), Path(config.train.load)
         self.tracker = open_tracking(config, self.run_dir)
@@ -80,6 +81,8 @@ class RLTrainer:
                                in_memory=config.train.colocate, admin_token=resolve_admin_token(config.router))
         self.weight_version = 0
         self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
+        self.profiler = RunProfiler(config, self.run_dir, self.group.actors, self.engine_urls, router_url,
+                                    resolve_admin_token(config.router))
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -171,12 +174,6 @@ class RLTrainer:
         return IterationResult(rollout_id, {**rollout_logged, **metrics, **evaluated, **health.metrics}, samples,
                                health)
 
-    def stop_on_red_flag(self, result: IterationResult) -> None:
-        """With --on-red-flag stop, a red flag checkpoints this rollout and ends the run (RedFlagStop)."""
-        if self.config.health.on_red_flag == "stop" and result.health.red:
-            path = self.save_checkpoint(result.rollout_id)
-            raise RedFlagStop(stop_message(result.health.red, path))
-
     @contextmanager
     def phase(self, name: str, rollout_id: int, times: dict[str, float] | None = None, **span) -> Iterator[None]:
         """One named phase of an iteration: timed through `miles.phases` (where profiling hooks in) and
@@ -244,6 +241,7 @@ class RLTrainer:
         """Stop the ranks cleanly unless they are named (the next chunk's trainer attaches to those, the
         flow's finish stops them), then close the trackers; `final=False`: the run goes on elsewhere."""
         try:
+            self.profiler.close()  # the loop's end already did, unless the trainer ran outside the loop
             if self.group.actors and self.group.names is None:
                 self.group.stop()
         finally:
@@ -269,12 +267,35 @@ def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> 
     return metrics
 
 
-class RedFlagStopper(Observer):
-    """--on-red-flag stop as a loop observer: a red flag checkpoints its rollout and ends the run
-    with `RedFlagStop` (see `RLTrainer.stop_on_red_flag`)."""
+class RedFlagProfiler(Observer):
+    """--on-red-flag profile as a loop observer: a red flag that starts opens a profiler window on the
+    next --health-profile-rollouts rollouts (the profiler, itself an observer, opens it before the next one)."""
 
-    def __init__(self, trainer: RLTrainer):
-        self.trainer = trainer
+    def __init__(self, config, profiler):
+        self.on, self.rollouts = config.health.on_red_flag == "profile", config.health.health_profile_rollouts
+        self.profiler = profiler
 
     def after_iteration(self, result: IterationResult) -> None:
-        self.trainer.stop_on_red_flag(result)
+        if self.on and any(v.severity == RED for v in result.health.started):
+            start = result.rollout_id + 1
+            window = self.profiler.request_window(start, start + self.rollouts)
+            print(f"[health] profiling rollouts {window.start}..{window.end - 1} after the red flag", flush=True)
+
+
+class RedFlagStopper(Observer):
+    """--on-red-flag stop as a loop observer: a red flag asks the loop to stop (it checkpoints the rollout
+    and closes the trackers as the run's end); the driver then fails the run with `raise_if_stopped`."""
+
+    def __init__(self, config):
+        self.stop = config.health.on_red_flag == "stop"
+        self.reason: str | None = None
+
+    def after_iteration(self, result: IterationResult) -> str | None:
+        if self.stop and result.health.red:
+            self.reason = stop_message(result.health.red)
+        return self.reason
+
+    def raise_if_stopped(self, outcome) -> None:
+        """RedFlagStop naming the flags and the checkpoint the loop saved, if this observer stopped it."""
+        if self.reason is not None:
+            raise RedFlagStop(f"{self.reason}. Checkpoint: {outcome.checkpoint}")

@@ -25,10 +25,13 @@ def start_router(config: RouterConfig, names: RunNames, log_dir: str) -> Service
 
 
 @task(name="launch_engine")
-def launch_engine(config: EngineConfig, model_dir: str, names: RunNames, index: int, log_dir: str) -> ServiceInfo:
-    """Engine `index` of the run: found if running, relaunched if its process died, else started."""
+def launch_engine(config: EngineConfig, model_dir: str, names: RunNames, index: int, log_dir: str,
+                  serve_args: tuple[str, ...] = ()) -> ServiceInfo:
+    """Engine `index` of the run: found if running, relaunched if its process died, else started.
+    `serve_args`: further `miles engine` flags (the run's --timeline-path)."""
     name = names.engine(index)
-    actor = get_or_start(EngineActor, name, model_dir, config, str(Path(log_dir) / f"engine-{index}.log"))
+    actor = get_or_start(EngineActor, name, model_dir, config, str(Path(log_dir) / f"engine-{index}.log"),
+                         tuple(serve_args))
     info = ray.get(actor.ensure.remote(name))
     get_run_logger().info(f"engine {name} at {info.url} (pid {info.pid})")
     return info

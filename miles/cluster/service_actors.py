@@ -76,14 +76,15 @@ class RouterActor(ServiceActor):
 class EngineActor(ServiceActor):
     """One engine process (`miles.engines.launch`), configured by the whole engine section."""
 
-    def __init__(self, model_dir: str, config: EngineConfig, log_path: str):
-        self.model_dir, self.config = model_dir, config
+    def __init__(self, model_dir: str, config: EngineConfig, log_path: str, serve_args: tuple[str, ...] = ()):
+        self.model_dir, self.config, self.serve_args = model_dir, config, list(serve_args)
         super().__init__(log_path)
 
     def _launch(self, port: int | None):
         from miles.engines.launch import launch_engine
 
-        return launch_engine(self.model_dir, self.config, host="127.0.0.1", port=port, log_path=self.log_path)
+        return launch_engine(self.model_dir, self.config, host="127.0.0.1", port=port, log_path=self.log_path,
+                             serve_args=self.serve_args)
 
 
 def actor_options(name: str) -> dict[str, Any]:

@@ -39,7 +39,8 @@ def run_summary(files: RunFiles, follow: bool) -> dict[str, Any]:
     corrupt = [f"{name}: {info['skipped']} unreadable lines" for name, info in status.items() if info.get("skipped")]
     config = files.config()
     return {"run_dir": str(files.run_dir), "name": files.run_dir.name, "follow": follow,
-            "iterations": len({row.get("rollout_id") for row in journal if row.get("rollout_id", 0) >= 0}),  # not the base eval
+            # the eval before training has a line of its own (rollout id -1): not an iteration
+            "iterations": len({row.get("rollout_id") for row in journal if (row.get("rollout_id") or 0) >= 0}),
             "last_rollout_id": max((row.get("rollout_id", -1) for row in journal), default=None),
             "num_rollout": config.get("rollout.num_rollout") or config.get("num_rollout"),
             "files": status, "missing": missing, "corrupt": corrupt}

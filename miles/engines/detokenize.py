@@ -5,7 +5,7 @@ text that could still become a stop string or an unfinished multi-byte character
 """
 from __future__ import annotations
 
-from miles.engines.protocol import FinishReason, SamplingParams
+from miles.engines.sglang_request import FinishReason, SamplingParams
 
 
 def final_text(tokenizer, output_ids: list[int], params: SamplingParams, finish: FinishReason | None) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import Request
 
-from miles.engines.protocol import RequestError
+from miles.engines.sglang_request import RequestError
 
 
 async def read_json(request: Request) -> Any:

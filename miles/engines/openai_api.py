@@ -18,12 +18,14 @@ from fastapi.responses import StreamingResponse
 from miles.engines.detokenize import IncrementalText, final_text
 from miles.engines.http import read_json, sse
 from miles.engines.openai_tools import assistant_text, request_parser, stop_at_call_end, tool_message
-from miles.engines.protocol import (DEFAULT_MAX_NEW_TOKENS, GenerationResult, RequestError, SamplingParams,
+from miles.engines.sglang_request import (DEFAULT_MAX_NEW_TOKENS, GenerationResult, RequestError, SamplingParams,
                                     parse_sampling_params)
 from miles.engines.scheduler import TokenEvent
 
 if TYPE_CHECKING:
-    from miles.engines.server import EngineServer
+    from fastapi import FastAPI
+
+    from miles.engines.frontend import EngineFrontend
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 # OpenAI request fields that map one-to-one onto SGLang sampling params.
@@ -43,11 +45,11 @@ class OpenAICall:
     model: str
 
 
-def add_openai_routes(server: "EngineServer") -> None:
-    api = OpenAIRoutes(server)
-    server.app.get("/v1/models")(api.models)
-    server.app.post("/v1/completions")(api.completions)
-    server.app.post("/v1/chat/completions")(api.chat_completions)
+def add_openai_routes(app: "FastAPI", frontend: "EngineFrontend", tool_call_parser: str | None) -> None:
+    api = OpenAIRoutes(frontend, tool_call_parser)
+    app.get("/v1/models")(api.models)
+    app.post("/v1/completions")(api.completions)
+    app.post("/v1/chat/completions")(api.chat_completions)
 
 
 def _object(body: Any) -> dict:
@@ -66,16 +68,16 @@ def _int_field(body: dict, name: str, default: int | None, minimum: int) -> int 
 
 
 class OpenAIRoutes:
-    def __init__(self, server: "EngineServer"):
-        self.server = server
+    def __init__(self, frontend: "EngineFrontend", tool_call_parser: str | None):
+        self.frontend, self.tool_call_parser = frontend, tool_call_parser
 
     @property
     def model_name(self) -> str:
-        return self.server.runner.model_path
+        return self.frontend.runner.model_path
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                            "created": int(self.server.started_at), "owned_by": "miles"}]}
+                                            "created": int(self.frontend.started_at), "owned_by": "miles"}]}
 
     # ---- parsing --------------------------------------------------------------------------------------
     def _call(self, body: dict, prompts: list[list[int]], default_max: int | None,
@@ -84,7 +86,7 @@ class OpenAIRoutes:
         if tool_calls:
             stop_at_call_end(sampling)
         longest = max(len(p) for p in prompts)
-        fallback = default_max or min(DEFAULT_MAX_NEW_TOKENS, self.server.runner.context_length - longest)
+        fallback = default_max or min(DEFAULT_MAX_NEW_TOKENS, self.frontend.runner.context_length - longest)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         sampling["max_new_tokens"] = fallback if max_tokens is None else max_tokens
         if isinstance(body.get("min_tokens"), int):
@@ -104,7 +106,7 @@ class OpenAIRoutes:
         if logprobs is not None and not isinstance(logprobs, (bool, int)):
             raise RequestError(f"logprobs must be a boolean or an integer, got {logprobs!r}", param="logprobs")
         for ids in prompts:
-            self.server.check_length(len(ids), params)
+            self.frontend.check_length(len(ids), params)
         model = body.get("model") if isinstance(body.get("model"), str) else self.model_name
         return OpenAICall(prompts, params, n, stream, bool(options.get("include_usage")),
                           logprobs not in (None, False), model)
@@ -112,14 +114,14 @@ class OpenAIRoutes:
     def _completion_prompts(self, body: dict) -> list[list[int]]:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return [self.server.prompt_ids(prompt, None)]
+            return [self.frontend.prompt_ids(prompt, None)]
         if isinstance(prompt, list) and prompt:
             if all(isinstance(p, str) for p in prompt):
-                return [self.server.prompt_ids(p, None) for p in prompt]
+                return [self.frontend.prompt_ids(p, None) for p in prompt]
             if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                return [self.server.prompt_ids(None, prompt)]
+                return [self.frontend.prompt_ids(None, prompt)]
             if all(isinstance(p, list) for p in prompt):
-                return [self.server.prompt_ids(None, p) for p in prompt]
+                return [self.frontend.prompt_ids(None, p) for p in prompt]
         raise RequestError("prompt must be a string, a list of strings, or token ids", param="prompt")
 
     def _chat_prompt(self, body: dict, parser=None) -> list[int]:
@@ -142,13 +144,13 @@ class OpenAIRoutes:
                 content = assistant_text(m, content, parser)
             plain.append({"role": m["role"], "content": content})
         tools = {"tools": body["tools"]} if parser is not None else {}
-        text = self.server.tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **tools)
-        return self.server.prompt_ids(text, None)
+        text = self.frontend.tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **tools)
+        return self.frontend.prompt_ids(text, None)
 
     # ---- routes ---------------------------------------------------------------------------------------
     async def completions(self, request: Request):
         body = _object(await read_json(request))
-        prompts = await self.server.off_loop(self._completion_prompts, body)
+        prompts = await self.frontend.off_loop(self._completion_prompts, body)
         call = self._call(body, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS)
         if call.stream:
             return self._stream(call, chat=False)
@@ -162,8 +164,8 @@ class OpenAIRoutes:
 
     async def chat_completions(self, request: Request):
         body = _object(await read_json(request))
-        parser = request_parser(body, self.server.config.tool_call_parser)
-        call = self._call(body, [await self.server.off_loop(self._chat_prompt, body, parser)], None,
+        parser = request_parser(body, self.tool_call_parser)
+        call = self._call(body, [await self.frontend.off_loop(self._chat_prompt, body, parser)], None,
                           tool_calls=parser is not None)
         if call.stream:
             if parser is not None:
@@ -183,14 +185,14 @@ class OpenAIRoutes:
 
     async def _run(self, call: OpenAICall) -> list[GenerationResult]:
         requests = [(ids, call.params, uuid.uuid4().hex) for ids in call.prompts for _ in range(call.n)]
-        channels = self.server.submit_all(requests)
+        channels = self.frontend.submit_all(requests)
         return list(await asyncio.gather(*(c.result() for c in channels)))
 
     def _text(self, result: GenerationResult, params: SamplingParams) -> str:
-        return final_text(self.server.tokenizer, result.output_ids, params, result.finish_reason)
+        return final_text(self.frontend.tokenizer, result.output_ids, params, result.finish_reason)
 
     def _chat_logprobs(self, result: GenerationResult) -> dict:
-        tok = self.server.tokenizer
+        tok = self.frontend.tokenizer
         content = []
         for token_id, lp in zip(result.output_ids, result.output_logprobs):
             piece = tok.decode([token_id])
@@ -198,7 +200,7 @@ class OpenAIRoutes:
         return {"content": content}
 
     def _completion_logprobs(self, result: GenerationResult) -> dict:
-        tok = self.server.tokenizer
+        tok = self.frontend.tokenizer
         tokens = [tok.decode([t]) for t in result.output_ids]
         offsets, at = [], 0
         for piece in tokens:
@@ -209,7 +211,7 @@ class OpenAIRoutes:
 
     def _stream(self, call: OpenAICall, chat: bool) -> StreamingResponse:
         rid = uuid.uuid4().hex
-        channel = self.server.submit(call.prompts[0], call.params, rid, stream=True)
+        channel = self.frontend.submit(call.prompts[0], call.params, rid, stream=True)
         stream_id = f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
@@ -225,7 +227,7 @@ class OpenAIRoutes:
             return {"id": stream_id, "object": kind, "created": created, "model": call.model, "choices": [choice]}
 
         async def events():
-            text = IncrementalText(self.server.tokenizer, call.params)
+            text = IncrementalText(self.frontend.tokenizer, call.params)
             ids: list[int] = []
             if chat:
                 yield sse(chunk("", None, role=True))

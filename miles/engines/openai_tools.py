@@ -6,7 +6,7 @@ import json
 import uuid
 from typing import Any
 
-from miles.engines.protocol import RequestError
+from miles.engines.sglang_request import RequestError
 from miles.rollout.tool_calls import TOOL_CALL_END, ToolCall, ToolCallParser, make_parser
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from miles.engines.protocol import SamplingParams
+from miles.engines.sglang_request import SamplingParams
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 
 from miles.engines.metrics import EngineMetrics
 from miles.engines.model_runner import ModelRunner
-from miles.engines.protocol import FinishReason, GenerationResult, RequestError, SamplingParams
+from miles.engines.sglang_request import FinishReason, GenerationResult, RequestError, SamplingParams
 from miles.engines.sampling import RowSampler, choose
 from miles.tracking.timeline import TimelineWriter
 

@@ -1,18 +1,19 @@
 """The embedded engine's HTTP server: SGLang's native API (/generate, health, weights, metrics) over a scheduler.
 
-`EngineServer` owns the FastAPI app, the model runner and the scheduler thread; the
-OpenAI-compatible routes live in `openai_api` and use the same request path. Unknown
+`EngineServer` owns the FastAPI app, the model runner and the scheduler thread; requests reach
+the scheduler through `EngineFrontend` (`frontend.py`), which the OpenAI-compatible routes
+(`openai_api`) use too. Unknown
 request fields are ignored, as SGLang does; known fields of the wrong type are a 400.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -20,74 +21,37 @@ from starlette.concurrency import run_in_threadpool
 
 from miles import auth
 from miles.config.engine import EngineConfig
-from miles.engines import checkpoint
+from miles.engines import weight_update
 from miles.engines.detokenize import final_text
 from miles.engines.http import read_json, sse
+from miles.engines.frontend import EngineFrontend
 from miles.engines.metrics import EngineMetrics
 from miles.engines.model_runner import ModelRunner
 from miles.engines.openai_api import add_openai_routes
-from miles.engines.protocol import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
-from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
+from miles.engines.sglang_request import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
+from miles.engines.scheduler import Scheduler, TokenEvent
+from miles.profiling.engine import EngineProfiler, parse_profile_request
 from miles.tracking.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0
-# NFC normalisation can fold up to 3 code points into one; 4 keeps the character bound below safe.
-NORMALISATION_SLACK = 4
-
-
-def longest_token_chars(tokenizer) -> int:
-    """The most characters one vocabulary entry spans: a prompt of N characters needs at least
-    N / (this * NORMALISATION_SLACK) tokens, so an over-long prompt is refused without tokenizing it."""
-    return max(1, max(len(piece) for piece in tokenizer.get_vocab()))
-
-
-class RequestChannel:
-    """The server side of one submitted request: scheduler events arrive on an asyncio queue."""
-
-    def __init__(self, scheduler: Scheduler, rid: str):
-        self.scheduler = scheduler
-        self.rid = rid
-        self.queue: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        self.sink = lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, event)
-
-    async def events(self) -> AsyncIterator[TokenEvent | FinishEvent]:
-        finished = False
-        try:
-            while not finished:
-                event = await self.queue.get()
-                finished = isinstance(event, FinishEvent)
-                yield event
-        finally:
-            if not finished:  # the client went away: stop spending compute on it
-                self.scheduler.abort(self.rid)
-
-    async def result(self) -> GenerationResult:
-        async for event in self.events():
-            if isinstance(event, FinishEvent):
-                return event.result
-        raise RuntimeError("request ended without a result")  # events() always ends on a FinishEvent
-
-
 class EngineServer:
     def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default",
                  timeline: TimelineWriter | None = None, admin_token: str | None = None):
         self.runner = runner
         self.config = config
         self.admin_token = admin_token  # when set, every state-changing endpoint needs it
-        self.tokenizer = runner.tokenizer  # encodes on the tokenizer thread; decodes short outputs on the loop
-        # Tokenizing a long prompt takes seconds: one thread does it so the event loop keeps answering.
-        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="engine-tokenize")
-        self.max_prompt_chars = runner.context_length * longest_token_chars(runner.tokenizer) * NORMALISATION_SLACK
+        self.tokenizer = runner.tokenizer  # decodes short outputs on the event loop
         self.metrics = EngineMetrics(model_name=runner.model_path)
         self.scheduler = Scheduler(runner, self.metrics, config.engine_max_batch_size,
                                    config.engine_max_queued_requests, weight_version, timeline)
-        self.started_at = time.time()
+        self.frontend = EngineFrontend(runner, self.scheduler)
+        self.started_at = self.frontend.started_at
+        self.profiler = EngineProfiler()
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
         self.app.add_exception_handler(RequestError, self._request_error)
         self._add_routes()
-        add_openai_routes(self)
+        add_openai_routes(self.app, self.frontend, config.tool_call_parser)
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI):
@@ -96,74 +60,11 @@ class EngineServer:
             yield
         finally:
             self.scheduler.stop()
-            self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+            self.frontend.close()
 
     @staticmethod
     async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
-
-    # ---- the request path shared by /generate and the OpenAI routes ------------------------------------
-    async def off_loop(self, fn, *args):
-        """Run `fn(*args)` (tokenizing) on the tokenizer thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
-
-    def prompt_ids(self, text: str | None, input_ids: list[int] | None) -> list[int]:
-        """Token ids of a prompt, checked; call it off the event loop (`off_loop`) when it tokenizes."""
-        if text is not None:
-            if len(text) > self.max_prompt_chars:
-                raise RequestError(f"The input ({len(text)} characters) is longer than the model's context length "
-                                   f"({self.runner.context_length} tokens) can hold.", param="text")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise RequestError(f"text is not valid Unicode: {exc.reason} at position {exc.start}",
-                                   param="text") from None
-        ids = list(input_ids) if input_ids is not None else self.tokenizer.encode(text, add_special_tokens=True)
-        if not ids:
-            raise RequestError("the prompt is empty", param="text")
-        vocab = self.runner.config.vocab_size
-        bad = next((t for t in ids if t >= vocab), None)
-        if bad is not None:
-            raise RequestError(f"input_ids holds token id {bad}, outside the vocabulary (size {vocab})",
-                               param="input_ids")
-        return ids
-
-    def check_length(self, prompt_len: int, params: SamplingParams) -> None:
-        """The prompt and the request's token-level params fit this model (checked per request, before it
-        joins a batch, so a bad one fails alone)."""
-        vocab = self.runner.config.vocab_size
-        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
-        if bad is not None:
-            raise RequestError(f"sampling_params.stop_token_ids holds {bad}, outside the vocabulary (size {vocab})",
-                               param="stop_token_ids")
-        limit = self.runner.context_length
-        if prompt_len >= limit:
-            raise RequestError(f"The input ({prompt_len} tokens) is longer than the model's context length "
-                               f"({limit} tokens).", param="text")
-        if prompt_len + params.max_new_tokens > limit:
-            raise RequestError(f"Requested token count exceeds the model's maximum context length of {limit} "
-                               f"tokens. You requested a total of {prompt_len + params.max_new_tokens} tokens: "
-                               f"{prompt_len} tokens from the input and {params.max_new_tokens} tokens for the "
-                               f"completion (max_new_tokens).", param="max_new_tokens")
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams, rid: str, stream: bool = False) -> RequestChannel:
-        self.check_length(len(prompt_ids), params)
-        channel = RequestChannel(self.scheduler, rid)
-        self.scheduler.submit(EngineRequest(rid=rid, prompt_ids=prompt_ids, params=params, sink=channel.sink,
-                                            stream=stream))
-        return channel
-
-    def submit_all(self, requests: list[tuple[list[int], SamplingParams, str]]) -> list[RequestChannel]:
-        """Submit several requests; if one is refused (queue full), abort the ones already queued."""
-        channels: list[RequestChannel] = []
-        try:
-            for ids, params, rid in requests:
-                channels.append(self.submit(ids, params, rid))
-        except RequestError:
-            for channel in channels:
-                self.scheduler.abort(channel.rid)
-            raise
-        return channels
 
     def render_generate(self, item: GenerateItem, result: GenerationResult) -> dict:
         """SGLang's /generate response for one finished (or, streaming, partial) request."""
@@ -207,15 +108,18 @@ class EngineServer:
         app.post("/update_weights_from_disk", **admin)(self.update_weights_from_disk)
         app.post("/update_weights_from_tensor", **admin)(self.update_weights_from_tensor)
         app.get("/metrics")(self.prometheus_metrics)
+        for method in (app.get, app.post):
+            method("/start_profile", **admin)(self.start_profile)  # writes files: an admin endpoint
+            method("/stop_profile", **admin)(self.stop_profile)
 
     async def generate(self, request: Request):
         call = parse_generate(await read_json(request))
-        prompts = await self.off_loop(lambda: [self.prompt_ids(item.text, item.input_ids) for item in call.items])
+        prompts = await self.frontend.off_loop(lambda: [self.frontend.prompt_ids(item.text, item.input_ids) for item in call.items])
         if call.stream:
             return self._stream_generate(call.items[0], prompts[0])
         for ids, item in zip(prompts, call.items):
-            self.check_length(len(ids), item.params)  # refuse the whole batch before any of it runs
-        channels = self.submit_all([(ids, item.params, item.rid) for ids, item in zip(prompts, call.items)])
+            self.frontend.check_length(len(ids), item.params)  # refuse the whole batch before any of it runs
+        channels = self.frontend.submit_all([(ids, item.params, item.rid) for ids, item in zip(prompts, call.items)])
         results = await until_disconnect(request, asyncio.gather(*(c.result() for c in channels)))
         if results is None:
             return Response(status_code=499)  # nobody reads it; the requests were aborted
@@ -223,7 +127,7 @@ class EngineServer:
         return bodies if call.is_batch else bodies[0]
 
     def _stream_generate(self, item: GenerateItem, prompt_ids: list[int]) -> StreamingResponse:
-        channel = self.submit(prompt_ids, item.params, item.rid, stream=True)
+        channel = self.frontend.submit(prompt_ids, item.params, item.rid, stream=True)
 
         async def chunks():
             partial = GenerationResult(rid=item.rid, prompt_ids=prompt_ids,
@@ -247,7 +151,7 @@ class EngineServer:
         ids = self.tokenizer.encode("1", add_special_tokens=False) or [0]
         params = SamplingParams(temperature=0.0, max_new_tokens=1)
         try:
-            channel = self.submit(ids, params, rid=f"health-{time.monotonic_ns()}")
+            channel = self.frontend.submit(ids, params, rid=f"health-{time.monotonic_ns()}")
             result = await asyncio.wait_for(channel.result(), HEALTH_GENERATE_TIMEOUT_S)
         except (RequestError, asyncio.TimeoutError) as exc:
             return JSONResponse({"healthy": False, "message": f"generation check failed: {exc!r}"}, 503)
@@ -270,6 +174,7 @@ class EngineServer:
         stats = asdict(self.scheduler.stats())
         return {
             "engine": "embedded",
+            "pid": os.getpid(),  # for py-spy dumps of the run's processes
             "model_path": self.runner.model_path,
             "tokenizer_path": self.runner.model_path,
             "device": str(self.runner.device),
@@ -299,6 +204,18 @@ class EngineServer:
         found = self.scheduler.abort(None if abort_all else rid)
         return {"success": True, "aborted": found}
 
+    async def start_profile(self, request: Request):
+        """SGLang's /start_profile: a torch profiler over the scheduler's batches until /stop_profile."""
+        raw = await request.body()
+        profile_request = parse_profile_request(await read_json(request) if raw.strip() else None)
+        await asyncio.wrap_future(self.scheduler.call_between_batches(
+            lambda: self.profiler.start(profile_request)))
+        return Response(content="Start profiling.\n")
+
+    async def stop_profile(self):
+        path = await asyncio.wrap_future(self.scheduler.call_between_batches(self.profiler.stop))
+        return Response(content=f"Stop profiling. Trace: {path}\n")
+
     async def pause_generation(self):
         self.scheduler.set_paused(True)
         return {"success": True, "message": "Generation paused; queued requests wait."}
@@ -317,7 +234,7 @@ class EngineServer:
         path = body["model_path"]
         try:
             named = await run_in_threadpool(self._read_checked_dir, path)
-        except checkpoint.WeightUpdateError as exc:
+        except weight_update.WeightUpdateError as exc:
             return weight_failure(str(exc))
         await self._swap(named, version, model_path=path)
         return {"success": True, "message": f"Succeeded to update model weights from {path}.",
@@ -328,20 +245,20 @@ class EngineServer:
         data = await request.body()
         try:
             named = await run_in_threadpool(self._read_checked_bytes, data)
-        except checkpoint.WeightUpdateError as exc:
+        except weight_update.WeightUpdateError as exc:
             return weight_failure(str(exc))
         await self._swap(named, version)
         return {"success": True, "message": f"Succeeded to update {len(named)} tensors in memory.",
                 "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
 
     def _read_checked_dir(self, path: str):
-        named = checkpoint.read_checkpoint_dir(path, self.runner.config)
-        checkpoint.check_tensors(named, self.runner.model, require_all=True)
+        named = weight_update.read_checkpoint_dir(path, self.runner.config)
+        weight_update.check_tensors(named, self.runner.model, require_all=True)
         return named
 
     def _read_checked_bytes(self, data: bytes):
-        named = checkpoint.read_safetensors_bytes(data)
-        checkpoint.check_tensors(named, self.runner.model, require_all=False)  # a trainer may send a subset
+        named = weight_update.read_safetensors_bytes(data)
+        weight_update.check_tensors(named, self.runner.model, require_all=False)  # a trainer may send a subset
         return named
 
     async def _swap(self, named, version: str | None, model_path: str | None = None) -> None:

@@ -72,10 +72,10 @@ class RedFlagStop(RuntimeError):
     """--on-red-flag stop: the run was checkpointed and ends on a red flag (the message says which and why)."""
 
 
-def stop_message(red: list[Verdict], checkpoint: Path) -> str:
+def stop_message(red: list[Verdict]) -> str:
     flags = "; ".join(f"{v.signal} at rollout {v.rollout_id}: {v.message} "
                       f"({', '.join(f'{k}={x:.4g}' for k, x in v.values.items())})" for v in red)
-    return f"health red flag, stopped by --on-red-flag stop: {flags}. Checkpoint: {checkpoint}"
+    return f"health red flag, stopped by --on-red-flag stop: {flags}"
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from miles.rollout.data import Prompt, read_prompts
-from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.generate import RolloutSampling, generate_groups
 from miles.rollout.metrics import pass_rates
 from miles.rollout.rewards import RewardModel
 
@@ -38,7 +38,7 @@ def evaluate(url: str, eval_sets: list[EvalSet], tokenizer, reward: RewardModel,
     """Eval metrics of the weights the engines serve now. Seeds do not depend on `step`, so
     evals at different steps differ only by the policy, not by the draw."""
     cfg = rollout_config
-    params = SamplingParams(cfg.eval_temperature, cfg.rollout_top_p, cfg.rollout_top_k, cfg.rollout_max_response_len)
+    params = RolloutSampling(cfg.eval_temperature, cfg.rollout_top_p, cfg.rollout_top_k, cfg.rollout_max_response_len)
     metrics, kept = {}, {}
     for eval_set in eval_sets:
         samples = generate_groups(url, eval_set.prompts, cfg.n_samples_per_eval_prompt, tokenizer, params,

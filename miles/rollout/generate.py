@@ -20,7 +20,9 @@ from miles.rollout.sample import FINISH_TO_STATUS, Sample, Status
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class RolloutSampling:
+    """What the rollout asks of every sample (the subset of SGLang's sampling params it sets)."""
+
     temperature: float
     top_p: float
     top_k: int
@@ -128,7 +130,7 @@ def encode_prompt(tokenizer, text: str, apply_chat_template: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def generate_groups(url: str, prompts: list[Prompt], n_samples: int, tokenizer, params: SamplingParams, *,
+def generate_groups(url: str, prompts: list[Prompt], n_samples: int, tokenizer, params: RolloutSampling, *,
                     seed: int, stream: str, rollout_id: int, concurrency: int, apply_chat_template: bool = False,
                     timeout: float = 600.0, generate_fn: Callable | None = None, args: Any = None) -> list[Sample]:
     """`n_samples` samples for each prompt, in prompt-major order (group g = prompt g), each finished

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from miles.engines.openai_tools import assistant_text, request_parser, stop_at_call_end, tool_message
-from miles.engines.protocol import RequestError
+from miles.engines.sglang_request import RequestError
 from miles.tiny.calculator import TOOL_SPECS
 
 

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoTokenizer
 
 from miles.engines.detokenize import IncrementalText, final_text
-from miles.engines.protocol import FinishReason, RequestError, SamplingParams, parse_generate, parse_sampling_params
+from miles.engines.sglang_request import FinishReason, RequestError, SamplingParams, parse_generate, parse_sampling_params
 from miles.engines.sampling import RowSampler, choose, scaled_logprobs
 
 

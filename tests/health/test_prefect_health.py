@@ -19,11 +19,20 @@ VERDICT = Verdict(7, "grad_norm", RED, "at or above clip_grad=1 in 100% of the l
                   {"train/grad_norm": 3.5, "clip_share": 1.0})
 
 
-def read_events(name: str) -> list[dict]:
+def read_events(name: str, resource_name: str, timeout: float = 60.0) -> list[dict]:
+    """Events of that name about that run, read back from the server's API (the server stores events
+    a moment after it received them: wait until some are there)."""
+    deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
-        response = client._client.post("/events/filter", json={"filter": {"event": {"name": [name]}}, "limit": 50})
-        response.raise_for_status()
-        return response.json()["events"]
+        while True:
+            response = client._client.post("/events/filter", json={"filter": {"event": {"name": [name]}},
+                                                                   "limit": 50})
+            response.raise_for_status()
+            events = [e for e in response.json()["events"]
+                      if e["resource"].get("prefect.resource.name") == resource_name]
+            if events or time.monotonic() > deadline:
+                return events
+            time.sleep(0.5)
 
 
 @pytest.fixture
@@ -63,13 +72,13 @@ def test_red_flag_event_is_stored_and_the_automation_cancels_the_run(automations
     watched_run(return_state=True)
     assert seen.get("state") in (StateType.CANCELLING, StateType.CANCELLED)
 
-    [event] = [e for e in read_events(RED_FLAG_EVENT) if e["resource"]["prefect.resource.name"] == "health-run"]
+    [event] = read_events(RED_FLAG_EVENT, "health-run")
     assert event["resource"]["miles.signal"] == "grad_norm" and event["resource"]["miles.severity"] == "red"
     assert event["payload"]["values"] == {"train/grad_norm": 3.5, "clip_share": 1.0}
     assert event["payload"]["rollout_id"] == 7
     related = {r["prefect.resource.id"] for r in event["related"]}
     assert f"prefect.flow-run.{seen['id']}" in related
-    iterations = [e for e in read_events(ITERATION_EVENT) if e["resource"]["prefect.resource.name"] == "health-run"]
+    iterations = read_events(ITERATION_EVENT, "health-run")
     assert iterations and iterations[0]["payload"] == {"rollout_id": 7, "num_rollout": 10, "red_flags": ["grad_norm"]}
 
 

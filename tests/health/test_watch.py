@@ -47,7 +47,8 @@ def test_red_flag_warns_once_logs_every_rollout_and_sets_the_metric(tmp_path, ca
     assert {tuple(sorted(e)) for e in logged} == {("message", "rollout_id", "severity", "signal", "values")}
     assert [e["rollout_id"] for e in logged] == list(range(START, len(reports)))
     assert all(e["signal"] == "pg_clipfrac" and e["severity"] == "red" for e in logged)
-    assert reports[START - 1].metrics["health/pg_clipfrac"] == 0.0 and reports[START].metrics["health/pg_clipfrac"] == 1.0
+    assert reports[START - 1].metrics["health/pg_clipfrac"] == 0.0
+    assert reports[START].metrics["health/pg_clipfrac"] == 1.0
     assert reports[START].started and not reports[START + 1].started
 
 

@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from miles.config import ConfigError, parse_config
+from miles.tracking.timeline import read_spans
 from tests.orchestration.conftest import journal_steps, task_runs_of
 
 
@@ -74,6 +75,10 @@ def test_a_killed_engine_is_relaunched_and_reregistered_and_every_engine_flag_re
         assert {k: launch[k] for k in dataclasses.asdict(given.engine)} == dataclasses.asdict(given.engine)
     (router,) = settings_lines(logs / "router.log")
     assert router["router_policy"] == "round-robin" and router["router_max_retries"] == 3
+    # the flow's engines write their decoding to the run's timeline too (engine 0 keeps its port and lane)
+    spans = read_spans(run_dir / "timeline.jsonl")
+    assert len({s.lane for s in spans if s.lane.startswith("engine ") and s.name == "decode"}) == 2
+    assert {s.rollout_id for s in spans if s.lane == "trainer" and s.name == "rollout"} == {0, 1, 2, 3}
 
 
 def test_unreachable_ray_address_fails_before_any_engine(run_grpo):

@@ -12,7 +12,7 @@ from miles.config import EngineConfig, GenerateConfig, RouterConfig
 from miles.engines.launch import launch_engine
 from miles.rollout import multi_turn
 from miles.rollout.data import Prompt
-from miles.rollout.generate import SamplingParams, generate_groups
+from miles.rollout.generate import RolloutSampling, generate_groups
 from miles.rollout.rewards import RewardModel
 from miles.router import start_router
 from tests.rollout import affinity_tools
@@ -48,7 +48,7 @@ def engines(tool_model, tmp_path_factory):
 def rollout(router_url: str, tokenizer, prompt: Prompt, attempt: int, **fields):
     """One trajectory, sampled at temperature 1 with a seed of its own."""
     args = argparse.Namespace(**vars(GenerateConfig(**{**TOOLS, **fields})))
-    samples = generate_groups(router_url, [prompt], 1, tokenizer, SamplingParams(1.0, 1.0, -1, 32), seed=0,
+    samples = generate_groups(router_url, [prompt], 1, tokenizer, RolloutSampling(1.0, 1.0, -1, 32), seed=0,
                               stream="train", rollout_id=attempt, concurrency=4, generate_fn=multi_turn.generate,
                               args=args)
     RewardModel("exact_match", None, None).score(samples)

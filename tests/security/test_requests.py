@@ -35,7 +35,7 @@ def test_one_bad_request_fails_alone_among_concurrent_ones(engine, bad):
 def test_a_row_that_fails_inside_the_batch_is_retried_alone(engine):
     """Requests that pass validation but break decoding only take themselves down (the scheduler retries
     the rest of the batch row by row). Driven in process: no valid request breaks decoding on purpose."""
-    from miles.engines.protocol import SamplingParams
+    from miles.engines.sglang_request import SamplingParams
     from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler
 
     class Runner:  # the smallest runner whose prefill fails for one poisoned prompt
@@ -51,7 +51,7 @@ def test_a_row_that_fails_inside_the_batch_is_retried_alone(engine):
         if any(r.rid == "poison" for r in batch):
             raise RuntimeError("boom")
         for r in batch:
-            scheduler._finish(r, __import__("miles.engines.protocol", fromlist=["FinishReason"]).FinishReason("stop"))
+            scheduler._finish(r, __import__("miles.engines.sglang_request", fromlist=["FinishReason"]).FinishReason("stop"))
     scheduler._run_batch = run_batch
     scheduler.metrics = type("M", (), {"record_finish": lambda *a: None})()
     scheduler.weight_version = "v"
