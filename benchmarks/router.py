@@ -79,10 +79,14 @@ def wait_http(url: str, timeout: float = 60.0, method: str = "GET", body: bytes 
     raise TimeoutError(f"{url} did not answer 200 within {timeout}s")
 
 
-def start_reading_url(cmd: list[str], pattern: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+def start_reading_url(cmd: list[str], pattern: str, root: Path = ROOT,
+                      marker: str = "") -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(root)}  # the checkout whose code runs
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root, env=env)
-    line = proc.stdout.readline()
+    for _ in range(20):  # a server may print its settings first; the URL is on the line with `marker`
+        line = proc.stdout.readline()
+        if marker in line or not line:
+            break
     match = re.search(pattern, line)
     if not match:
         proc.kill()
@@ -98,7 +102,7 @@ def start_stub() -> tuple[subprocess.Popen, str]:
 
 def start_ours(worker: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     proc, url = start_reading_url([PYTHON, "-m", "flows.cli", "router", "--port", "0", "--worker-urls", worker],
-                                  r"http://[^\s]+", root)
+                                  r"http://[^\s]+", root, marker="listening on")
     wait_http(url + "/router_health")
     wait_http(url + "/generate", method="POST", body=BODY)
     return proc, url

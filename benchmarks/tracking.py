@@ -1,5 +1,7 @@
-"""Tracking overhead: a training-like loop (fixed torch compute per iteration, 200 metrics
-recorded and committed each iteration) with wandb + MLflow + TensorBoard on vs all off.
+"""Tracking overhead and live lag: a training-like loop (fixed torch compute per iteration,
+metrics recorded and committed each iteration) with wandb + MLflow + TensorBoard on vs all off.
+The defaults are the default run's shape with a checkpoint every rollout (`--save-interval 1`):
+45 metrics per 2.3 s iteration; `--metrics 200 --compute-s 0.3` is a stress case.
 
 Many short phases, in rounds that alternate their order (off then on, then on then off, ...)
 so drift and noise on a busy machine hit both modes alike. Each round's ratio is its on phase's
@@ -7,14 +9,19 @@ mean iteration time over its adjacent off phase's; the headline is the median of
 beside the pooled mean and median over every iteration. Tracker start-up (the delivery process,
 wandb init, MLflow import) happens before a phase's clock starts, and the final flush after it
 stops (its time, what delivery left for the end, is shown apart), as does the share of the
-phase's lines the trackers already held when its clock stopped ("live": the delivery process
-runs at nice 19 under SCHED_IDLE, so a loop that keeps every core busy leaves it for the end).
+phase's lines the trackers already held when its clock stopped ("live").
+
+Live lag: during each on phase an observer process (the user watching, at normal priority)
+polls every tracker's own store every 0.25 s (MLflow's SQLite tables, the TensorBoard event
+files, the wandb offline file) and notes when each committed iteration's `rollout/step` point
+first appears there; the lag is that moment minus the commit, p50 and max per tracker.
 Because phase-to-phase noise on a small shared machine is larger than 1%, it also prints an
 accounted upper bound that noise barely moves: the training thread's extra time in record +
-commit, plus all CPU time of the delivery process tree while the clock ran, per iteration. Prints a table per round and
-pooled, then the figures as one JSON line; the ratios are what was measured, nothing is clamped.
+commit, plus all CPU time of the delivery process tree while the clock ran, per iteration.
+Prints a table per round and pooled, then the figures as one JSON line; the ratios are what
+was measured, nothing is clamped.
 
-    .venv/bin/python benchmarks/tracking.py [--rounds 8] [--iterations 10] [--compute-s 0.3]
+    .venv/bin/python benchmarks/tracking.py [--rounds 4] [--iterations 10] [--compute-s 2.3] [--metrics 45]
 """
 from __future__ import annotations
 
@@ -23,7 +30,9 @@ import contextlib
 import io
 import json
 import os
+import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,11 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from miles.config import parse_config  # noqa: E402
 from miles.tracking import open_tracking  # noqa: E402
-from miles.tracking.state import TrackingState  # noqa: E402
+from miles.tracking.state import DeliveryState, TrackingState  # noqa: E402
 
-NUM_METRICS = 200
 TARGET = 0.01  # the issue's bar: on within 1% of off
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+TRACKERS = ("wandb", "mlflow", "tensorboard")
+OBSERVE_S = 0.25  # the observer's poll interval: lags are measured to within it
 
 
 @dataclass
@@ -52,6 +62,7 @@ class Phase:
     close_s: float = 0.0  # close() after the clock stopped: what delivery left for the end (not in the ratios)
     live: float | None = None  # share of the phase's lines every tracker held when the clock stopped (on only)
     calls_s: float = 0.0  # time the training thread spent in record + commit, per iteration
+    lags: dict[str, list[float]] | None = None  # per tracker, seconds from each commit to its point in the store
 
     @property
     def mean(self) -> float:
@@ -75,9 +86,9 @@ def compute(n: int, a: torch.Tensor) -> float:
     return float(a[0, 0])
 
 
-def metrics_for(rollout_id: int, x: float) -> dict[str, float]:
-    m = {f"train/metric_{i:03d}": x + i for i in range(NUM_METRICS // 2 - 3)}
-    m.update({f"rollout/metric_{i:03d}": x - i for i in range(NUM_METRICS // 2 - 3)})
+def metrics_for(rollout_id: int, x: float, count: int) -> dict[str, float]:
+    m = {f"train/metric_{i:03d}": x + i for i in range(count // 2 - 3)}
+    m.update({f"rollout/metric_{i:03d}": x - i for i in range(count - count // 2 - 3)})
     m.update({"train/loss": x, "rollout/raw_reward": 0.5, "perf/step_time": 0.3, "passrate/pass@4": 0.5,
               "train/step": float(rollout_id), "rollout/step": float(rollout_id)})
     return m
@@ -111,23 +122,27 @@ def cpu_seconds(pid: int | None) -> float | None:
     return total
 
 
-def phase(r: int, mode: str, run_dir: Path, iterations: int, n_matmul: int, a: torch.Tensor) -> Phase:
+def phase(r: int, mode: str, run_dir: Path, iterations: int, n_matmul: int, a: torch.Tensor,
+          n_metrics: int) -> Phase:
     flags = ["--num-rollout", str(iterations)]
     if mode == "on":
         flags += ["--use-wandb", "--wandb-mode", "offline", "--use-mlflow", "--use-tensorboard"]
     config = parse_config(flags)
     tracker = open_tracking(config, run_dir)
+    tracker.resume(None, {})
     tracker.wait_open(300.0)
     pid = tracker.delivery_pid
-    times, calls = [], []
+    observer = start_observer(run_dir) if mode == "on" else None
+    times, calls, committed_at = [], [], []
     with contextlib.redirect_stdout(io.StringIO()):  # the rows, in both modes; kept off the table
         cpu_start = cpu_seconds(pid)
         for rollout_id in range(iterations):
             start = time.perf_counter()
             x = compute(n_matmul, a)
             called = time.perf_counter()
-            tracker.record(rollout_id, metrics_for(rollout_id, x))
+            tracker.record(rollout_id, metrics_for(rollout_id, x, n_metrics))
             tracker.commit(rollout_id)  # every iteration: the most delivery work per second
+            committed_at.append(time.time())
             times.append(time.perf_counter() - start)
             calls.append(time.perf_counter() - called)
         cpu_end = cpu_seconds(pid)
@@ -136,8 +151,72 @@ def phase(r: int, mode: str, run_dir: Path, iterations: int, n_matmul: int, a: t
         report = tracker.close()
         close_s = time.perf_counter() - closing
     assert not report.undelivered, report
+    lags = stop_observer(observer, run_dir, committed_at) if observer is not None else None
     cpu = cpu_end - cpu_start if cpu_start is not None and cpu_end is not None else None
-    return Phase(r, mode, times, cpu, close_s, live, statistics.mean(calls))
+    return Phase(r, mode, times, cpu, close_s, live, statistics.mean(calls), lags)
+
+
+# -- the live-lag observer (a separate process: `tracking.py --observe RUN_DIR`) -----------------
+def start_observer(run_dir: Path) -> subprocess.Popen:
+    """The observer, once it polls (its imports done before the phase's clock starts)."""
+    proc = subprocess.Popen([sys.executable, __file__, "--observe", str(run_dir)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "observer.ready").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the observer did not start"
+        time.sleep(0.1)  # poll interval of the readiness check
+    return proc
+
+
+def stop_observer(proc: subprocess.Popen, run_dir: Path, committed_at: list[float]) -> dict[str, list[float]]:
+    """Stop the observer (after one last poll) and turn its first sightings into lags per tracker."""
+    (run_dir / "observer.stop").touch()
+    proc.wait(timeout=120)
+    seen = json.loads((run_dir / "observer.json").read_text())
+    lags = {}
+    for name, steps in seen.items():
+        missing = [i for i in range(len(committed_at)) if str(i) not in steps]
+        assert not missing, f"{name}: steps {missing} never seen in the store"
+        lags[name] = [steps[str(i)] - committed_at[i] for i in range(len(committed_at))]
+    return lags
+
+
+def observe(run_dir: Path) -> None:
+    """Poll each tracker's store until told to stop; write when each rollout/step first appeared."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from miles.tracking.wandb_files import read_records
+
+    sinks = {}
+    while len(sinks) < len(TRACKERS):  # the trackers are open before the phase starts
+        sinks = {n: s.spec.options for n, s in DeliveryState.load(run_dir).sinks.items()}
+        time.sleep(OBSERVE_S)
+    seen: dict[str, dict[int, float]] = {name: {} for name in TRACKERS}
+    db = sqlite3.connect(sinks["mlflow"]["tracking_uri"].removeprefix("sqlite:///"))
+    loaders: dict[Path, EventFileLoader] = {}
+    sizes: dict[Path, int] = {}
+    while True:
+        stopping = (run_dir / "observer.stop").exists()
+        now = time.time()
+        for (step,) in db.execute("SELECT step FROM metrics WHERE run_uuid = ? AND key = 'rollout/step'",
+                                  (sinks["mlflow"]["run_id"],)):
+            seen["mlflow"].setdefault(step, now)
+        for path in Path(sinks["tensorboard"]["log_dir"]).glob("events.out.tfevents.*"):
+            for event in loaders.setdefault(path, EventFileLoader(str(path))).Load():
+                if any(v.tag == "rollout/step" for v in event.summary.value):
+                    seen["tensorboard"].setdefault(event.step, now)
+        for path in Path(sinks["wandb"]["directory"]).glob(f"wandb/offline-run-*-{sinks['wandb']['run_id']}/*.wandb"):
+            if sizes.get(path) == (size := path.stat().st_size):
+                continue  # nothing new flushed
+            sizes[path] = size
+            for record in read_records(path):
+                for item in record.history.item:
+                    if (item.key or "/".join(item.nested_key)) == "rollout/step":
+                        seen["wandb"].setdefault(int(json.loads(item.value_json)), now)
+        if stopping:
+            break
+        (run_dir / "observer.ready").touch()
+        time.sleep(OBSERVE_S)
+    (run_dir / "observer.json").write_text(json.dumps(seen))
 
 
 def live_share(run_dir: Path, lines: int) -> float:
@@ -153,16 +232,24 @@ def pct(ratio: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8, help="rounds of one off and one on phase, order alternating")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of one off and one on phase, order alternating")
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations per phase")
-    parser.add_argument("--compute-s", type=float, default=0.3, help="torch compute per iteration (seconds)")
+    parser.add_argument("--compute-s", type=float, default=2.3, help="torch compute per iteration (seconds)")
+    parser.add_argument("--metrics", type=int, default=45, help="metrics recorded per iteration (at least 8)")
+    parser.add_argument("--observe", type=Path, help=argparse.SUPPRESS)  # internal: the live-lag observer
     args = parser.parse_args(argv)
+    if args.metrics < 8:
+        parser.error(f"--metrics must be at least 8 (the step counters and the keys every run has), got {args.metrics}")
+    if args.observe:
+        observe(args.observe)
+        return 0
     n_matmul, a = calibrate(args.compute_s)
     rounds: list[tuple[str, Phase, Phase]] = []
     with tempfile.TemporaryDirectory(prefix="miles-bench-tracking-") as tmp:
         for r in range(args.rounds):
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
-            done = {mode: phase(r, mode, Path(tmp) / f"{mode}-{r}", args.iterations, n_matmul, a) for mode in order}
+            done = {mode: phase(r, mode, Path(tmp) / f"{mode}-{r}", args.iterations, n_matmul, a, args.metrics)
+                    for mode in order}
             rounds.append(("/".join(order), done["off"], done["on"]))
 
     ratios = [on.mean / off.mean for _, off, on in rounds]
@@ -172,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio_rounds = statistics.median(ratios)
     ratio_mean, ratio_median = on_mean / off_mean, on_med / off_med
 
-    print(f"tracking overhead: {NUM_METRICS} metrics/iteration, committed every iteration, {n_matmul} matmuls "
+    print(f"tracking overhead: {args.metrics} metrics/iteration, committed every iteration, {n_matmul} matmuls "
           f"(~{args.compute_s}s)/iteration; {args.rounds} rounds x {args.iterations} iterations per phase, "
           f"order alternating off/on, on/off")
     print(f"{'round':>5}  {'order':<7}{'off mean s/iter':>16}{'on mean s/iter':>16}{'on/off':>9}{'':>9}"
@@ -193,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = [on.delivery_cpu_s for _, _, on in rounds if on.delivery_cpu_s is not None]
     # What the trackers can cost an iteration at most, from quantities 2-core noise barely moves: the
     # training thread's extra time in record + commit, plus every CPU second the delivery process
-    # used while the clock ran (as if each one displaced training, which SCHED_IDLE prevents).
+    # used while the clock ran (as if each one displaced training).
     calls_off = statistics.mean(off.calls_s for _, off, _ in rounds)
     calls_on = statistics.mean(on.calls_s for _, _, on in rounds)
     delivery_per_iteration = sum(cpus) / (len(cpus) * args.iterations) if cpus else 0.0
@@ -201,8 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"accounted upper bound: record+commit {1000 * calls_on:.2f} ms on vs {1000 * calls_off:.2f} ms off, "
           f"delivery CPU {1000 * delivery_per_iteration:.2f} ms per iteration -> {100 * accounted:+.2f}% "
           f"of the median off iteration")
+    lags = {name: sorted(x for _, _, on in rounds for x in on.lags[name]) for name in TRACKERS}
+    lag_figures = {name: {"p50_s": round(statistics.median(v), 3), "max_s": round(max(v), 3), "points": len(v)}
+                   for name, v in lags.items()}
+    print(f"live lag, commit -> point in the tracker's store (observer polls every {OBSERVE_S}s), "
+          f"{sum(len(v) for v in lags.values())} points:")
+    for name, fig in lag_figures.items():
+        print(f"  {name:<12} p50 {fig['p50_s']:6.2f}s  max {fig['max_s']:6.2f}s  ({fig['points']} commits)")
     print(json.dumps({
-        "metrics_per_iteration": NUM_METRICS, "rounds": args.rounds, "iterations_per_phase": args.iterations,
+        "live_lag": lag_figures, "live_lag_max_s": max(f["max_s"] for f in lag_figures.values()),
+        "metrics_per_iteration": args.metrics, "rounds": args.rounds, "iterations_per_phase": args.iterations,
         "compute_s": args.compute_s, "matmuls_per_iteration": n_matmul,
         "phases": [{"round": off.round, "order": order, "off_mean_s": round(off.mean, 5),
                     "on_mean_s": round(on.mean, 5), "ratio": round(ratio, 4),

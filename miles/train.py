@@ -49,7 +49,7 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
     from miles.inference import start_inference
     from miles.loop import run_loop
     from miles.ray_cluster import connect
-    from miles.trainer import RedFlagStopper, RLTrainer
+    from miles.trainer import RedFlagProfiler, RedFlagStopper, RLTrainer
 
     start = time.time()
     o = config.orchestration
@@ -60,7 +60,8 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
         trainer = RLTrainer(config, services.rollout_url, services.engine_urls)
         fault = FaultInjector(o.inject_fault, config.train.run_dir, kill_engine=lambda: services.kill_engine(0))
         stopper = RedFlagStopper(config)
-        outcome = run_loop(trainer, range(config.rollout.num_rollout), [fault, stopper, *observers])
+        observers = [fault, stopper, RedFlagProfiler(config, trainer.profiler), trainer.profiler, *observers]
+        outcome = run_loop(trainer, range(config.rollout.num_rollout), observers)
         stopper.raise_if_stopped(outcome)
         last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1
         return RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,

@@ -22,9 +22,10 @@ from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
 from miles.cluster.names import RunNames
 from miles.config.resolve import resolve
-from miles.health import HealthReport, HealthWatch, RedFlagStop, stop_message
+from miles.health import RED, HealthReport, HealthWatch, RedFlagStop, stop_message
 from miles.loop import Observer
 from miles.phases import timed
+from miles.profiling.driver import RunProfiler
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import evaluate, load_eval_sets
@@ -80,6 +81,8 @@ class RLTrainer:
                                in_memory=config.train.colocate, admin_token=resolve_admin_token(config.router))
         self.weight_version = 0
         self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
+        self.profiler = RunProfiler(config, self.run_dir, self.group.actors, self.engine_urls, router_url,
+                                    resolve_admin_token(config.router))
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -238,6 +241,7 @@ class RLTrainer:
         """Stop the ranks cleanly unless they are named (the next chunk's trainer attaches to those, the
         flow's finish stops them), then close the trackers; `final=False`: the run goes on elsewhere."""
         try:
+            self.profiler.close()  # the loop's end already did, unless the trainer ran outside the loop
             if self.group.actors and self.group.names is None:
                 self.group.stop()
         finally:
@@ -261,6 +265,21 @@ def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> 
     if config.train.use_kl_loss:
         metrics["perf/ref_log_probs_time"] = summary.ref_log_probs_time
     return metrics
+
+
+class RedFlagProfiler(Observer):
+    """--on-red-flag profile as a loop observer: a red flag that starts opens a profiler window on the
+    next --health-profile-rollouts rollouts (the profiler, itself an observer, opens it before the next one)."""
+
+    def __init__(self, config, profiler):
+        self.on, self.rollouts = config.health.on_red_flag == "profile", config.health.health_profile_rollouts
+        self.profiler = profiler
+
+    def after_iteration(self, result: IterationResult) -> None:
+        if self.on and any(v.severity == RED for v in result.health.started):
+            start = result.rollout_id + 1
+            window = self.profiler.request_window(start, start + self.rollouts)
+            print(f"[health] profiling rollouts {window.start}..{window.end - 1} after the red flag", flush=True)
 
 
 class RedFlagStopper(Observer):

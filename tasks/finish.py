@@ -11,6 +11,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from miles.backends.group import stop_named_group
 from miles.config import MilesConfig
 from miles.health import RED, Verdict, read_health_log
+from miles.profiling.window import trace_root
 from miles.tracking.journal import read_journal
 from miles.tracking.mlflow_ui import DEFAULT_PORT, is_server_uri
 from tasks.logs import library_logs_to_prefect
@@ -82,7 +83,7 @@ def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
     links = {}
     if (mlflow_url := mlflow_link(config, path)) is not None:
         links["mlflow-run"] = mlflow_url
-    traces = Path(config.tracking.tensorboard_dir)
+    traces = trace_root(config, path)  # the profiler's traces (RUN_DIR/profiler unless --tensorboard-dir)
     if traces.exists():
         links["traces"] = traces.resolve().as_uri()
     for key, url in links.items():

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from uuid import UUID
 
 from prefect import task
-from prefect.artifacts import update_progress_artifact
+from prefect.artifacts import create_table_artifact, update_progress_artifact
 
 from miles.cluster.chunks import Chunk
 from miles.cluster.names import RunNames
@@ -78,14 +79,15 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices, progress
     from miles.cluster.service_actors import kill_engine
     from miles.faults import FaultInjector
     from miles.loop import run_loop
-    from miles.trainer import RedFlagStopper, RLTrainer
+    from miles.trainer import RedFlagProfiler, RedFlagStopper, RLTrainer
 
     with library_logs_to_prefect():
         trainer = RLTrainer(config, services.router_url, services.engine_urls, services.names)
         stopper = RedFlagStopper(config)
         observers = [FaultInjector(config.orchestration.inject_fault, config.train.run_dir,
                                    kill_engine=lambda: kill_engine(services.names, 0)),
-                     HealthEvents(config), stopper, ProgressArtifact(progress_id, config.rollout.num_rollout)]
+                     HealthEvents(config), stopper, RedFlagProfiler(config, trainer.profiler), trainer.profiler,
+                     ProgressArtifact(progress_id, config.rollout.num_rollout)]
         outcome = run_loop(trainer, chunk.rollouts, observers)
         stopper.raise_if_stopped(outcome)  # the task fails with the flag; the flow does not resubmit it
     return ChunkResult(chunk.first, chunk.stop, outcome.resumed_at, len(outcome.rollout_ids), outcome.last_metrics,
@@ -102,5 +104,15 @@ def train_chunk(config: MilesConfig, chunk: Chunk, services: RunServices,
 @task(name="profile_window", task_run_name="profile_window[{chunk.first}-{chunk.stop}]", log_prints=True)
 def profile_window(config: MilesConfig, chunk: Chunk, services: RunServices,
                    progress_id: UUID | None = None) -> ChunkResult:
-    """Exactly the profiled rollouts (--profile-step-start .. --profile-step-end), as their own task."""
-    return run_chunk(config, chunk, services, progress_id)
+    """Exactly the profiled rollouts (--profile-step-start .. --profile-step-end), as their own task:
+    the trainer's profiler opens the window for these ids; the task keeps the window visible and
+    retryable and leaves its summary (top operators, span totals, trace files) as a table artifact."""
+    from miles.profiling.summary import read_summaries, summary_rows
+
+    result = run_chunk(config, chunk, services, progress_id)
+    run_dir = Path(config.train.run_dir)
+    create_table_artifact(summary_rows(read_summaries(run_dir, chunk.first, chunk.stop)),
+                          key=f"profile-window-{chunk.first}-{chunk.stop}",
+                          description=f"Profiled rollouts {chunk.first}-{chunk.stop - 1}: top operators by self "
+                                      f"time and span totals per trace (files under {run_dir})")
+    return result

@@ -29,7 +29,10 @@ from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
 from miles.backends.schedule import lr_at
-from miles.phases import timed
+from miles.phases import add_phase_hook, timed
+from miles.profiling.rank import RankProfiler
+from miles.profiling.summary import WindowSummary
+from miles.profiling.window import ProfileWindow
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> torch.device:
@@ -130,6 +133,8 @@ class PPORank:
         self.model_path: Path | None = None  # the base HF checkpoint: its config files go into every save
         self.tied = False  # tie_word_embeddings: the HF files then hold no lm_head
         self.pad_id = 0
+        self.profiler = RankProfiler(rank)
+        add_phase_hook(self.profiler.span)  # this rank's phases are spans of train_overall in a window
 
     # ---- what a backend supplies --------------------------------------------------------
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
@@ -170,7 +175,32 @@ class PPORank:
             dist.destroy_process_group()
 
     def info(self) -> ActorInfo:
-        return ActorInfo(self.rank, self.world_size, self.weight_version, self.optimizer_steps)
+        return ActorInfo(self.rank, self.world_size, self.weight_version, self.optimizer_steps,
+                         extra={"pid": os.getpid()})
+
+    # ---- profiling windows (miles.profiling.driver drives these) --------------------------
+    def profile_open(self, window: ProfileWindow) -> bool:
+        """Arm a profiling window on this rank (False: this rank does not profile)."""
+        return self.profiler.open(window)
+
+    def profile_iteration(self, rollout_id: int) -> None:
+        """A `train_overall` iteration starts (the previous one ends)."""
+        self.profiler.begin("train_overall", rollout_id)
+
+    def profile_span(self, name: str, begin: bool) -> None:
+        """A trainer-side phase (rollout, update_weights, checkpoint, eval) starts or ends."""
+        if begin:
+            self.profiler.enter_span(name)
+        else:
+            self.profiler.exit_span(name)
+
+    def profile_close(self, end: int | None = None) -> tuple[list[WindowSummary], str | None]:
+        """Stop the window (early at `end`): its summaries, and the error (if any) that lost some of it."""
+        error, self.profiler.error = self.profiler.error, None
+        try:
+            return self.profiler.close(end), error
+        except Exception as exc:  # disk full, export error: reported by the trainer, training goes on
+            return [], f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version
@@ -187,12 +217,13 @@ class PPORank:
 
         times: dict[str, float] = {}
         phases: list[tuple[str, float, float]] = []  # (phase, wall start, wall end) for the run's timeline
-        with timed("log_probs", times, phases):
-            old = self._score(self.model, mbs)
-        ref = None
-        if self.ref_model is not None:
-            with timed("ref_log_probs", times, phases):
-                ref = self._score(self.ref_model, mbs)
+        with self.profiler.section("train_log_probs", batch.rollout_id):
+            with timed("log_probs", times, phases):
+                old = self._score(self.model, mbs)
+            ref = None
+            if self.ref_model is not None:
+                with timed("ref_log_probs", times, phases):
+                    ref = self._score(self.ref_model, mbs)
         for i, mb in enumerate(mbs):
             m = mb.response_mask
             sums["rollout/log_probs"] += sample_mean(old[i].log_probs, m).sum().item()
@@ -205,7 +236,7 @@ class PPORank:
 
         self.model.train()
         step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": []}
-        with timed("actor_train", times, phases):
+        with self.profiler.section("train_actor", batch.rollout_id), timed("actor_train", times, phases):
             for step in range(len(batch.step_sizes)):
                 self.optimizer.zero_grad(set_to_none=True)
                 for i, mb in enumerate(mbs):

@@ -100,6 +100,8 @@ class MilesConfig:
         if t.mlflow_ui and (t.mlflow_tracking_uri or "").startswith(("http://", "https://")):
             raise ConfigError("--mlflow-ui", f"--mlflow-tracking-uri {t.mlflow_tracking_uri} is a tracking server "
                                              "with its own UI; --mlflow-ui serves a local store")
+        self.profiling.validate_run(self.rollout.num_rollout, self.world_size, {
+            "--run-dir": self.train.run_dir or ".", "--tensorboard-dir": self.tracking.tensorboard_dir})
 
     def sections(self) -> list[Any]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]

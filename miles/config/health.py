@@ -14,6 +14,8 @@ class HealthConfig:
     on_red_flag: str = flag("warn", "what a red flag does: warn (log, metric, alert), stop (checkpoint and end "
                                     "the run as failed), profile (open a profiler window for the next rollouts)",
                             choices=("warn", "stop", "profile"))
+    health_profile_rollouts: int = flag(2, "--on-red-flag profile: how many rollouts after the flag to profile "
+                                           "(--profile-target, --profile-ranks)", minimum=1)
     health_alert_interval: float = flag(300.0, "seconds between two wandb alerts of one signal", minimum=0.0)
 
     health_loss_window: int = flag(20, "loss: rollouts of history its spike is measured against", minimum=3)
@@ -69,9 +71,6 @@ class HealthConfig:
                                               "(warning from half of it)", minimum=0.0, maximum=1.0)
 
     def validate(self) -> None:
-        if self.on_red_flag == "profile":
-            raise ConfigError("--on-red-flag", "profile is not supported yet (it needs a library call that opens "
-                                               "a profiler window for the next rollouts); use warn or stop")
         if self.health_pg_clipfrac_red < self.health_pg_clipfrac_warn:
             raise ConfigError("--health-pg-clipfrac-red", f"must be >= --health-pg-clipfrac-warn "
                               f"({self.health_pg_clipfrac_warn}), got {self.health_pg_clipfrac_red}")

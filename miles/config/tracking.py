@@ -28,7 +28,8 @@ class TrackingConfig:
                                              "while the run is open; --no-mlflow-system-metrics turns them off")
     mlflow_ui: bool = flag(False, "start `mlflow ui` on 127.0.0.1 for the run's MLflow store and leave it up")
     use_tensorboard: bool = flag(False, "write TensorBoard scalars")
-    tensorboard_dir: str | None = flag(None, "TensorBoard / profiler trace directory (default: RUN_DIR/tensorboard)")
+    tensorboard_dir: str | None = flag(None, "TensorBoard scalars (default: RUN_DIR/tensorboard) and "
+                                                 "profiler traces (default: RUN_DIR/profiler)")
     log_samples_interval: int | None = flag(10, "log a table of sample generations every N rollouts", minimum=1)
     custom_rollout_log_function_path: str | None = flag(
         None, "dotted path of fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool")

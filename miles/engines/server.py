@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -29,6 +30,7 @@ from miles.engines.model_runner import ModelRunner
 from miles.engines.openai_api import add_openai_routes
 from miles.engines.sglang_request import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import Scheduler, TokenEvent
+from miles.profiling.engine import EngineProfiler, parse_profile_request
 from miles.tracking.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class EngineServer:
                                    config.engine_max_queued_requests, weight_version, timeline)
         self.frontend = EngineFrontend(runner, self.scheduler)
         self.started_at = self.frontend.started_at
+        self.profiler = EngineProfiler()
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
         self.app.add_exception_handler(RequestError, self._request_error)
         self._add_routes()
@@ -105,6 +108,9 @@ class EngineServer:
         app.post("/update_weights_from_disk", **admin)(self.update_weights_from_disk)
         app.post("/update_weights_from_tensor", **admin)(self.update_weights_from_tensor)
         app.get("/metrics")(self.prometheus_metrics)
+        for method in (app.get, app.post):
+            method("/start_profile", **admin)(self.start_profile)  # writes files: an admin endpoint
+            method("/stop_profile", **admin)(self.stop_profile)
 
     async def generate(self, request: Request):
         call = parse_generate(await read_json(request))
@@ -168,6 +174,7 @@ class EngineServer:
         stats = asdict(self.scheduler.stats())
         return {
             "engine": "embedded",
+            "pid": os.getpid(),  # for py-spy dumps of the run's processes
             "model_path": self.runner.model_path,
             "tokenizer_path": self.runner.model_path,
             "device": str(self.runner.device),
@@ -196,6 +203,18 @@ class EngineServer:
             raise RequestError("give the `rid` of the request to abort, or \"abort_all\": true", param="rid")
         found = self.scheduler.abort(None if abort_all else rid)
         return {"success": True, "aborted": found}
+
+    async def start_profile(self, request: Request):
+        """SGLang's /start_profile: a torch profiler over the scheduler's batches until /stop_profile."""
+        raw = await request.body()
+        profile_request = parse_profile_request(await read_json(request) if raw.strip() else None)
+        await asyncio.wrap_future(self.scheduler.call_between_batches(
+            lambda: self.profiler.start(profile_request)))
+        return Response(content="Start profiling.\n")
+
+    async def stop_profile(self):
+        path = await asyncio.wrap_future(self.scheduler.call_between_batches(self.profiler.stop))
+        return Response(content=f"Stop profiling. Trace: {path}\n")
 
     async def pause_generation(self):
         self.scheduler.set_paused(True)

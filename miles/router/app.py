@@ -154,7 +154,8 @@ class Router:
     def router_health(self) -> dict:
         healthy = len(self.pool.healthy)
         return {"status": "ok" if healthy else "no_healthy_worker", "healthy_workers": healthy,
-                "quarantined_workers": len(self.pool.urls) - healthy, "weight_version": self.pool.weight_version}
+                "quarantined_workers": len(self.pool.urls) - healthy, "weight_version": self.pool.weight_version,
+                "pid": os.getpid()}  # for py-spy dumps of the run's processes
 
     def snapshot(self, reset: bool = True) -> StatsSnapshot:
         """Figures since the previous snapshot (the trainer calls this once per iteration)."""

@@ -1,6 +1,7 @@
 """The contract between the training loop and tracking (the loop knows nothing else of it).
 
-Order per rollout: `log_rollout` (custom logger hook, after generation, before training),
+`resume` opens the tracker, once, right after the checkpoint is read (`resume(None, {})` for a
+fresh run); every other call needs it. Order per rollout: `log_rollout` (custom logger hook, after generation, before training),
 `record` (stdout row + journal line, live), and after each checkpoint `commit`, which
 hands everything recorded up to that rollout to the trackers. Trackers therefore only
 ever hold committed iterations: a retried or resumed chunk cannot double a point.
@@ -13,8 +14,8 @@ from typing import Any, Protocol
 
 class RunTracker(Protocol):
     def resume(self, committed_rollout_id: int | None, extra: dict[str, Any]) -> None:
-        """Continue a run from its checkpoint: drop journal lines past `committed_rollout_id`
-        (they will be redone), reattach tracker runs whose ids are in `extra`."""
+        """Open the tracker at the run's checkpoint: drop journal lines past `committed_rollout_id`
+        (they will be redone), start delivery, reattach tracker runs whose ids are in `extra`."""
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """What the checkpoint must store for `resume` (e.g. wandb/MLflow run ids)."""

@@ -1,18 +1,20 @@
 """The run tracker behind `open_tracking`: stdout row and journal on the training thread;
-every tracker fed from committed journal lines by a separate, niced delivery process
-(`miles.tracking.delivery_process`), started when the first tracker is on."""
+every tracker fed from committed journal lines by a separate delivery process (`miles
+replay-spool RUN_DIR --follow`), started with the tracker; `resume` (after the checkpoint is
+read) is the explicit open that lets it open the tracker runs."""
 from __future__ import annotations
 
 import logging
+import secrets
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from miles.run_info import describe, run_name, run_tags
-from miles.tracking.delivery import FinishReport
-from miles.tracking.delivery_process import DeliveryProcess, spooled
+from miles.tracking.delivery_process import DeliveryProcess
 from miles.tracking.hooks import load_hooks
 from miles.tracking.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
 from miles.tracking.names import map_metrics
@@ -28,6 +30,23 @@ from miles.tracking.state import CONFIG_ARTIFACT, CommitState, DeliveryState
 log = logging.getLogger("miles.tracking")
 PROFILER_DIRS = ("profiler", "profiles", "traces")  # under RUN_DIR, uploaded when present
 __all__ = ["CONFIG_ARTIFACT", "RunTracker", "build_run_tracker", "build_specs"]
+
+
+@dataclass(frozen=True)
+class FinishReport:
+    undelivered: dict[str, int] = field(default_factory=dict)  # tracker -> committed lines still spooled
+
+
+def spooled(run_dir: Path, names: list[str], committed: int) -> FinishReport:
+    """What is still undelivered per tracker by the delivery state on disk, each one logged with
+    how to deliver it."""
+    sinks = DeliveryState.load(run_dir).sinks
+    undelivered = {name: committed - (sinks[name].cursor if name in sinks else 0) for name in names}
+    report = FinishReport({name: n for name, n in undelivered.items() if n > 0})
+    for name, count in report.undelivered.items():
+        log.warning("tracking: %d committed lines for %s are still spooled; deliver them with "
+                    "`miles replay-spool %s`", count, name, run_dir)
+    return report
 
 
 def build_specs(config: Any, run_dir: Path, previous: DeliveryState, extra: dict) -> dict[str, SinkSpec]:
@@ -70,70 +89,75 @@ class RunTracker:
         self.journal = Journal(self.run_dir)
         self.commits = CommitState.load(self.run_dir)
         self.pending: dict[int, dict[str, float]] = {}  # default rollout/eval metrics awaiting their record
-        self.started = False
-        self.specs: dict[str, SinkSpec] = {}  # the trackers that are on
-        self.delivery: DeliveryProcess | None = None  # None while not started, with every tracker off, or
-        # when the delivery process could not be started (its points then stay spooled)
-        self.closed = False
-        self._write_config()
-
-    def _write_config(self) -> None:
+        self.opened = self.closed = False
         path = self.run_dir / CONFIG_ARTIFACT
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(self.params, sort_keys=True))
+        # The delivery process starts now, so it imports the trackers (and creates a local MLflow
+        # store) while the trainer starts; it opens their runs once `resume` read the checkpoint.
+        self.session = secrets.token_hex(8)
+        self.specs = build_specs(config, self.run_dir, DeliveryState.load(self.run_dir), {})
+        self.commits.trackers = dict(self.specs)
+        self.commits.claim(self.session)
+        self.commits.save()
+        self.delivery: DeliveryProcess | None = None  # None with every tracker off, or when it could not start
+        if self.specs:
+            t = config.tracking
+            try:
+                self.delivery = DeliveryProcess(self.run_dir, self.session, t.tracking_retry_interval,
+                                                self.scrubber.secrets, t.wandb_key)
+            except OSError as exc:  # training goes on without it
+                log.warning("tracking: cannot start the delivery process (%s); training goes on, the committed "
+                            "points stay spooled for `miles replay-spool %s`", self.scrubber.scrub(str(exc)),
+                            self.run_dir)
 
-    def _start(self, extra: dict[str, Any]) -> DeliveryProcess | None:
-        """Start delivery once: the child opens the trackers at once, so their run ids exist early."""
-        if not self.started:
-            self.started = True
-            self.specs = build_specs(self.config, self.run_dir, DeliveryState.load(self.run_dir), extra)
-            self.commits.trackers = dict(self.specs)
-            self.commits.save()
-            if self.specs:
-                t = self.config.tracking
-                try:
-                    self.delivery = DeliveryProcess(
-                        self.run_dir, self.specs, committed=self.commits.committed,
-                        retry_interval=t.tracking_retry_interval, secrets=self.scrubber.secrets,
-                        secret_options={"wandb": {"api_key": t.wandb_key}} if t.wandb_key and "wandb" in self.specs
-                        else {})
-                except OSError as exc:  # training goes on without it
-                    log.warning("tracking: cannot start the delivery process (%s); training goes on, the committed "
-                                "points stay spooled for `miles replay-spool %s`", self.scrubber.scrub(str(exc)),
-                                self.run_dir)
-        return self.delivery
+    def _require_open(self) -> None:
+        if not self.opened:
+            raise RuntimeError("the tracker is not open: call resume(committed_rollout_id, extra) once the "
+                               "checkpoint is read (resume(None, {}) for a fresh run)")
+
+    # -- the contract -----------------------------------------------------------
+    def resume(self, committed_rollout_id: int | None, extra: dict[str, Any]) -> None:
+        if self.opened or self.closed:
+            raise RuntimeError("resume() opens the tracker once per process; it is already open or closed")
+        self.journal.truncate_after(committed_rollout_id)
+        self.commits.committed = len(self.journal.lines)  # the delivery process cuts cursors past it back
+        self.pending.clear()
+        self.specs = build_specs(self.config, self.run_dir, DeliveryState.load(self.run_dir), extra or {})
+        self.commits.trackers = dict(self.specs)
+        self.commits.trainer["open"] = self.opened = True
+        self.commits.save()
 
     @property
     def delivery_pid(self) -> int | None:
         """The delivery process's pid (None with every tracker off)."""
-        delivery = self._start({})
-        return delivery.pid if delivery is not None else None
-
-    # -- the contract -----------------------------------------------------------
-    def resume(self, committed_rollout_id: int | None, extra: dict[str, Any]) -> None:
-        if self.started:
-            raise RuntimeError("resume() must come before the first record/commit of this process")
-        self.journal.truncate_after(committed_rollout_id)
-        self.commits.committed = len(self.journal.lines)  # the delivery process cuts cursors past it back
-        self.pending.clear()
-        self._start(extra or {})
+        return self.delivery.pid if self.delivery is not None else None
 
     def wait_open(self, timeout: float) -> None:
         """Block until every tracker run is open (benchmarks and tests that time or kill delivery);
-        TimeoutError after `timeout`, DeliveryProcessError if the delivery process is gone."""
-        delivery = self._start({})
-        if delivery is not None:
-            delivery.wait_open(timeout)
+        TimeoutError after `timeout`, RuntimeError if the delivery process is gone."""
+        self._require_open()
+        deadline = time.monotonic() + timeout
+        while self.delivery is not None:
+            sinks = DeliveryState.load(self.run_dir).sinks
+            if all(name in sinks and sinks[name].session == self.session for name in self.specs):
+                return
+            if not self.delivery.check():
+                raise RuntimeError("the tracking delivery process exited before every tracker run was open")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trackers not open after {timeout}s")
+            time.sleep(0.05)  # poll interval, bounded by the deadline
 
     def checkpoint_extra(self) -> dict[str, Any]:
-        delivery = self._start({})
-        specs = dict(delivery.specs if delivery is not None else self.specs)  # the child fills in run ids
-        return {f"{name}_run_id": spec.options["run_id"] for name, spec in specs.items()
-                if spec.options.get("run_id")}
+        self._require_open()
+        known = DeliveryState.load(self.run_dir).sinks  # the delivery process fills in run ids as it opens
+        ids = {name: spec.options.get("run_id") or (known[name].spec.options.get("run_id") if name in known else None)
+               for name, spec in self.specs.items()}
+        return {f"{name}_run_id": run_id for name, run_id in ids.items() if run_id}
 
     def log_rollout(self, rollout_id: int, args: Any, samples: list, extra_metrics: dict,
                     rollout_time: float) -> None:
-        self._start({})
+        self._require_open()
         if samples_due(self.config.tracking.log_samples_interval, rollout_id):
             write_samples(self.run_dir, rollout_id, samples)
         if self.hooks.rollout is not None and self.hooks.rollout(rollout_id, args, samples, extra_metrics,
@@ -144,14 +168,14 @@ class RunTracker:
         self.pending.setdefault(rollout_id, {}).update(map_metrics(extra_metrics))
 
     def log_eval(self, rollout_id: int, args: Any, data: dict, extra_metrics: dict) -> None:
-        self._start({})
+        self._require_open()
         if self.hooks.eval is not None and self.hooks.eval(rollout_id, args, data, extra_metrics):
             return
         # recorded with the iteration's line (the loop evaluates before it records)
         self.pending.setdefault(rollout_id, {}).update(map_metrics({"eval/step": rollout_id, **extra_metrics}))
 
     def log_base_eval(self, args: Any, data: dict, extra_metrics: dict) -> None:
-        self._start({})
+        self._require_open()
         if self.hooks.eval is not None and self.hooks.eval(0, args, data, extra_metrics):
             return
         metrics = map_metrics({**extra_metrics, "eval/step": 0})
@@ -159,7 +183,7 @@ class RunTracker:
         print(format_eval("base eval", {k: v for k, v in metrics.items() if k != "eval/step"}), flush=True)
 
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
-        self._start({})
+        self._require_open()
         if self.journal.lines and self.journal.lines[-1].rollout_id >= rollout_id:
             if self.journal.count_through(rollout_id - 1) < self.commits.committed:
                 raise RuntimeError(f"rollout {rollout_id} is already committed to the trackers; "
@@ -177,21 +201,26 @@ class RunTracker:
         return {**self.pending.get(rollout_id, {}), **map_metrics(metrics)}
 
     def commit(self, rollout_id: int) -> None:
-        delivery = self._start({})
+        self._require_open()
         self.commits.committed = max(self.commits.committed, self.journal.count_through(rollout_id))
-        self.commits.save()
-        if delivery is not None:
-            delivery.commit(self.commits.committed)  # never blocks: the child reads the lines from disk
+        self.commits.save()  # the delivery process sees it within its poll interval
+        if self.delivery is not None:
+            self.delivery.check()
 
     def close(self, final: bool = True) -> FinishReport:
         """`final=False` ends this process's part of a run that goes on elsewhere (a training chunk):
         committed lines are delivered and the tracker runs finished, but the report and artifacts
-        wait for the final close (a chunk boundary should cost no more than it must)."""
+        wait for the final close (a chunk boundary should cost no more than it must). A tracker
+        never opened (its loop failed before `resume`) closes as a no-op."""
         if self.closed:
             return FinishReport()
         self.closed = True
-        delivery = self._start({})
-        files: list[Path] = []
+        if not self.opened:  # its loop failed before `resume`: the delivery process just leaves
+            self.commits.close = {"session": self.session, "final": False, "timeout": 0.0}
+            self.commits.save()
+            if self.delivery is not None:
+                self.delivery.wait(0.0)
+            return FinishReport()
         if final:
             files = [self.run_dir / CONFIG_ARTIFACT, self.journal.path]
             if self.journal.lines:
@@ -199,11 +228,12 @@ class RunTracker:
                                           clip_grad=self.config.train.clip_grad, title=str(self.run_dir.name)))
             files += [self.run_dir / d for d in PROFILER_DIRS if (self.run_dir / d).is_dir()]
             self.commits.artifacts = [str(f) for f in files]  # for `miles replay-spool` if delivery falls short
-            self.commits.save()
-        if delivery is None:
-            return spooled(self.run_dir, list(self.specs), self.commits.committed) if self.specs else FinishReport()
-        return delivery.finish(files, timeout=self.config.tracking.tracking_close_timeout,
-                               committed=self.commits.committed, final=final)
+        timeout = self.config.tracking.tracking_close_timeout
+        self.commits.close = {"session": self.session, "final": final, "timeout": timeout}
+        self.commits.save()
+        if self.delivery is not None:
+            self.delivery.wait(timeout)
+        return spooled(self.run_dir, list(self.specs), self.commits.committed) if self.specs else FinishReport()
 
 
 def build_run_tracker(config: Any, run_dir: Path) -> RunTracker:

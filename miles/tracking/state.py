@@ -1,28 +1,28 @@
-"""The tracking state of a run directory, in two files with one writer each:
+"""The tracking state of a run directory: two files with one writer each, the only protocol
+between the trainer and its delivery process (`miles replay-spool RUN_DIR --follow`).
 
-- `RUN_DIR/tracking/committed.json`, written only by the training process: how many journal
-  lines a checkpoint covers (`committed`), the trackers the run has on (`trackers`, their specs
-  as first asked for: a delivery process that died before writing anything leaves these for
-  `miles replay-spool`) and at the end the files to upload (`artifacts`);
-- `RUN_DIR/tracking/delivery.json`, written only by the delivery process (or `miles
-  replay-spool`) holding `RUN_DIR/tracking/delivery.lock`: per tracker how to rebuild it
-  (its spec, run id included), how many journal lines it holds (`cursor`) and whether its
-  run is finished with the artifacts stored (`uploaded`).
+- `RUN_DIR/tracking/committed.json`, written only by the trainer: how many journal lines a
+  checkpoint covers (`committed`), the trackers that are on (`trackers`, their specs), the trainer
+  process that owns the run now (`trainer`: pid, start time, session, and `open` once it read its
+  checkpoint: before that the delivery process only prepares), the files to upload at the end
+  (`artifacts`) and, once the trainer closes, how (`close`);
+- `RUN_DIR/tracking/delivery.json`, written only by whoever holds `RUN_DIR/tracking/delivery.lock`
+  (the delivery process or `miles replay-spool`): per tracker its spec (run id included), how
+  many journal lines it holds (`cursor`), the session that last opened it and whether its run is
+  finished with the artifacts stored (`uploaded`).
 
-`TrackingState.load` is the read-only view of both, what `resume`, `miles replay-spool` and
-the tests start from. A tracker's spool is the journal past its cursor: committed lines are
-already on disk there, so an outage spools nothing twice and loses nothing when a process ends.
-A run directory of the earlier single-file layout (`tracking/state.json`) is read as well.
+A tracker's spool is the journal past its cursor. A run directory of the earlier single-file
+layout (`tracking/state.json`) is read as well.
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
 import json
-import threading
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from miles.tracking.sinks.base import SinkSpec
 
@@ -30,6 +30,7 @@ CONFIG_ARTIFACT = Path("tracking") / "config.yaml"  # the public (redacted) conf
 COMMITTED_PATH = Path("tracking") / "committed.json"
 DELIVERY_PATH = Path("tracking") / "delivery.json"
 DELIVERY_LOCK_PATH = Path("tracking") / "delivery.lock"
+DELIVERY_LOG_PATH = Path("tracking") / "delivery.log"
 LEGACY_STATE_PATH = Path("tracking") / "state.json"  # read only: run dirs of the single-file layout
 
 
@@ -40,9 +41,11 @@ def _write_atomic(path: Path, data: dict) -> None:
     tmp.replace(path)  # atomic: a kill leaves the old or the new state, never half
 
 
-def _legacy(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / LEGACY_STATE_PATH
-    return json.loads(path.read_text()) if path.exists() else None
+def _read(run_dir: Path, path: Path) -> dict:
+    for candidate in (Path(run_dir) / path, Path(run_dir) / LEGACY_STATE_PATH):
+        if candidate.exists():
+            return json.loads(candidate.read_text())
+    return {}
 
 
 def try_delivery_lock(run_dir: Path) -> IO | None:
@@ -59,55 +62,73 @@ def try_delivery_lock(run_dir: Path) -> IO | None:
         return None
 
 
+def process_start(pid: int) -> str | None:
+    """The start time of a live process (field 22 of /proc/PID/stat), so a reused pid is not
+    mistaken for it; None when the process is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
 @dataclass
 class SinkState:
     spec: SinkSpec
     cursor: int = 0  # journal lines delivered
     uploaded: bool = False  # final artifacts stored and the run finished
+    session: str | None = None  # the trainer session whose delivery last opened this tracker run
 
 
 @dataclass
 class CommitState:
-    """The training process's file."""
+    """The trainer's file."""
 
     path: Path
     committed: int = 0  # journal lines covered by a checkpoint
     trackers: dict[str, SinkSpec] = field(default_factory=dict)  # the trackers that are on
     artifacts: list[str] = field(default_factory=list)  # files to upload once the run ends
+    trainer: dict[str, Any] | None = None  # {"pid", "start", "session", "open"} of the trainer process
+    close: dict[str, Any] | None = None  # {"session", "final", "timeout"} once that trainer closes
 
     @classmethod
     def load(cls, run_dir: Path) -> "CommitState":
-        path = Path(run_dir) / COMMITTED_PATH
-        raw = json.loads(path.read_text()) if path.exists() else _legacy(run_dir) or {}
-        return cls(path=path, committed=raw.get("committed", 0), artifacts=raw.get("artifacts", []),
+        raw = _read(run_dir, COMMITTED_PATH)
+        return cls(path=Path(run_dir) / COMMITTED_PATH, committed=raw.get("committed", 0),
+                   artifacts=raw.get("artifacts", []), trainer=raw.get("trainer"), close=raw.get("close"),
                    trackers={name: SinkSpec(**spec) for name, spec in raw.get("trackers", {}).items()})
 
     def save(self) -> None:
-        _write_atomic(self.path, {"committed": self.committed, "artifacts": self.artifacts,
+        _write_atomic(self.path, {"committed": self.committed, "artifacts": self.artifacts, "trainer": self.trainer,
+                                  "close": self.close,
                                   "trackers": {name: dataclasses.asdict(s) for name, s in self.trackers.items()}})
+
+    def trainer_alive(self) -> bool:
+        t = self.trainer
+        return t is not None and process_start(t["pid"]) == t.get("start")
+
+    def claim(self, session: str) -> None:
+        """This process is the run's trainer now (its delivery follows it until it closes or dies)."""
+        self.trainer = {"pid": os.getpid(), "start": process_start(os.getpid()), "session": session, "open": False}
+        self.close = None
 
 
 @dataclass
 class DeliveryState:
-    """The delivery process's file."""
+    """The delivery side's file."""
 
     path: Path
     sinks: dict[str, SinkState] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def load(cls, run_dir: Path) -> "DeliveryState":
-        path = Path(run_dir) / DELIVERY_PATH
-        raw = json.loads(path.read_text()) if path.exists() else _legacy(run_dir) or {}
-        sinks = {name: SinkState(SinkSpec(**s["spec"]), s["cursor"], s.get("uploaded", False))
+        raw = _read(run_dir, DELIVERY_PATH)
+        sinks = {name: SinkState(SinkSpec(**s["spec"]), s["cursor"], s.get("uploaded", False), s.get("session"))
                  for name, s in raw.get("sinks", {}).items()}
-        return cls(path=path, sinks=sinks)
+        return cls(path=Path(run_dir) / DELIVERY_PATH, sinks=sinks)
 
     def save(self) -> None:
-        with self._lock:
-            _write_atomic(self.path, {"sinks": {name: {"spec": dataclasses.asdict(s.spec), "cursor": s.cursor,
-                                                       "uploaded": s.uploaded}
-                                                for name, s in self.sinks.items()}})
+        _write_atomic(self.path, {"sinks": {name: dataclasses.asdict(s) for name, s in self.sinks.items()}})
 
 
 @dataclass(frozen=True)
@@ -121,16 +142,16 @@ class TrackingState:
 
     @classmethod
     def load(cls, run_dir: Path) -> "TrackingState":
-        commits, delivery = CommitState.load(run_dir), DeliveryState.load(run_dir)
-        return cls(Path(run_dir), commits.committed, delivery.sinks, commits.artifacts)
+        commits = CommitState.load(run_dir)
+        return cls(Path(run_dir), commits.committed, DeliveryState.load(run_dir).sinks, commits.artifacts)
 
     def exists(self) -> bool:
         return any((self.run_dir / p).exists() for p in (COMMITTED_PATH, DELIVERY_PATH, LEGACY_STATE_PATH))
 
     def pending(self) -> dict[str, int]:
-        """Committed lines not yet delivered, per tracker."""
         return pending(self.committed, self.sinks)
 
 
 def pending(committed: int, sinks: dict[str, SinkState]) -> dict[str, int]:
+    """Committed lines not yet delivered, per tracker."""
     return {name: committed - s.cursor for name, s in sinks.items() if s.cursor < committed}

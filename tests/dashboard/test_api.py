@@ -33,18 +33,18 @@ def get(client, path: str) -> dict:
 def test_run_summary_names_what_is_missing(client):
     run = get(client, "/api/run")
     assert run["iterations"] == 4 and run["last_rollout_id"] == 3 and run["num_rollout"] == 4
-    assert run["files"]["journal"] == {"path": "metrics.jsonl", "present": True, "lines": 4, "skipped": 0}
+    # four iterations and the eval before training (its own line)
+    assert run["files"]["journal"] == {"path": "metrics.jsonl", "present": True, "lines": 5, "skipped": 0}
     assert run["files"]["samples"]["rollouts"] == 2 and run["files"]["tokens"]["rollouts"] == 2
     # the recorded run predates the health watch and has no profiler window
     assert run["missing"] == ["health (health.jsonl)", "profiler (profiler/summaries.jsonl)"]
 
 
-def test_the_eval_before_training_is_plotted_at_step_0_not_counted(run_copy, client):
-    journal = (run_copy / "metrics.jsonl").read_text()
-    base = {"rollout_id": -1, "time": 1.0, "eval/arithmetic": 0.188, "eval/step": 0}
-    (run_copy / "metrics.jsonl").write_text(json.dumps(base) + "\n" + journal)
+def test_the_eval_before_training_is_plotted_at_step_0_not_counted(client):
+    first = json.loads((RECORDED / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["rollout_id"] == -1 and first["eval/step"] == 0  # the recorded run's base eval line
     assert get(client, "/api/run")["iterations"] == 4
-    assert get(client, "/api/metrics")["series"]["eval/arithmetic"]["x"] == [0, 1.0, 3.0]
+    assert get(client, "/api/metrics")["series"]["eval/arithmetic"]["x"] == [0.0, 1.0, 3.0]
 
 
 def test_metrics_every_key_on_its_own_step_axis(client):
@@ -52,10 +52,11 @@ def test_metrics_every_key_on_its_own_step_axis(client):
     assert {"train", "rollout", "perf", "eval"} <= set(data["namespaces"])
     journal = [json.loads(line) for line in (RECORDED / "metrics.jsonl").read_text().splitlines()]
     assert data["series"]["train/loss"]["step_key"] == "train/step"
-    assert data["series"]["train/loss"]["y"] == [row["train/loss"] for row in journal]
-    assert data["series"]["perf/rollout_time"]["x"] == [row["rollout/step"] for row in journal]
+    iterations = [row for row in journal if row["rollout_id"] >= 0]
+    assert data["series"]["train/loss"]["y"] == [row["train/loss"] for row in iterations]
+    assert data["series"]["perf/rollout_time"]["x"] == [row["rollout/step"] for row in iterations]
     evals = [row for row in journal if "eval/arithmetic" in row]
-    assert data["series"]["eval/arithmetic"]["x"] == [row["eval/step"] for row in evals] == [1.0, 3.0]
+    assert data["series"]["eval/arithmetic"]["x"] == [row["eval/step"] for row in evals] == [0.0, 1.0, 3.0]
     assert "rollout/step" not in data["series"]  # step counters are axes, not metrics
 
 

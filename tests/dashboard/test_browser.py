@@ -130,7 +130,7 @@ def test_conversation_view_dims_observation_tokens(browser, run_copy):
 
 def test_follow_shows_a_new_iteration(browser, run_copy):
     journal = (run_copy / "metrics.jsonl").read_text().splitlines(keepends=True)
-    (run_copy / "metrics.jsonl").write_text("".join(journal[:2]))  # the run so far: 2 iterations
+    (run_copy / "metrics.jsonl").write_text("".join(journal[:3]))  # the run so far: base eval, 2 iterations
     served = serve(run_copy, "--follow")
     try:
         browser.open(served.url + "/#metrics")
@@ -138,7 +138,7 @@ def test_follow_shows_a_new_iteration(browser, run_copy):
         points = "document.querySelectorAll('.watch-panel:first-child circle').length"
         assert browser.script(f"return {points}") == 2
         with (run_copy / "metrics.jsonl").open("a") as f:  # the trainer records the next iteration
-            f.write(journal[2])
+            f.write(journal[3])
         # the page polls every 2 s and redraws when the last rollout changed
         browser.wait_true(f"document.getElementById('run-state').textContent.includes('last rollout 2') "
                           f"&& {points} === 3", timeout=30)

@@ -84,10 +84,8 @@ def main(argv: list[str]) -> int:
     validate_tracking_config(config)
     tracker = open_tracking(config, args.run_dir)
     ckpt = load_checkpoint(args.run_dir)
-    start = 0
-    if ckpt is not None:
-        tracker.resume(ckpt["rollout_id"], ckpt["extra"])
-        start = ckpt["rollout_id"] + 1
+    tracker.resume(ckpt["rollout_id"] if ckpt else None, ckpt["extra"] if ckpt else {})
+    start = ckpt["rollout_id"] + 1 if ckpt else 0
     if args.wait_trackers_open:
         tracker.wait_open(120.0)
         print(f"delivery_pid={tracker.delivery_pid}", flush=True)  # tests follow it past a kill

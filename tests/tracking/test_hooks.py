@@ -45,6 +45,7 @@ def hook_module(tmp_path, monkeypatch):
 def run_one(run_dir, *flags):
     config = parse_config(["--num-rollout", "2", *flags])
     tracker = open_tracking(config, run_dir)
+    tracker.resume(None, {})
     samples = make_samples(0)
     computed = rollout_metrics(samples, [0.0] * len(samples), group_size=4, binary_reward=True)
     tracker.log_rollout(0, config.as_namespace(), samples, {**computed, "rollout/extra_note": 2.0}, 1.25)

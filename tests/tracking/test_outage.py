@@ -3,7 +3,6 @@ on, the failure is reported once, the spooled points arrive when it is back; and
 server down until the run ends, `miles replay-spool RUN_DIR` delivers them later."""
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -79,26 +78,31 @@ def wait_delivered(run_dir: Path, lines: int) -> None:
         time.sleep(0.1)  # poll interval
 
 
-def test_server_outage_mid_run_is_caught_up(run_dir, mlflow_server, caplog):
+def delivery_log(run_dir: Path) -> list[str]:
+    path = run_dir / "tracking" / "delivery.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_server_outage_mid_run_is_caught_up(run_dir, mlflow_server):
     config = parse_config(["--num-rollout", "8", "--use-mlflow", "--mlflow-tracking-uri", mlflow_server.uri,
                            "--tracking-retry-interval", "0.5"])
     tracker = open_tracking(config, run_dir)
-    with caplog.at_level(logging.WARNING, logger="miles.tracking"):
-        iterate(tracker, config, range(0, 3))
-        wait_delivered(run_dir, 3)
-        mlflow_server.stop()
-        iterate(tracker, config, range(3, 8))  # training goes on while the tracker is down
-        deadline = time.monotonic() + DEADLINE_S
-        while not any("mlflow failed" in r.message for r in caplog.records):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert TrackingState.load(run_dir).sinks["mlflow"].cursor < 8
-        mlflow_server.start()
-        wait_delivered(run_dir, 8)
-        assert tracker.close().undelivered == {}
-    failures = [r for r in caplog.records if "mlflow failed" in r.message]
-    assert len(failures) == 1, [r.message for r in failures]  # reported once per outage
-    assert any("mlflow is back" in r.message for r in caplog.records)
+    tracker.resume(None, {})
+    iterate(tracker, config, range(0, 3))
+    wait_delivered(run_dir, 3)
+    mlflow_server.stop()
+    iterate(tracker, config, range(3, 8))  # training goes on while the tracker is down
+    deadline = time.monotonic() + DEADLINE_S
+    while not any("mlflow failed" in line for line in delivery_log(run_dir)):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert TrackingState.load(run_dir).sinks["mlflow"].cursor < 8
+    mlflow_server.start()
+    wait_delivered(run_dir, 8)
+    assert tracker.close().undelivered == {}
+    failures = [line for line in delivery_log(run_dir) if "mlflow failed" in line]
+    assert len(failures) == 1, failures  # reported once per outage
+    assert any("mlflow is back" in line for line in delivery_log(run_dir))
     want = journal_points(run_dir)
     assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
 
@@ -107,6 +111,7 @@ def test_spool_outliving_the_run_is_replayed_by_command(run_dir, mlflow_server):
     config = parse_config(["--num-rollout", "5", "--use-mlflow", "--mlflow-tracking-uri", mlflow_server.uri,
                            "--tracking-retry-interval", "0.5", "--tracking-close-timeout", "1"])
     tracker = open_tracking(config, run_dir)
+    tracker.resume(None, {})
     iterate(tracker, config, range(0, 2))
     wait_delivered(run_dir, 2)
     mlflow_server.stop()

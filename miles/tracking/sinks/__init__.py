@@ -1,4 +1,4 @@
-"""Tracker backends behind one small protocol (wandb, MLflow, TensorBoard), and a null sink."""
-from miles.tracking.sinks.base import Delivery, NullSink, Sink, SinkSpec, build_sink
+"""Tracker backends behind one small protocol: wandb, MLflow, TensorBoard."""
+from miles.tracking.sinks.base import Delivery, Sink, SinkSpec, build_sink
 
-__all__ = ["Delivery", "NullSink", "Sink", "SinkSpec", "build_sink"]
+__all__ = ["Delivery", "Sink", "SinkSpec", "build_sink"]

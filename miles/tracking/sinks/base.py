@@ -1,9 +1,8 @@
-"""The sink protocol every tracker backend implements, the null sink, and the factory.
+"""The sink protocol every tracker backend implements, and the factory.
 
-A sink knows how to put journal lines into one tracker; it does not know about commit
-points, retries or spooling (the delivery worker owns those). A `SinkSpec` is plain JSON
-so the delivery process and `miles replay-spool` can rebuild the same sink from
-`RUN_DIR/tracking/delivery.json`.
+A sink knows how to put journal lines into one tracker; it does not know about commit points,
+retries or spooling (the delivery loop owns those). A `SinkSpec` is plain JSON, so `miles
+replay-spool` rebuilds the same sink from `RUN_DIR/tracking/delivery.json`.
 """
 from __future__ import annotations
 
@@ -17,11 +16,12 @@ from miles.tracking.journal import JournalLine
 
 @dataclass(frozen=True)
 class Delivery:
-    """Consecutive committed journal lines; `samples` maps a line's position in `lines` to the
-    sample-generation table of its rollout (attached to the rollout's first line)."""
+    """Consecutive committed journal lines, the first being line `first` of the journal; `samples`
+    maps a line's position in `lines` to its rollout's sample table (on the rollout's first line)."""
 
     lines: list[JournalLine]
     samples: dict[int, Path] = field(default_factory=dict)
+    first: int = 0
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class SinkSpec:
 class Sink(Protocol):
     name: str
 
+    def prepare(self) -> None:
+        """What needs no run yet (imports, creating a local store), done while the trainer starts."""
+
     def open(self) -> None:
         """Start the tracker run, or reattach the one named in the spec."""
 
@@ -40,11 +43,10 @@ class Sink(Protocol):
         """How to rebuild this sink (after `open`, with its run id)."""
 
     def durable_cursor(self, recorded: int) -> int:
-        """How many journal lines the tracker really holds, given the `recorded` cursor
-        (a sink that can count its own store corrects a cursor a crash left behind)."""
+        """How many journal lines the tracker really holds, given the `recorded` cursor."""
 
     def deliver(self, delivery: Delivery) -> None:
-        """Write the lines; raise on failure (the worker keeps them for a retry)."""
+        """Write the lines, idempotently (a line delivered again is not a second point); raise on failure."""
 
     def upload(self, files: list[Path]) -> None:
         """Store run artifacts (files or directories)."""
@@ -53,44 +55,17 @@ class Sink(Protocol):
         """Finish the tracker run."""
 
 
-class NullSink:
-    """Stands in for a tracker that is off."""
-
-    name = "null"
-
-    def open(self) -> None:
-        pass
-
-    def spec(self) -> SinkSpec:
-        return SinkSpec("null", {})
-
-    def durable_cursor(self, recorded: int) -> int:
-        return recorded
-
-    def deliver(self, delivery: Delivery) -> None:
-        pass
-
-    def upload(self, files: list[Path]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 # kind -> "module:Class"; imported only when used, so a run without MLflow never imports it
 SINK_CLASSES = {
     "wandb": "miles.tracking.sinks.wandb_sink:WandbSink",
     "mlflow": "miles.tracking.sinks.mlflow_sink:MlflowSink",
     "tensorboard": "miles.tracking.sinks.tensorboard_sink:TensorBoardSink",
-    "null": "miles.tracking.sinks.base:NullSink",
 }
 
 
-def build_sink(spec: SinkSpec, params: dict[str, Any], **secret_options: Any) -> Sink:
-    """The sink a spec describes; `params` is the public (redacted) flat config, `secret_options`
-    what a spec never holds (wandb's `api_key` from `--wandb-key`)."""
+def build_sink(spec: SinkSpec, params: dict[str, Any]) -> Sink:
+    """The sink a spec describes; `params` is the public (redacted) flat config."""
     if spec.kind not in SINK_CLASSES:
         raise ValueError(f"unknown tracker kind {spec.kind!r}; known: {', '.join(SINK_CLASSES)}")
     module, cls = SINK_CLASSES[spec.kind].split(":")
-    sink_cls = getattr(importlib.import_module(module), cls)
-    return sink_cls() if spec.kind == "null" else sink_cls(params=params, **spec.options, **secret_options)
+    return getattr(importlib.import_module(module), cls)(params=params, **spec.options)

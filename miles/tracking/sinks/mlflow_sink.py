@@ -54,6 +54,11 @@ class MlflowSink:
                                        tags=self.tags, description=self.description,
                                        system_metrics=self.system_metrics))
 
+    def prepare(self) -> None:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=self.tracking_uri).get_experiment_by_name(self.experiment)  # creates a SQLite store
+
     def open(self) -> None:
         from mlflow.entities import Param, RunStatus
         from mlflow.tracking import MlflowClient

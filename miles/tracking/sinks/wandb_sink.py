@@ -1,8 +1,11 @@
-"""wandb as a sink: offline unless an API key is available, `define_metric` step axes per namespace.
+"""wandb as a sink: offline unless WANDB_API_KEY is set, `define_metric` step axes per namespace.
 
-The key is read from `WANDB_API_KEY` (or `--wandb-key`, handed to wandb's settings and
-never to its config). wandb's own metadata capture (argv, environment, git, code) is
-off, since argv may carry `--wandb-key`.
+wandb's own metadata capture (argv, environment, git, code) is off. Each row is logged at
+wandb step = its journal line's index, so a line delivered again (a crash between a log call
+and the cursor save) is below the run's current step, which wandb ignores instead of doubling
+the point; online too, where a resumed run continues after the last step the server holds.
+Offline, a new process writes a new offline dir, so the cursor is corrected from the offline
+files instead (`durable_cursor`).
 """
 from __future__ import annotations
 
@@ -39,11 +42,9 @@ class WandbSink:
     name = "wandb"
 
     def __init__(self, params: dict[str, Any], run_id: str, directory: str, mode: str, project: str,
-                 group: str | None = None, entity: str | None = None, run_name: str | None = None,
-                 api_key: str | None = None):
+                 group: str | None = None, entity: str | None = None, run_name: str | None = None):
         self.params, self.run_id, self.directory, self.mode = params, run_id, directory, mode
         self.project, self.group, self.entity, self.run_name = project, group, entity, run_name
-        self.api_key = api_key  # not in spec(): a replay reads WANDB_API_KEY instead
         self.run = None
         self.alerts = AlertLimiter(float(params.get("health_alert_interval", 300.0)))
 
@@ -52,14 +53,16 @@ class WandbSink:
                                       project=self.project, group=self.group, entity=self.entity,
                                       run_name=self.run_name))
 
+    def prepare(self) -> None:
+        import wandb  # noqa: F401  (seconds of imports, before the trainer needs its run)
+
     def open(self) -> None:
         import wandb
 
         Path(self.directory).mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(console="off", silent=True, x_disable_meta=True, disable_git=True,
                                   save_code=False, x_disable_stats=True,
-                                  x_transaction_log_flush_interval=FLUSH_INTERVAL_S,
-                                  **({"api_key": self.api_key} if self.api_key else {}))
+                                  x_transaction_log_flush_interval=FLUSH_INTERVAL_S)
         self.run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=self.run_name,
                               id=self.run_id, resume="allow", mode=self.mode, dir=self.directory,
                               config=self.params, settings=settings, reinit="create_new")
@@ -81,7 +84,7 @@ class WandbSink:
             row: dict[str, Any] = dict(line.metrics)
             if i in delivery.samples:
                 row[SAMPLES_KEY] = self._table(delivery.samples[i])
-            self.run.log(row)
+            self.run.log(row, step=delivery.first + i, commit=True)
             self._alert(line)
 
     def _alert(self, line) -> None:

@@ -1,0 +1,81 @@
+"""Watch it live: a real `python -m miles.train --use-mlflow` run, checkpointing every rollout, is
+followed through its MLflow store while it runs; every committed point must be there within
+LAG_BOUND_S of the commit, long before the run ends."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tracking_helpers import REPO, subprocess_env
+from miles.tracking.journal import read_journal
+from miles.tracking.names import step_of
+from miles.tracking.state import CommitState, DeliveryState
+
+pytestmark = pytest.mark.slow
+LAG_BOUND_S = 10.0  # the issue's bound: every point in the tracker within 10 s of its commit
+RUN_TIMEOUT_S = 600.0
+SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "5", "--micro-batch-size", "8",
+         "--eval-max-prompts", "8", "--n-samples-per-eval-prompt", "2", "--eval-interval", "2"]
+
+
+def mlflow_points(run_dir: Path) -> set[tuple[str, int]]:
+    """(key, step) of every point in the run's MLflow store, read as a watcher would (nothing if not there yet)."""
+    sink = DeliveryState.load(run_dir).sinks.get("mlflow")
+    if sink is None or not sink.spec.options.get("run_id") or not (run_dir / "mlflow.db").exists():
+        return set()
+    with sqlite3.connect(f"file:{run_dir / 'mlflow.db'}?mode=ro", uri=True, timeout=30) as db:
+        rows = db.execute("SELECT key, step FROM metrics WHERE run_uuid = ?", (sink.spec.options["run_id"],))
+        return set(rows)
+
+
+def delivery_log(run_dir: Path) -> str:
+    path = run_dir / "tracking" / "delivery.log"
+    return path.read_text()[-3000:] if path.exists() else "(none)"
+
+
+def test_committed_points_reach_mlflow_within_the_bound_while_the_run_goes_on(tmp_path, base_model):
+    run_dir = tmp_path / "run"
+    output = tmp_path / "train.log"
+    with output.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "miles.train", *SMALL, "--save-interval", "1", "--use-mlflow",
+                                 "--run-dir", str(run_dir)], cwd=REPO, env=subprocess_env(), stdout=out,
+                                stderr=subprocess.STDOUT)
+    committed_at: dict[int, float] = {}  # journal line -> when this watcher first saw it committed (within 0.2 s)
+    lags: list[float] = []
+    delivered, delivered_while_running = 0, 0
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while proc.poll() is None or delivered < len(committed_at):
+            assert time.monotonic() < deadline, "the run did not finish in time"
+            now = time.monotonic()
+            committed = CommitState.load(run_dir).committed if (run_dir / "tracking").exists() else 0
+            for line in range(len(committed_at), committed):
+                committed_at[line] = now
+            lines = read_journal(run_dir / "metrics.jsonl")[:committed]
+            points = mlflow_points(run_dir)
+            while delivered < len(committed_at) and all(
+                    (key, step_of(key, lines[delivered].metrics, lines[delivered].rollout_id)) in points
+                    for key in lines[delivered].metrics):
+                lags.append(now - committed_at[delivered])
+                delivered += 1
+            waiting = [line for line in range(delivered, len(committed_at)) if now - committed_at[line] > LAG_BOUND_S]
+            assert not waiting, (f"journal lines {waiting} committed more than {LAG_BOUND_S}s ago are not in MLflow; "
+                                 f"delivery log:\n{delivery_log(run_dir)}")
+            if proc.poll() is None:
+                delivered_while_running = delivered
+            time.sleep(0.2)  # the watcher's poll interval
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, output.read_text()[-3000:]
+    assert delivered == len(committed_at) >= 5  # one line per rollout (plus evals)
+    assert delivered_while_running >= 3  # watched while the run went on, not all delivered at its end
+    print(json.dumps({"live_lag_p50_s": round(sorted(lags)[len(lags) // 2], 2), "live_lag_max_s": round(max(lags), 2),
+                      "lines": len(lags)}))
