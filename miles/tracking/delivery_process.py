@@ -25,6 +25,9 @@ class DeliveryProcess:
         root = str(Path(__file__).resolve().parents[2])  # the child runs this same `miles`, whatever its cwd
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         env[SECRETS_ENV] = json.dumps(list(secrets))
+        # A wandb service inherited from the parent would outlive this process and keep its run id
+        # "in use", so the next delivery process of a resumed run could never reopen that run.
+        env.pop("WANDB_SERVICE", None)
         if wandb_key:
             env["WANDB_API_KEY"] = wandb_key
         with (self.run_dir / DELIVERY_LOG_PATH).open("ab") as output:

@@ -3,14 +3,22 @@ each tracker still holds exactly one point per metric and step, equal to the jou
 the same wandb and MLflow runs."""
 from __future__ import annotations
 
+import os
 import signal
+
+import wandb
 
 from tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal, run_synthetic
 from miles.tracking.journal import read_journal
 from miles.tracking.state import TrackingState
 
 
-def test_killed_run_resumes_exactly_once(run_dir):
+def test_killed_run_resumes_exactly_once(run_dir, monkeypatch):
+    # A wandb service in this (the parent) process, as after any earlier in-process wandb use: the
+    # delivery processes must not share it, or a killed run's id stays "in use" and never reopens.
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    wandb.setup()
+    assert "WANDB_SERVICE" in os.environ
     flags = ["--rollouts", "7", "--save-interval", "2", *ALL_TRACKERS]
     # commits at rollout 1, records rollout 2, killed right after (delivery of 0..1 may be mid-way)
     first = run_synthetic(run_dir, *flags, "--kill-at", "2", "--wait-trackers-open", check=False)
