@@ -43,7 +43,11 @@ def write_jsonl(problems: list[Problem], path: Path, input_key: str = "prompt", 
 
 def write_task_data(directory: Path, seed: int = 0) -> tuple[Path, Path]:
     """Write train.jsonl and eval.jsonl into `directory` (if missing); return their paths."""
-    train, evals = split_problems(seed)
+    return write_splits(directory, *split_problems(seed))
+
+
+def write_splits(directory: Path, train: list[Problem], evals: list[Problem]) -> tuple[Path, Path]:
+    """Write the train and eval problems as train.jsonl and eval.jsonl (each only if missing)."""
     train_path, eval_path = directory / "train.jsonl", directory / "eval.jsonl"
     if not train_path.exists():
         write_jsonl(train, train_path)

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 from miles.rollout.tool_calls import TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END
-from miles.tiny.task import Problem, write_jsonl
+from miles.tiny.task import Problem, write_splits
 
 LOW, HIGH = 10, 99
 EVAL_SIZE = 256
@@ -34,13 +34,7 @@ def split_problems(seed: int = 0) -> tuple[list[Problem], list[Problem]]:
 
 def write_task_data(directory: Path, seed: int = 0) -> tuple[Path, Path]:
     """Write train.jsonl and eval.jsonl into `directory` (if missing); return their paths."""
-    train, evals = split_problems(seed)
-    train_path, eval_path = directory / "train.jsonl", directory / "eval.jsonl"
-    if not train_path.exists():
-        write_jsonl(train, train_path)
-    if not eval_path.exists():
-        write_jsonl(evals, eval_path)
-    return train_path, eval_path
+    return write_splits(directory, *split_problems(seed))
 
 
 def tool_turn(problem: Problem) -> str:
