@@ -13,10 +13,9 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from miles.config import ConfigError
+from miles import auth
 from miles.dashboard import views
 from miles.dashboard.run_files import RunFiles
-from miles.router.app import is_loopback
 
 STATIC_DIR = Path(__file__).parent / "static"
 TOKEN_ENV = "MILES_DASHBOARD_TOKEN"
@@ -28,9 +27,7 @@ def resolve_token(flag_value: str | None) -> str | None:
 
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to show a run beyond loopback without a token."""
-    if not is_loopback(host) and not token:
-        raise ConfigError("--dashboard-token", f"required when binding to {host} (not loopback): set the flag or "
-                          f"{TOKEN_ENV} so the run's samples are not open to the network")
+    auth.require_token_off_loopback(host, token, "--dashboard-token", TOKEN_ENV, "the run's samples")
 
 
 def build_app(run_dir: Path, follow: bool = False, token: str | None = None) -> FastAPI:
