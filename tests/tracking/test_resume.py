@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 import wandb
 
 from tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal, run_synthetic
@@ -13,12 +14,20 @@ from miles.tracking.journal import read_journal
 from miles.tracking.state import TrackingState
 
 
-def test_killed_run_resumes_exactly_once(run_dir, monkeypatch):
-    # A wandb service in this (the parent) process, as after any earlier in-process wandb use: the
-    # delivery processes must not share it, or a killed run's id stays "in use" and never reopens.
+@pytest.fixture
+def parent_wandb_service(monkeypatch):
+    """A wandb service in this (the parent) process, as after any earlier in-process wandb use: the
+    delivery processes must not share it, or a killed run's id stays "in use" and never reopens.
+    An earlier test may have left a singleton whose WANDB_SERVICE is gone, so start afresh."""
     monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    wandb.teardown()
     wandb.setup()
     assert "WANDB_SERVICE" in os.environ
+    yield
+    wandb.teardown()
+
+
+def test_killed_run_resumes_exactly_once(run_dir, parent_wandb_service):
     flags = ["--rollouts", "7", "--save-interval", "2", *ALL_TRACKERS]
     # commits at rollout 1, records rollout 2, killed right after (delivery of 0..1 may be mid-way)
     first = run_synthetic(run_dir, *flags, "--kill-at", "2", "--wait-trackers-open", check=False)
