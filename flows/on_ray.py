@@ -21,7 +21,7 @@ from miles.config import ConfigError, MilesConfig
 from miles.config.resolve import run_names
 from miles.health import RedFlagStop
 from miles.dashboard.cli import command as dashboard_command
-from miles.inference import timeline_args
+from miles.inference import timeline_args, timeline_flag
 from miles.router.app import resolve_admin_token
 from tasks.finish import RunReport, finish_run
 from tasks.options import with_run_retries
@@ -67,7 +67,8 @@ def bring_up_services(config: MilesConfig) -> RunServices:
     /health_generate passes."""
     o, names = config.orchestration, run_names(config)
     ranks = with_run_retries(start_training_ranks, o).submit(config, names)
-    router = with_run_retries(start_router, o).submit(config.router, names, log_dir(config))
+    router = with_run_retries(start_router, o).submit(config.router, names, log_dir(config),
+                                                      tuple(timeline_flag(Path(config.train.run_dir))))
     engines = [with_run_retries(launch_engine, o).submit(config.engine, config.rollout.hf_checkpoint, names, i,
                                                          log_dir(config), engine_args(config))
                for i in range(config.rollout.rollout_num_engines)]

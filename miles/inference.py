@@ -40,11 +40,16 @@ class InferenceServices:
             raise errors[0]
 
 
-def timeline_args(engine: str, run_dir: Path) -> list[str]:
-    """The flag that makes an embedded engine add its batches to the run's timeline (SGLang cannot)."""
+def timeline_flag(run_dir: Path) -> list[str]:
+    """The flag that makes the router or an embedded engine add its spans to the run's timeline."""
     from miles.tracking.timeline import TIMELINE_NAME
 
-    return ["--timeline-path", str(run_dir / TIMELINE_NAME)] if engine == "embedded" else []
+    return ["--timeline-path", str(run_dir / TIMELINE_NAME)]
+
+
+def timeline_args(engine: str, run_dir: Path) -> list[str]:
+    """The timeline flag for an engine: embedded engines only (SGLang cannot write spans)."""
+    return timeline_flag(run_dir) if engine == "embedded" else []
 
 
 def start_inference(config, use_router: bool = True) -> InferenceServices:
@@ -64,7 +69,8 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
             from miles.router.launch import launch_router
 
             services.router = launch_router(config.router, host="127.0.0.1", worker_urls=services.engine_urls,
-                                            log_path=run_dir / "logs" / "router.log")
+                                            log_path=run_dir / "logs" / "router.log",
+                                            serve_args=timeline_flag(run_dir))
             services.rollout_url = services.router.url
     except BaseException:
         services.stop()

@@ -16,10 +16,12 @@ ENGINE_READY_TIMEOUT_S = 300.0
 
 
 @task(name="start_router")
-def start_router(config: RouterConfig, names: RunNames, log_dir: str) -> ServiceInfo:
-    """The run's router actor (started if missing) and its URL."""
+def start_router(config: RouterConfig, names: RunNames, log_dir: str, serve_args: tuple[str, ...] = ()) -> ServiceInfo:
+    """The run's router actor (started if missing) and its URL. `serve_args`: further `miles router`
+    flags (the run's --timeline-path)."""
     name = names.router
-    info = ray.get(get_or_start(RouterActor, name, config, str(Path(log_dir) / "router.log")).ensure.remote(name))
+    actor = get_or_start(RouterActor, name, config, str(Path(log_dir) / "router.log"), tuple(serve_args))
+    info = ray.get(actor.ensure.remote(name))
     get_run_logger().info(f"router {name} at {info.url}")
     return info
 

@@ -63,14 +63,15 @@ class ServiceActor:
 class RouterActor(ServiceActor):
     """The run's router process (`miles.router.launch`), configured by the whole router section."""
 
-    def __init__(self, config: RouterConfig, log_path: str):
-        self.config = config
+    def __init__(self, config: RouterConfig, log_path: str, serve_args: tuple[str, ...] = ()):
+        self.config, self.serve_args = config, list(serve_args)
         super().__init__(log_path)
 
     def _launch(self, port: int | None):
         from miles.router.launch import launch_router
 
-        return launch_router(self.config, host="127.0.0.1", port=port, log_path=self.log_path)
+        return launch_router(self.config, host="127.0.0.1", port=port, log_path=self.log_path,
+                             serve_args=self.serve_args)
 
 
 class EngineActor(ServiceActor):

@@ -34,6 +34,9 @@ class RouterServeConfig:
     host: str = flag("127.0.0.1", "address to bind (loopback by default)")
     port: int = flag(30100, "port to bind", minimum=0, maximum=65535)
     worker_urls: list[str] = flag([], "engine URLs to register at start-up")
+    timeline_path: str | None = flag(None, "append the router's spans (one per burst of proxied requests, plus worker, "
+                                           "weight-version and engine admin events) to this file (the run's "
+                                           "RUN_DIR/timeline.jsonl)")
 
     def validate(self) -> None:
         for url in self.worker_urls:

@@ -23,9 +23,11 @@ from miles.router import metrics
 from miles.router.health import HealthChecker
 from miles.router.proxy import Proxy, send_json
 from miles.router.stats import RouterStats, StatsSnapshot
+from miles.router.timeline import LANE, RouterTimeline
 from miles.router.upstream import UpstreamPool
 from miles.router.upstream import Endpoint
 from miles.router.workers import WorkerError, WorkerPool
+from miles.tracking.timeline import TimelineWriter
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 # The router's own endpoints (served by FastAPI); every other path goes to a worker.
@@ -76,7 +78,8 @@ def is_own_address(url: Any, listening: list[tuple[str, int]]) -> bool:
 class Router:
     """ASGI app: `Router(config)(scope, receive, send)`; plain methods for everything the endpoints do."""
 
-    def __init__(self, config: RouterConfig, worker_urls=(), admin_token: str | None = None):
+    def __init__(self, config: RouterConfig, worker_urls=(), admin_token: str | None = None,
+                 timeline_path: str | None = None):
         self.config = config
         self._admin_token = admin_token if admin_token is not None else resolve_admin_token(config)
         self.pool = WorkerPool(config.router_policy, config.miles_router_health_check_failure_threshold,
@@ -87,11 +90,14 @@ class Router:
                            retry_backoff=config.router_retry_backoff, request_timeout=config.router_request_timeout,
                            max_body_bytes=int(config.router_max_body_mb * 2**20),
                            hop_id=uuid.uuid4().hex[:16].encode())
+        # the run's timeline (`--timeline-path`): without one, requests go straight to the proxy
+        self.timeline = RouterTimeline(TimelineWriter(timeline_path, lane=LANE), self.stats)
+        self.forward = self.timeline.wrap(self.proxy) if self.timeline.enabled else self.proxy
         self.listening: list[tuple[str, int]] = []  # (host, port) this router serves on, set once bound
         self.health = HealthChecker(self.pool, self.upstream, config.rollout_health_check_interval,
-                                    config.rollout_health_check_timeout)
+                                    config.rollout_health_check_timeout, self.timeline)
         for url in worker_urls:
-            self.pool.add(url)
+            self.timeline.event("add_worker", url=self.pool.add(url).url)
         self.admin = self._admin_app()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -103,21 +109,24 @@ class Router:
                 except auth.Unauthorized as exc:
                     await send_json(send, 401, {"error": str(exc)})
                     return
-            await self.proxy(scope, receive, send)
+            await self.forward(scope, receive, send)
         else:
             await self.admin(scope, receive, send)
 
     @asynccontextmanager
     async def lifespan(self, _app):
-        task = None if self.config.disable_rollout_health_check else asyncio.create_task(self.health.run())
+        tasks = [] if self.config.disable_rollout_health_check else [asyncio.create_task(self.health.run())]
+        if self.timeline.enabled:
+            tasks.append(asyncio.create_task(self.timeline.run()))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             self.proxy.close()
             self.upstream.close()
+            self.timeline.close()
 
     # what the endpoints do
     def add_worker(self, url: Any) -> dict:
@@ -125,9 +134,10 @@ class Router:
             if is_own_address(url, self.listening):
                 raise WorkerError(f"worker url {url!r} is this router's own address; it would send every "
                                   f"request round in a loop")
-            self.pool.add(url)
+            worker = self.pool.add(url)
         except WorkerError as exc:
             raise AdminError(409 if "already registered" in str(exc) else 400, str(exc)) from None
+        self.timeline.event("add_worker", url=worker.url)
         return {"status": "success", "worker_urls": {w.url: w.inflight for w in self.pool.workers}}
 
     def remove_worker(self, url: Any) -> dict:
@@ -136,6 +146,7 @@ class Router:
         except WorkerError as exc:
             raise AdminError(404, str(exc)) from None
         self.upstream.forget(worker.endpoint)
+        self.timeline.event("remove_worker", url=worker.url)
         return {"status": "success", "worker_urls": self.pool.urls}
 
     def list_workers(self) -> dict:
@@ -149,6 +160,7 @@ class Router:
         if version is None or isinstance(version, (dict, list, bool)) or str(version) == "":
             raise AdminError(400, f"weight_version must be a non-empty string or number, got {version!r}")
         self.pool.set_weight_version(str(version))
+        self.timeline.event("update_weight_version", weight_version=self.pool.weight_version)
         return {"status": "success", "weight_version": self.pool.weight_version}
 
     def router_health(self) -> dict:

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     check_bind(serve.host, resolve_admin_token(config))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        router = Router(config, serve.worker_urls)
+        router = Router(config, serve.worker_urls, timeline_path=serve.timeline_path)
     except WorkerError as exc:
         raise ConfigError("--worker-urls", str(exc)) from None
     sock = bind_socket(serve.host, serve.port)

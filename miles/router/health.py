@@ -10,6 +10,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from miles.router.timeline import RouterTimeline
 from miles.router.upstream import UpstreamError, UpstreamPool
 from miles.router.workers import Worker, WorkerPool
 
@@ -27,8 +28,10 @@ class Probe:
 class HealthChecker:
     """Runs the checks; `check_all` is one round, `run` loops until cancelled."""
 
-    def __init__(self, pool: WorkerPool, upstream: UpstreamPool, interval: float, timeout: float):
+    def __init__(self, pool: WorkerPool, upstream: UpstreamPool, interval: float, timeout: float,
+                 timeline: RouterTimeline | None = None):
         self.pool = pool
+        self.timeline = timeline
         self.upstream = upstream
         self.interval = interval
         self.timeout = timeout
@@ -54,8 +57,12 @@ class HealthChecker:
             self.upstream.forget(worker.endpoint)
             log.warning("router: quarantined %s after %d failed health checks", worker.url,
                         worker.consecutive_failures)
+            if self.timeline is not None:
+                self.timeline.event("quarantine", url=worker.url)
         elif verdict.readmitted:
             log.warning("router: readmitted %s at weight version %s", worker.url, worker.weight_version)
+            if self.timeline is not None:
+                self.timeline.event("readmit", url=worker.url, weight_version=worker.weight_version)
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(w) for w in self.pool.workers))

@@ -27,13 +27,15 @@ def router_command(config: RouterConfig, host: str, port: int, worker_urls: list
 
 
 def launch_router(config: RouterConfig, *, host: str = "127.0.0.1", port: int | None = None,
-                  worker_urls: list[str] = (), log_path: str | Path | None = None,
+                  worker_urls: list[str] = (), log_path: str | Path | None = None, serve_args: list[str] = (),
                   timeout: float = 60.0) -> ServiceProcess:
-    """Start a router process in front of `worker_urls`; return once `/router_health` answers."""
+    """Start a router process in front of `worker_urls`; return once `/router_health` answers.
+    `serve_args`: further `miles router` serve flags (e.g. --timeline-path)."""
     if log_path is None:
         log_path = Path(tempfile.mkdtemp(prefix="miles-router-")) / "router.log"
     port = port or free_port(host)
     token = resolve_admin_token(config)  # the flag's, else this process's environment's
     env = {TOKEN_ENV: token} if token else None
-    return start_service(router_command(config, host, port, list(worker_urls)), host, port, Path(log_path),
+    argv = router_command(config, host, port, list(worker_urls)) + list(serve_args)
+    return start_service(argv, host, port, Path(log_path),
                          health_path="/router_health", timeout=timeout, env=env, error=ServiceStartError)

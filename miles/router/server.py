@@ -99,10 +99,11 @@ class RouterHandle:
 
 
 def start_router(config: RouterConfig, host: str = "127.0.0.1", port: int | None = None, worker_urls=(),
-                 ready_timeout: float = 30.0) -> RouterHandle:
-    """Run a router in a background thread with its own event loop; returns once it answers /router_health."""
+                 ready_timeout: float = 30.0, timeline_path: str | None = None) -> RouterHandle:
+    """Run a router in a background thread with its own event loop; returns once it answers /router_health.
+    `timeline_path`: the timeline file its spans go to (as `miles router --timeline-path`)."""
     check_bind(host, resolve_admin_token(config))
-    router = Router(config, worker_urls)
+    router = Router(config, worker_urls, timeline_path=timeline_path)
     sock = bind_socket(host, port)
     bound_port = sock.getsockname()[1]
     router.listening.append((host, bound_port))

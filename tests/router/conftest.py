@@ -77,11 +77,11 @@ def stubs():
 
 @pytest.fixture
 def router():
-    """`router(worker_urls, **config)` starts an in-process router; all are stopped at teardown."""
+    """`router(worker_urls, timeline_path=None, **config)` starts an in-process router; all are stopped at teardown."""
     handles: list[RouterHandle] = []
 
-    def start(worker_urls=(), **fields) -> RouterHandle:
-        handle = start_router(RouterConfig(**fields), worker_urls=worker_urls)
+    def start(worker_urls=(), timeline_path=None, **fields) -> RouterHandle:
+        handle = start_router(RouterConfig(**fields), worker_urls=worker_urls, timeline_path=timeline_path)
         handles.append(handle)
         return handle
     yield start
