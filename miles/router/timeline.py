@@ -23,7 +23,7 @@ from miles.tracking.timeline import Span, TimelineWriter
 log = logging.getLogger(__name__)
 
 LANE = "router"
-IDLE_GAP_S = 0.25  # nothing in flight this long ends a burst
+IDLE_GAP_S = 0.05  # nothing in flight this long ends a burst (as the engines' decode stretches)
 MAX_BURST_S = 10.0  # steady traffic is cut into spans this long, so a live dashboard sees it
 FLUSH_S = 0.25  # how often the buffered spans are written
 
@@ -46,10 +46,13 @@ class RouterTimeline:
     def wrap(self, proxy: Asgi) -> Asgi:
         """`proxy` with every request counted into the current burst (engine admin requests also as spans)."""
         async def timed_proxy(scope, receive, send) -> None:
-            if self._burst_start is None:
-                self._open(self.clock())
-            self.inflight += 1
             start = self.clock()
+            if not self.inflight:
+                if self._burst_start is not None and start - self.last_end >= IDLE_GAP_S:
+                    self._close(self.last_end)  # idle since: the timer has not ended that burst yet
+                if self._burst_start is None:
+                    self._open(start)
+            self.inflight += 1
             try:
                 await proxy(scope, receive, send)
             finally:

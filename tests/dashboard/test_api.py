@@ -96,6 +96,7 @@ def test_health_verdicts_mark_their_panel(run_copy, client):
 def test_timeline_lanes_and_phases(client):
     data = get(client, "/api/timeline")
     assert data["lanes"][:3] == ["trainer", "rank0", "rank1"] and data["lanes"][3].startswith("engine ")
+    assert data["lanes"][4:] == ["router"]
     names = {(s["lane"], s["name"]) for s in data["spans"]}
     assert {("trainer", "rollout"), ("trainer", "train"), ("trainer", "update_weights"), ("trainer", "eval"),
             ("trainer", "checkpoint"), ("rank0", "log_probs"), ("rank1", "actor_train")} <= names
@@ -110,7 +111,7 @@ def test_timeline_lanes_and_phases(client):
 
 def test_engine_batches_join_the_rollout_they_ran_in(client):
     everything = get(client, "/api/timeline")
-    engine = everything["lanes"][-1]
+    engine = everything["lanes"][3]
     assert engine.startswith("engine 127.0.0.1:")
     batches = [s for s in everything["spans"] if s["lane"] == engine]
     assert batches and all(s["name"] == "decode" and s["args"]["requests"] >= 1 for s in batches)
@@ -125,6 +126,25 @@ def test_engine_batches_join_the_rollout_they_ran_in(client):
     assert shown < len(batches)  # the base eval's batches ran before rollout 0
 
 
+def test_router_lane_has_a_burst_of_requests_in_each_rollout_and_its_events(client):
+    everything = get(client, "/api/timeline")
+    router = [s for s in everything["spans"] if s["lane"] == "router"]
+    # the run registered its engine, then told the router each weight version (0 at the start, then 1..4)
+    engine_url = "http://" + everything["lanes"][3].removeprefix("engine ")
+    assert [s["args"]["url"] for s in router if s["name"] == "add_worker"] == [engine_url]
+    assert [s["args"]["weight_version"] for s in router if s["name"] == "update_weight_version"] == \
+        ["0", "1", "2", "3", "4"]
+    assert 0 < everything["utilization"]["router"] < everything["utilization"]["trainer"]
+    for rollout_id in range(4):
+        one = get(client, f"/api/timeline?rollout_id={rollout_id}")
+        (rollout,) = [s for s in one["spans"] if (s["lane"], s["name"]) == ("trainer", "rollout")]
+        bursts = [s for s in one["spans"] if s["lane"] == "router" and s["name"] == "proxy"]
+        # the rollout's 16 samples went through the router in one burst (rollout 2's joined eval 1's 32,
+        # which ran right before it)
+        assert any(s["start"] < rollout["end"] and s["end"] > rollout["start"] and s["args"]["requests"] >= 16
+                   and s["args"]["errors"] == 0 for s in bursts)
+
+
 def test_chrome_trace_has_one_event_per_span(client):
     spans = get(client, "/api/timeline")["spans"]
     response = client.get("/api/timeline/chrome")
@@ -133,7 +153,9 @@ def test_chrome_trace_has_one_event_per_span(client):
     complete = [e for e in events if e["ph"] == "X"]
     assert len(complete) == len(spans)
     threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    assert threads == set(get(client, "/api/timeline")["lanes"])
+    assert threads == set(get(client, "/api/timeline")["lanes"]) and "router" in threads
+    assert {e["name"] for e in complete if e["tid"] == max(e["tid"] for e in complete)} == {
+        "add_worker", "update_weight_version", "proxy"}  # the router's lane comes last
     first = min(spans, key=lambda s: s["start"])
     assert any(e["ts"] == 0 and e["name"] == first["name"] for e in complete)
 

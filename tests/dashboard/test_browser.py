@@ -74,7 +74,7 @@ def test_timeline_view(browser, served):
     browser.script("document.getElementById('timeline-svg').dispatchEvent(new MouseEvent('dblclick'))")
     assert len(browser.find_all("#timeline-svg rect.span")) == len(recorded)  # zoomed out: everything
     labels = browser.script("return [...document.querySelectorAll('#timeline-svg text')].map(t => t.textContent)")
-    assert any(label.startswith("rank1 (") for label in labels)
+    assert any(label.startswith("rank1 (") for label in labels) and any(label.startswith("router (") for label in labels)
     assert browser.script("return document.getElementById('chrome-trace').getAttribute('href')") == \
         "/api/timeline/chrome"
 

@@ -78,6 +78,10 @@ def test_a_killed_engine_is_relaunched_and_reregistered_and_every_engine_flag_re
     # the flow's engines write their decoding to the run's timeline too (engine 0 keeps its port and lane)
     spans = read_spans(run_dir / "timeline.jsonl")
     assert len({s.lane for s in spans if s.lane.startswith("engine ") and s.name == "decode"}) == 2
+    # ... and so does the flow's router: both engines registered (engine 0's re-registration found it there),
+    # its bursts of requests
+    assert len([s for s in spans if s.lane == "router" and s.name == "add_worker"]) == 2
+    assert sum(s.args["requests"] for s in spans if s.lane == "router" and s.name == "proxy") >= 4
     assert {s.rollout_id for s in spans if s.lane == "trainer" and s.name == "rollout"} == {0, 1, 2, 3}
 
 

@@ -19,7 +19,7 @@ from .conftest import wait_for
 
 def test_a_burst_is_one_span_with_the_routers_counters_and_admin_events_are_spans(stubs, router, tmp_path):
     path = tmp_path / "timeline.jsonl"
-    good, failing = stubs("--delay", "0.05"), stubs("--generate-status", "500")
+    good, failing = stubs("--delay", "0.3"), stubs("--generate-status", "500")
     handle = router([good.url, failing.url], timeline_path=path, router_policy="round-robin",
                     rollout_health_check_interval=0.2, router_retry_backoff=0.001)
     sent_at = time.time()
@@ -51,7 +51,7 @@ def test_a_burst_is_one_span_with_the_routers_counters_and_admin_events_are_span
     assert bursts[0].end <= bursts[1].start
 
 
-def test_steady_traffic_is_cut_into_spans_and_an_idle_burst_ends_at_its_last_answer(tmp_path):
+def test_bursts_end_at_their_last_answer_and_steady_traffic_is_cut(tmp_path):
     clock = [1000.0]
     stats = RouterStats()
     timeline = RouterTimeline(TimelineWriter(tmp_path / "timeline.jsonl", lane="router"), stats, clock=lambda: clock[0])
@@ -63,22 +63,34 @@ def test_steady_traffic_is_cut_into_spans_and_an_idle_burst_ends_at_its_last_ans
             await answered.wait()
             stats.record(1.0, False, 0)
 
-        request = asyncio.ensure_future(timeline.wrap(proxy)({"path": "/generate"}, None, None))
-        await asyncio.sleep(0)  # the request is in flight
+        async def request(after: float) -> asyncio.Future:
+            """A request arriving `after` seconds from now, left waiting for `answered`."""
+            clock[0] += after
+            future = asyncio.ensure_future(timeline.wrap(proxy)({"path": "/generate"}, None, None))
+            await asyncio.sleep(0)  # in flight
+            return future
+
+        first = await request(0.0)  # 1000
         clock[0] += MAX_BURST_S
         timeline.tick()  # in flight for MAX_BURST_S: this span ends, the next begins now (1010)
         clock[0] += 1.0
         answered.set()
-        await request  # answered at 1011
+        await first  # answered at 1011
         clock[0] += IDLE_GAP_S / 2
         timeline.tick()  # not idle long enough: still open
-        clock[0] += IDLE_GAP_S
+        answered.clear()
+        second = await request(IDLE_GAP_S)  # idle IDLE_GAP_S * 1.5 before the timer saw it: a new span
+        answered.set()
+        await second
+        clock[0] += IDLE_GAP_S * 2
         timeline.tick()  # idle: the span ends at the answer, not now
 
     asyncio.run(scenario())
     spans = read_spans(tmp_path / "timeline.jsonl")
+    second_at = 1001.0 + MAX_BURST_S + IDLE_GAP_S * 1.5
     assert [(s.name, s.start, s.end, s.args["requests"]) for s in spans] == [
-        ("proxy", 1000.0, 1000.0 + MAX_BURST_S, 0), ("proxy", 1000.0 + MAX_BURST_S, 1001.0 + MAX_BURST_S, 1)]
+        ("proxy", 1000.0, 1000.0 + MAX_BURST_S, 0), ("proxy", 1000.0 + MAX_BURST_S, 1001.0 + MAX_BURST_S, 1),
+        ("proxy", second_at, second_at, 1)]
 
 
 def test_router_process_writes_its_lane_and_flushes_at_shutdown(stubs, tmp_path):

@@ -31,10 +31,13 @@ def test_default_config_raises_eval_pass_at_1(tmp_path):
 
 
 def check_timeline(run_dir, num_rollout):
-    """Every process wrote its lane: the trainer, both ranks and the engine (its decoding batches)."""
+    """Every process wrote its lane: the trainer, both ranks, the engine (its decoding batches) and the router
+    (its bursts of requests, written as it stopped at the latest)."""
     from miles.tracking.timeline import read_spans
 
     spans = read_spans(run_dir / "timeline.jsonl")
     lanes = {s.lane for s in spans}
-    assert {"trainer", "rank0", "rank1"} <= lanes and any(lane.startswith("engine 127.0.0.1:") for lane in lanes)
+    assert {"trainer", "rank0", "rank1", "router"} <= lanes
+    assert any(lane.startswith("engine 127.0.0.1:") for lane in lanes)
+    assert any(s.lane == "router" and s.name == "proxy" and s.args["requests"] >= 1 for s in spans)
     assert {s.rollout_id for s in spans if s.lane == "trainer" and s.name == "rollout"} == set(range(num_rollout))

@@ -8,7 +8,9 @@ import httpx
 import pytest
 
 from miles.cluster.names import RunNames
+from miles.tracking.timeline import read_spans
 from miles.trainer import RLTrainer
+from tests.engines.conftest import wait_for
 
 TRAIN_KEYS = ["loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
               "grad_norm", "lr"]
@@ -26,7 +28,8 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
     from miles.router import start_router
 
     config = small_config("--use-kl-loss", "--kl-loss-coef", "0.01", "--entropy-coef", "0.001")
-    router = start_router(config.router, worker_urls=[engine.url])
+    # the router writes its lane into the run's timeline, as the router a run launches does
+    router = start_router(config.router, worker_urls=[engine.url], timeline_path=tmp_path / "run" / "timeline.jsonl")
     trainer = RLTrainer(config, router.url, [engine.url])
     try:
         assert trainer.resume() == 0
@@ -74,6 +77,7 @@ def check_dashboard_files(run_dir: Path, samples) -> None:
                 ("rank0", "log_probs", r), ("rank0", "actor_train", r)} <= phases
     assert ("trainer", "eval", 1) in phases and ("trainer", "eval", 0) not in phases
     assert all(s["start"] <= s["end"] for s in spans)
+    check_router_lane(run_dir)
     rows = [json.loads(line) for line in (run_dir / "tokens" / "rollout_000000.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == [s.index for s in samples]
     for row, sample in zip(rows, samples):
@@ -81,6 +85,20 @@ def check_dashboard_files(run_dir: Path, samples) -> None:
         # the ranks scored the weights that sampled: per token, train and rollout log-probs agree
         assert max(abs(a - b) for a, b in zip(row["log_probs"], row["rollout_log_probs"])) <= 1e-3
     assert not (run_dir / "tokens" / "rollout_000001.jsonl").exists()
+
+
+def check_router_lane(run_dir: Path) -> None:
+    """The router's lane: a burst of proxied requests inside each rollout, and the weight versions it was
+    told (the router writes on a timer, so its latest spans may take a moment)."""
+    def router_lane():
+        spans = read_spans(run_dir / "timeline.jsonl")
+        versions = [s.args["weight_version"] for s in spans if s.name == "update_weight_version"]
+        rollouts = [s for s in spans if s.lane == "trainer" and s.name == "rollout"]
+        bursts = [s for s in spans if s.lane == "router" and s.name == "proxy"]
+        inside = [any(rollout.start <= b.start <= b.end <= rollout.end and b.args["requests"] >= 1 for b in bursts)
+                  for rollout in rollouts]
+        return versions == ["0", "1", "2"] and inside == [True, True]
+    wait_for(router_lane, "the router's spans of both iterations", timeout=10)
 
 
 def run(config, run_dir, engine, rollout_ids, save_at=(), last=False):

@@ -4,7 +4,10 @@
 const TOKEN = new URLSearchParams(location.search).get("token");
 const PHASE_COLORS = {rollout: "#60a5fa", train: "#a78bfa", log_probs: "#34d399", actor_train: "#f59e0b",
                       update_weights: "#f472b6", checkpoint: "#94a3b8", eval: "#22d3ee", decode: "#93c5fd",
-                      log_tokens: "#ef4444", token_stats: "#ef4444"};
+                      log_tokens: "#ef4444", token_stats: "#ef4444",
+                      // the router's lane: bursts of proxied requests, and its admin events (instants)
+                      proxy: "#fdba74", add_worker: "#15803d", readmit: "#15803d", remove_worker: "#b91c1c",
+                      quarantine: "#b91c1c", update_weight_version: "#db2777"};
 let RUN = null;
 let lastSeen = null;
 
