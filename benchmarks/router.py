@@ -2,9 +2,11 @@
 through the Rust `sglang-router` (an outside reference, installed into a throwaway venv, never a dependency).
 
     .venv/bin/python benchmarks/router.py [--seconds 10] [--connections 32] [--soak-seconds 20] [--baseline DIR]
+                                          [--timeline]
 
 `--baseline DIR` adds the `miles router` of another checkout (e.g. `git worktree add /tmp/base <commit>`)
-as a column, so a change to the router is measured side by side with the code before it.
+as a column, so a change to the router is measured side by side with the code before it. `--timeline`
+adds our router writing its timeline lane (`--timeline-path`, as a training run starts it) as a column.
 
 Every server and the load generator run as separate processes (wrk when installed, else a lean
 asyncio generator from this file). Prints a table, then one JSON line with the figures and ratios.
@@ -100,9 +102,9 @@ def start_stub() -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-def start_ours(worker: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
-    proc, url = start_reading_url([PYTHON, "-m", "flows.cli", "router", "--port", "0", "--worker-urls", worker],
-                                  r"http://[^\s]+", root, marker="listening on")
+def start_ours(worker: str, root: Path = ROOT, extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
+    proc, url = start_reading_url([PYTHON, "-m", "flows.cli", "router", "--port", "0", "--worker-urls", worker,
+                                   *extra], r"http://[^\s]+", root, marker="listening on")
     wait_http(url + "/router_health")
     wait_http(url + "/generate", method="POST", body=BODY)
     return proc, url
@@ -144,6 +146,12 @@ def stop(proc: subprocess.Popen | None) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (robust to a loaded machine, unlike req/s)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def rss_mb(pid: int) -> float:
@@ -221,15 +229,21 @@ def loadgen_main(url: str, connections: int, seconds: float) -> None:
 
 # ---------------------------------------------------------------- report
 
-def measure(targets: dict[str, str], connections: int, seconds: float, rounds: int) -> dict[str, dict]:
-    """Each target at `connections` and at 1 connection, interleaved per round; the best round is kept."""
+def measure(targets: dict[str, str], pids: dict[str, int], connections: int, seconds: float,
+            rounds: int) -> dict[str, dict]:
+    """Each target at `connections` and at 1 connection, interleaved per round; the best round is kept
+    (and the least server CPU per request at `connections`)."""
     best: dict[str, dict] = {}
     for _ in range(rounds):
         for name, url in targets.items():
             run_load(url, connections, 2)  # warm-up: pools filled, code paths hot
+            cpu_before = cpu_seconds(pids[name])
             many = run_load(url, connections, seconds)
+            cpu_us = (cpu_seconds(pids[name]) - cpu_before) / max(many.requests, 1) * 1e6
             one = run_load(url, 1, seconds)
             prior = best.get(name)
+            if prior is None or cpu_us < prior["cpu_us_per_request"]:
+                best.setdefault(name, {})["cpu_us_per_request"] = cpu_us
             if prior is None or many.rps > prior["rps"]:
                 best.setdefault(name, {}).update(rps=many.rps, errors=many.errors, p50_ms=many.p50_ms,
                                                  p99_ms=many.p99_ms)
@@ -255,6 +269,8 @@ def main() -> None:
     parser.add_argument("--soak-seconds", type=float, default=20.0, help="soak our router this long (0: skip)")
     parser.add_argument("--baseline", metavar="DIR", type=Path,
                         help="another checkout whose router runs as the 'baseline router' column")
+    parser.add_argument("--timeline", action="store_true",
+                        help="add a column: our router writing its timeline lane (--timeline-path)")
     parser.add_argument("--loadgen", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loadgen:
@@ -267,18 +283,24 @@ def main() -> None:
         ours, ours_url = start_ours(stub_url)
         procs.append(ours)
         targets = {"direct": stub_url, "miles router": ours_url}
+        pids = {"direct": stub.pid, "miles router": ours.pid}
         if args.baseline:
             if not (args.baseline / "miles" / "router").is_dir():
                 parser.error(f"--baseline {args.baseline}: not a checkout of this project (no miles/router)")
             base, base_url = start_ours(stub_url, args.baseline.resolve())
             procs.append(base)
-            targets["baseline router"] = base_url
+            targets["baseline router"], pids["baseline router"] = base_url, base.pid
+        if args.timeline:
+            spans = Path(tempfile.mkdtemp(prefix="miles-bench-")) / "timeline.jsonl"
+            timed, timed_url = start_ours(stub_url, extra=["--timeline-path", str(spans)])
+            procs.append(timed)
+            targets["with timeline"], pids["with timeline"] = timed_url, timed.pid
         sglr_python = ensure_sglang_router()
         if sglr_python is not None:
             sglr, sglr_url = start_sglang(sglr_python, stub_url)
             procs.append(sglr)
-            targets["sglang-router"] = sglr_url
-        results = measure(targets, args.connections, args.seconds, args.rounds)
+            targets["sglang-router"], pids["sglang-router"] = sglr_url, sglr.pid
+        results = measure(targets, pids, args.connections, args.seconds, args.rounds)
         soaked = soak(ours_url, ours.pid, args.connections, args.soak_seconds) if args.soak_seconds > 0 else None
     finally:
         for proc in procs:
@@ -290,16 +312,20 @@ def report(results: dict[str, dict], args, soaked: dict | None) -> None:
     loader = "wrk" if shutil.which("wrk") else "asyncio loadgen"
     print(f"\nsmall POST /generate against a stub engine on loopback ({loader}, {args.seconds:g}s per run)\n")
     print(f"{'target':<15} {'req/s @' + str(args.connections):>12} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
-          f" {'p50 ms @1':>10} {'added ms @1':>12}")
+          f" {'p50 ms @1':>10} {'added ms @1':>12} {'CPU us/req':>11}")
     direct = results["direct"]["one_p50_ms"]
     for name, r in results.items():
         added = r["one_p50_ms"] - direct
         r["added_ms_at_1"] = round(added, 3)
         print(f"{name:<15} {r['rps']:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['errors']:>7}"
-              f" {r['one_p50_ms']:>10.3f} {added:>12.3f}")
+              f" {r['one_p50_ms']:>10.3f} {added:>12.3f} {r['cpu_us_per_request']:>11.1f}")
     ratios = {"ours_vs_direct": results["miles router"]["rps"] / results["direct"]["rps"]}
     if "baseline router" in results:
         ratios["ours_vs_baseline"] = results["miles router"]["rps"] / results["baseline router"]["rps"]
+    if "with timeline" in results:
+        ratios["timeline_vs_ours"] = results["with timeline"]["rps"] / results["miles router"]["rps"]
+        ratios["timeline_cpu_vs_ours"] = (results["with timeline"]["cpu_us_per_request"]
+                                          / results["miles router"]["cpu_us_per_request"])
     if "sglang-router" in results:
         ratios["ours_vs_sglang_router"] = results["miles router"]["rps"] / results["sglang-router"]["rps"]
     else:
