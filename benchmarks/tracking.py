@@ -1,7 +1,6 @@
 """Tracking overhead and live lag: a training-like loop (fixed torch compute per iteration,
-metrics recorded and committed each iteration) with wandb + MLflow + TensorBoard on vs all off.
-The defaults are the default run's shape with a checkpoint every rollout (`--save-interval 1`):
-45 metrics per 2.3 s iteration; `--metrics 200 --compute-s 0.3` is a stress case.
+metrics recorded each iteration) with wandb + MLflow + TensorBoard on vs all off. The defaults
+are the default run's shape: 45 metrics per 2.3 s iteration; `--metrics 200 --compute-s 0.3` is a stress case.
 
 Many short phases, in rounds that alternate their order (off then on, then on then off, ...)
 so drift and noise on a busy machine hit both modes alike. Each round's ratio is its on phase's
@@ -13,11 +12,11 @@ phase's lines the trackers already held when its clock stopped ("live").
 
 Live lag: during each on phase an observer process (the user watching, at normal priority)
 polls every tracker's own store every 0.25 s (MLflow's SQLite tables, the TensorBoard event
-files, the wandb offline file) and notes when each committed iteration's `rollout/step` point
-first appears there; the lag is that moment minus the commit, p50 and max per tracker.
+files, the wandb offline file) and notes when each recorded iteration's `rollout/step` point
+first appears there; the lag is that moment minus the record, p50 and max per tracker.
 Because phase-to-phase noise on a small shared machine is larger than 1%, it also prints an
-accounted upper bound that noise barely moves: the training thread's extra time in record +
-commit, plus all CPU time of the delivery process tree while the clock ran, per iteration.
+accounted upper bound that noise barely moves: the training thread's extra time in record,
+plus all CPU time of the delivery process tree while the clock ran, per iteration.
 Prints a table per round and pooled, then the figures as one JSON line; the ratios are what
 was measured, nothing is clamped.
 
@@ -61,8 +60,8 @@ class Phase:
     delivery_cpu_s: float | None = None  # the delivery process's CPU time while the clock ran (on only)
     close_s: float = 0.0  # close() after the clock stopped: what delivery left for the end (not in the ratios)
     live: float | None = None  # share of the phase's lines every tracker held when the clock stopped (on only)
-    calls_s: float = 0.0  # time the training thread spent in record + commit, per iteration
-    lags: dict[str, list[float]] | None = None  # per tracker, seconds from each commit to its point in the store
+    calls_s: float = 0.0  # time the training thread spent in record, per iteration
+    lags: dict[str, list[float]] | None = None  # per tracker, seconds from each record to its point in the store
 
     @property
     def mean(self) -> float:
@@ -129,11 +128,11 @@ def phase(r: int, mode: str, run_dir: Path, iterations: int, n_matmul: int, a: t
         flags += ["--use-wandb", "--wandb-mode", "offline", "--use-mlflow", "--use-tensorboard"]
     config = parse_config(flags)
     tracker = open_tracking(config, run_dir)
-    tracker.resume(None, {})
+    tracker.open({})
     tracker.wait_open(300.0)
     pid = tracker.delivery_pid
     observer = start_observer(run_dir) if mode == "on" else None
-    times, calls, committed_at = [], [], []
+    times, calls, recorded_at = [], [], []
     with contextlib.redirect_stdout(io.StringIO()):  # the rows, in both modes; kept off the table
         cpu_start = cpu_seconds(pid)
         for rollout_id in range(iterations):
@@ -141,8 +140,7 @@ def phase(r: int, mode: str, run_dir: Path, iterations: int, n_matmul: int, a: t
             x = compute(n_matmul, a)
             called = time.perf_counter()
             tracker.record(rollout_id, metrics_for(rollout_id, x, n_metrics))
-            tracker.commit(rollout_id)  # every iteration: the most delivery work per second
-            committed_at.append(time.time())
+            recorded_at.append(time.time())
             times.append(time.perf_counter() - start)
             calls.append(time.perf_counter() - called)
         cpu_end = cpu_seconds(pid)
@@ -151,7 +149,7 @@ def phase(r: int, mode: str, run_dir: Path, iterations: int, n_matmul: int, a: t
         report = tracker.close()
         close_s = time.perf_counter() - closing
     assert not report.undelivered, report
-    lags = stop_observer(observer, run_dir, committed_at) if observer is not None else None
+    lags = stop_observer(observer, run_dir, recorded_at) if observer is not None else None
     cpu = cpu_end - cpu_start if cpu_start is not None and cpu_end is not None else None
     return Phase(r, mode, times, cpu, close_s, live, statistics.mean(calls), lags)
 
@@ -167,16 +165,16 @@ def start_observer(run_dir: Path) -> subprocess.Popen:
     return proc
 
 
-def stop_observer(proc: subprocess.Popen, run_dir: Path, committed_at: list[float]) -> dict[str, list[float]]:
+def stop_observer(proc: subprocess.Popen, run_dir: Path, recorded_at: list[float]) -> dict[str, list[float]]:
     """Stop the observer (after one last poll) and turn its first sightings into lags per tracker."""
     (run_dir / "observer.stop").touch()
     proc.wait(timeout=120)
     seen = json.loads((run_dir / "observer.json").read_text())
     lags = {}
     for name, steps in seen.items():
-        missing = [i for i in range(len(committed_at)) if str(i) not in steps]
+        missing = [i for i in range(len(recorded_at)) if str(i) not in steps]
         assert not missing, f"{name}: steps {missing} never seen in the store"
-        lags[name] = [steps[str(i)] - committed_at[i] for i in range(len(committed_at))]
+        lags[name] = [steps[str(i)] - recorded_at[i] for i in range(len(recorded_at))]
     return lags
 
 
@@ -220,7 +218,7 @@ def observe(run_dir: Path) -> None:
 
 
 def live_share(run_dir: Path, lines: int) -> float:
-    """How much of the phase's committed lines the slowest tracker already holds (delivery keeps up
+    """How much of the phase's lines the slowest tracker already holds (delivery keeps up
     during training, rather than leaving it all for close)."""
     sinks = TrackingState.load(run_dir).sinks.values()
     return min((s.cursor for s in sinks), default=0) / lines
@@ -259,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio_rounds = statistics.median(ratios)
     ratio_mean, ratio_median = on_mean / off_mean, on_med / off_med
 
-    print(f"tracking overhead: {args.metrics} metrics/iteration, committed every iteration, {n_matmul} matmuls "
+    print(f"tracking overhead: {args.metrics} metrics/iteration, {n_matmul} matmuls "
           f"(~{args.compute_s}s)/iteration; {args.rounds} rounds x {args.iterations} iterations per phase, "
           f"order alternating off/on, on/off")
     print(f"{'round':>5}  {'order':<7}{'off mean s/iter':>16}{'on mean s/iter':>16}{'on/off':>9}{'':>9}"
@@ -279,22 +277,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * TARGET:g}%")
     cpus = [on.delivery_cpu_s for _, _, on in rounds if on.delivery_cpu_s is not None]
     # What the trackers can cost an iteration at most, from quantities 2-core noise barely moves: the
-    # training thread's extra time in record + commit, plus every CPU second the delivery process
+    # training thread's extra time in record, plus every CPU second the delivery process
     # used while the clock ran (as if each one displaced training).
     calls_off = statistics.mean(off.calls_s for _, off, _ in rounds)
     calls_on = statistics.mean(on.calls_s for _, _, on in rounds)
     delivery_per_iteration = sum(cpus) / (len(cpus) * args.iterations) if cpus else 0.0
     accounted = (calls_on - calls_off + delivery_per_iteration) / off_med
-    print(f"accounted upper bound: record+commit {1000 * calls_on:.2f} ms on vs {1000 * calls_off:.2f} ms off, "
+    print(f"accounted upper bound: record {1000 * calls_on:.2f} ms on vs {1000 * calls_off:.2f} ms off, "
           f"delivery CPU {1000 * delivery_per_iteration:.2f} ms per iteration -> {100 * accounted:+.2f}% "
           f"of the median off iteration")
     lags = {name: sorted(x for _, _, on in rounds for x in on.lags[name]) for name in TRACKERS}
     lag_figures = {name: {"p50_s": round(statistics.median(v), 3), "max_s": round(max(v), 3), "points": len(v)}
                    for name, v in lags.items()}
-    print(f"live lag, commit -> point in the tracker's store (observer polls every {OBSERVE_S}s), "
+    print(f"live lag, record -> point in the tracker's store (observer polls every {OBSERVE_S}s), "
           f"{sum(len(v) for v in lags.values())} points:")
     for name, fig in lag_figures.items():
-        print(f"  {name:<12} p50 {fig['p50_s']:6.2f}s  max {fig['max_s']:6.2f}s  ({fig['points']} commits)")
+        print(f"  {name:<12} p50 {fig['p50_s']:6.2f}s  max {fig['max_s']:6.2f}s  ({fig['points']} lines)")
     print(json.dumps({
         "live_lag": lag_figures, "live_lag_max_s": max(f["max_s"] for f in lag_figures.values()),
         "metrics_per_iteration": args.metrics, "rounds": args.rounds, "iterations_per_phase": args.iterations,
@@ -310,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_median_of_rounds": round(ratio_rounds, 4), "ratio_pooled_mean": round(ratio_mean, 4),
         "ratio_pooled_median": round(ratio_median, 4),
         "delivery_cpu_s_per_on_iteration": round(sum(cpus) / (len(cpus) * args.iterations), 4) if cpus else None,
-        "record_commit_ms_off": round(1000 * calls_off, 3), "record_commit_ms_on": round(1000 * calls_on, 3),
+        "record_ms_off": round(1000 * calls_off, 3), "record_ms_on": round(1000 * calls_on, 3),
         "accounted_overhead": round(accounted, 4), "within_1pct_accounted": accounted <= TARGET,
         "within_1pct_median_of_rounds": abs(ratio_rounds - 1) <= TARGET,
     }))

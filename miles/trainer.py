@@ -95,7 +95,7 @@ class RLTrainer:
                 self.group.call("load_base", str(self.model_path))
             self.data.load_state_dict({"epoch": 0, "offset": 0})
             self.weight_version = 0
-            self.tracker.resume(None, {})
+            self.tracker.open({})
             self.health.resume([])
             self._engines_serve(self.model_path, 0)
             return 0
@@ -103,8 +103,9 @@ class RLTrainer:
         self.group.call("load", str(scan.path))
         self.data.load_state_dict(state.data_cursor)
         self.weight_version = state.weight_version
-        self.tracker.resume(state.rollout_id, state.extra)
-        self.health.resume(read_journal(self.run_dir / JOURNAL_NAME))
+        self.tracker.open(state.extra)
+        # the watch judges the redone rollouts again: its history ends at the checkpoint
+        self.health.resume([ln for ln in read_journal(self.run_dir / JOURNAL_NAME) if ln.rollout_id <= state.rollout_id])
         self._engines_serve(scan.path, state.weight_version)
         print(f"[trainer] resumed from {scan.path} (rollout {state.rollout_id})", flush=True)
         return state.rollout_id + 1
@@ -126,9 +127,7 @@ class RLTrainer:
             state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
                                             data_cursor=self.data.state_dict(), world_size=self.config.world_size,
                                             extra=self.tracker.checkpoint_extra())
-            path = checkpoint.seal(staged, self.save_dir, state, self.config.train.keep_checkpoints)
-        self.tracker.commit(rollout_id)
-        return path
+            return checkpoint.seal(staged, self.save_dir, state, self.config.train.keep_checkpoints)
 
     # ---- one iteration ----------------------------------------------------------------------
     def run_iteration(self, rollout_id: int) -> IterationResult:
@@ -143,7 +142,8 @@ class RLTrainer:
                                          binary_reward=cfg.rollout.custom_rm_path is None)
         self.tracker.log_rollout(rollout_id, self.args, samples, dict(rollout_logged), times["rollout"])
 
-        logged = samples_due(cfg.tracking.log_samples_interval, rollout_id)
+        # a rollout redone after a crash keeps its first run's line, samples and token file
+        logged = samples_due(cfg.tracking.log_samples_interval, rollout_id) and not self.tracker.recorded(rollout_id)
         with self.phase("train", rollout_id, times):  # log_probs and actor_train are phases inside the ranks
             batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id,
                                       return_token_stats=logged)

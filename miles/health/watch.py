@@ -107,7 +107,7 @@ class HealthWatch:
         return self.cfg.health_watch == "on"
 
     def resume(self, lines: list[JournalLine]) -> None:
-        """Continue after the journal was cut back to its checkpoint: the same history, and the
+        """Continue from a checkpoint, given the journal's lines through it: the same history, and the
         verdicts of rollouts that will be redone dropped from the health log."""
         self.history = rollouts_of(lines)
         last = self.history[-1].rollout_id if self.history else -1

@@ -1,5 +1,5 @@
-"""The delivery loop of `miles replay-spool`: moves committed journal lines into each tracker,
-single-threaded, reading the trainer's `committed.json` and writing only `delivery.json`.
+"""The delivery loop of `miles replay-spool`: moves journal lines into each tracker as they are
+recorded, single-threaded, reading the trainer's `trainer.json` and writing only `delivery.json`.
 
 Per tracker a cursor counts the journal lines it holds. A failure is logged once per outage;
 the lines stay behind the cursor (in the journal on disk) and are retried every
@@ -20,12 +20,12 @@ from miles.tracking.journal import JOURNAL_NAME, JournalFollower
 from miles.tracking.samples import existing_samples
 from miles.tracking.secrets import Scrubber
 from miles.tracking.sinks.base import Delivery, Sink, SinkSpec, build_sink
-from miles.tracking.state import COMMITTED_PATH, CONFIG_ARTIFACT, CommitState, DeliveryState, SinkState, pending
+from miles.tracking.state import CONFIG_ARTIFACT, TRAINER_PATH, DeliveryState, SinkState, TrainerFile, pending
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
-POLL_S = 0.5  # how often committed.json and the trainer's liveness are checked while following
-# Following, a delivery waits this long after the previous one, so frequent commits go out in one
+POLL_S = 0.5  # how often the journal, trainer.json and the trainer's liveness are checked while following
+# Following, a delivery waits this long after the previous one, so frequent lines go out in one
 # call per tracker: MLflow's SQL store spends ~4x less CPU per point in a batch of a few lines.
 BATCH_S = 4.0
 
@@ -43,44 +43,43 @@ class Slot:
 
 
 class DeliveryLoop:
-    """Delivers one run directory's committed lines to `specs`; the caller holds the delivery lock."""
+    """Delivers one run directory's journal to `specs`; the caller holds the delivery lock."""
 
     def __init__(self, run_dir: Path, specs: dict[str, SinkSpec], scrubber: Scrubber, retry_interval: float,
                  session: str | None = None):
         self.run_dir, self.scrubber, self.retry_interval, self.session = run_dir, scrubber, retry_interval, session
-        self.commits, self.state = CommitState.load(run_dir), DeliveryState.load(run_dir)
+        self.trainer_file, self.state = TrainerFile.load(run_dir), DeliveryState.load(run_dir)
         self.journal = JournalFollower(run_dir / JOURNAL_NAME)
         config = run_dir / CONFIG_ARTIFACT
         params = yaml.safe_load(config.read_text()) if config.exists() else {}
         self.slots = [Slot(name, build_sink(spec, params), self.state.sinks.setdefault(name, SinkState(spec)))
                       for name, spec in specs.items()]
         self._seen: tuple | None = None
-        self._cut_back()
 
     def refresh(self) -> None:
-        """Re-read committed.json when it changed: one stat per poll otherwise."""
+        """Read the journal's new lines, and trainer.json when it changed (one stat per poll otherwise)."""
+        self.journal.read()
         try:
-            st = os.stat(self.run_dir / COMMITTED_PATH)
+            st = os.stat(self.run_dir / TRAINER_PATH)
         except FileNotFoundError:
             return
         if (st.st_mtime_ns, st.st_size, st.st_ino) != self._seen:
             self._seen = (st.st_mtime_ns, st.st_size, st.st_ino)
-            self.commits = CommitState.load(self.run_dir)
-            self._cut_back()
+            self.trainer_file = TrainerFile.load(self.run_dir)
 
     def trainer_state(self) -> str:
         """"closed" (its close is asked for), "gone" (dead, or another trainer took the run over),
         "open" (it read its checkpoint) or "starting"."""
-        trainer = self.commits.trainer or {}
-        if (self.commits.close or {}).get("session") == self.session:
+        trainer = self.trainer_file.trainer or {}
+        if (self.trainer_file.close or {}).get("session") == self.session:
             return "closed"
-        if trainer.get("session") != self.session or not self.commits.trainer_alive():
+        if trainer.get("session") != self.session or not self.trainer_file.trainer_alive():
             return "gone"
         return "open" if trainer.get("open") else "starting"
 
     def follow(self) -> str:
-        """Deliver commits as they land until the trainer's close ("closed") or its end ("gone": it
-        died, or another trainer took the run over)."""
+        """Deliver lines as they are recorded until the trainer's close ("closed") or its end ("gone":
+        it died, or another trainer took the run over)."""
         next_delivery = 0.0
         while True:
             self.refresh()
@@ -89,19 +88,11 @@ class DeliveryLoop:
                 next_delivery = time.monotonic() + BATCH_S
             status = self.trainer_state()
             if status == "gone":
-                self.catch_up_all()  # what it committed last, before leaving
+                self.refresh()
+                self.catch_up_all()  # what it recorded last, before leaving
             if status != "open":
                 return status
-            time.sleep(POLL_S)  # the poll interval: a commit is seen within it
-
-    def _cut_back(self) -> None:
-        if len(self.journal.lines) > self.commits.committed:  # a resume cut the journal before them
-            self.journal = JournalFollower(self.run_dir / JOURNAL_NAME)
-        for slot in self.slots:
-            if slot.state.cursor > self.commits.committed:
-                log.warning("tracking: %s already holds %d lines past the checkpoint; the redone rollouts are "
-                            "delivered again", slot.name, slot.state.cursor - self.commits.committed)
-                slot.state.cursor = self.commits.committed
+            time.sleep(POLL_S)  # the poll interval: a new line is seen within it
 
     def catch_up_all(self) -> None:
         for slot in self.slots:
@@ -117,10 +108,10 @@ class DeliveryLoop:
                 slot.state.spec = slot.sink.spec()  # now with its run id
                 slot.state.uploaded = False  # the run is open again until this process finishes it
                 slot.state.session = self.session
-                slot.state.cursor = min(self.commits.committed, slot.sink.durable_cursor(slot.state.cursor))
+                slot.state.cursor = slot.sink.durable_cursor(slot.state.cursor)
                 self.state.save()
                 log.info("tracking: %s open %s", slot.name, slot.state.spec.options)
-            lines = self.journal.read_through(self.commits.committed)
+            lines = self.journal.read()
             while slot.state.cursor < len(lines):
                 start = slot.state.cursor
                 end = min(len(lines), start + LINES_PER_DELIVERY)
@@ -149,7 +140,7 @@ class DeliveryLoop:
         return Delivery(lines[start:end], {i: p for i, p in samples.items() if p is not None}, first=start)
 
     def finish(self, files: list[Path], timeout: float, final: bool = True) -> dict[str, int]:
-        """Deliver what is committed (retrying a failed tracker until `timeout`), upload `files` when
+        """Deliver the journal (retrying a failed tracker until `timeout`), upload `files` when
         `final`, finish every tracker run; returns what is still spooled per tracker. Not `final`:
         the run goes on in a later process (the next chunk), which reopens the same tracker runs."""
         deadline = time.monotonic() + timeout
@@ -168,4 +159,4 @@ class DeliveryLoop:
         return self.pending()
 
     def pending(self) -> dict[str, int]:
-        return pending(self.commits.committed, {s.name: s.state for s in self.slots})
+        return pending(len(self.journal.read()), {s.name: s.state for s in self.slots})

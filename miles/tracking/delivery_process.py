@@ -48,7 +48,7 @@ class DeliveryProcess:
         if code is not None and (code != 0 or not closing) and not self.reported:
             self.reported = True
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            log.warning("tracking: the delivery process stopped (%s)%s; training goes on, the committed points "
+            log.warning("tracking: the delivery process stopped (%s)%s; training goes on, the recorded points "
                         "stay spooled in the journal for the next run of this run dir or `miles replay-spool %s` "
                         "(its log: %s)", how, " while finishing" if closing else "", self.run_dir,
                         self.run_dir / DELIVERY_LOG_PATH)

@@ -5,6 +5,7 @@ A line is flat: `rollout_id` (the iteration) and `time` (unix seconds, when reco
 trackers reuse it as the point's timestamp, so re-delivering a line is recognisably the
 same point) plus the mapped metric keys, step counters included. The eval of the starting
 weights, before any training, is a line of its own with rollout id -1 and `eval/step` 0.
+Lines are never rewritten, so a line's index is a stable identity (wandb's step).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 JOURNAL_NAME = "metrics.jsonl"
+REDONE_PATH = Path("tracking") / "redone.jsonl"  # lines of rollouts redone after a crash (see Journal)
 BOOKKEEPING = ("rollout_id", "time")
 BASE_EVAL_ROLLOUT_ID = -1  # the line of the eval before training: it sorts before rollout 0
 
@@ -46,64 +48,56 @@ def read_journal(path: Path) -> list[JournalLine]:
 
 
 class Journal:
-    """Append-only on disk and in memory; cut back only past a checkpoint on resume."""
+    """Append-only, on disk and in memory: a rollout's line is written once, by the first run of
+    it. A rollout redone after a crash (trained again from an older checkpoint) keeps that line;
+    the redo's own metrics go to `tracking/redone.jsonl`, so every tracker, which may already
+    show the first line, and the journal stay equal."""
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / JOURNAL_NAME
+        self.redone_path = run_dir / REDONE_PATH
+        self._repair()
         self.lines = read_journal(self.path)
+        self.recorded = {ln.rollout_id for ln in self.lines}
 
-    def append(self, line: JournalLine) -> None:
-        with self.path.open("a") as f:
+    def _repair(self) -> None:
+        """Cut a torn last line (a writer killed mid-line) so that the next line starts clean."""
+        if self.path.exists() and (data := self.path.read_bytes()) and not data.endswith(b"\n"):
+            with self.path.open("r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def append(self, line: JournalLine) -> bool:
+        """Write the line; False (written to the redone file instead) when its rollout has one."""
+        first = line.rollout_id not in self.recorded
+        path = self.path if first else self.redone_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
             f.write(line.to_json() + "\n")
-        self.lines.append(line)
-
-    def truncate_after(self, rollout_id: int | None) -> None:
-        """Drop lines of rollouts after `rollout_id` (all lines for None): they will be redone."""
-        self.lines = [ln for ln in self.lines if rollout_id is not None and ln.rollout_id <= rollout_id]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(ln.to_json() + "\n" for ln in self.lines))
-        tmp.replace(self.path)
-
-    def count_through(self, rollout_id: int) -> int:
-        """How many leading lines belong to rollouts up to `rollout_id` (lines are in rollout order)."""
-        n = 0
-        for ln in self.lines:
-            if ln.rollout_id > rollout_id:
-                break
-            n += 1
-        return n
+        if first:
+            self.lines.append(line)
+            self.recorded.add(line.rollout_id)
+        return first
 
 
 class JournalFollower:
-    """The delivery side's view of a journal another process appends to: committed lines,
-    read from disk as they are committed.
-
-    Lines up to the committed count never change (a redo of an uncommitted rollout rewrites
-    only lines past it, byte for byte the same before), so the follower keeps only lines it
-    was asked for and the byte offset after them, and reads on from there by path (the file
-    may have been replaced meanwhile). Lines past the asked count are never cached: they may
-    still be redone."""
+    """The delivery side's view of a journal another process appends to: its complete lines,
+    read on from the byte offset after the last one (a line being written is left for later)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.lines: list[JournalLine] = []
         self._offset = 0
 
-    def read_through(self, count: int) -> list[JournalLine]:
-        """The first `count` lines, or as many complete lines as the file holds when fewer."""
-        if len(self.lines) < count and self.path.exists():
+    def read(self) -> list[JournalLine]:
+        if self.path.exists() and self.path.stat().st_size > self._offset:
             with self.path.open("rb") as f:
                 f.seek(self._offset)
                 data = f.read()
-            pos = 0
-            while len(self.lines) < count:
-                end = data.find(b"\n", pos)
-                if end < 0:
-                    break  # a line still being written
+            end = data.rfind(b"\n") + 1
+            for text in data[:end].splitlines():
                 try:
-                    self.lines.append(JournalLine.from_json(data[pos:end].decode()))
+                    self.lines.append(JournalLine.from_json(text.decode()))
                 except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
                     pass  # a torn line a killed writer left (read_journal skips it too)
-                pos = end + 1
-            self._offset += pos
-        return self.lines[:count]
+            self._offset += end
+        return self.lines

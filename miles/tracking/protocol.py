@@ -1,10 +1,10 @@
 """The contract between the training loop and tracking (the loop knows nothing else of it).
 
-`resume` opens the tracker, once, right after the checkpoint is read (`resume(None, {})` for a
-fresh run); every other call needs it. Order per rollout: `log_rollout` (custom logger hook, after generation, before training),
-`record` (stdout row + journal line, live), and after each checkpoint `commit`, which
-hands everything recorded up to that rollout to the trackers. Trackers therefore only
-ever hold committed iterations: a retried or resumed chunk cannot double a point.
+`open` opens the tracker, once, right after the checkpoint is read (`open({})` for a fresh run);
+every other call needs it. Order per rollout: `log_rollout` (custom logger hook, after
+generation, before training), then `record` (stdout row + journal line), which every tracker
+shows within seconds. A rollout's line is written once: one redone after a crash keeps its
+first line, so a retried or resumed chunk cannot double or change a point a tracker shows.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 
 class RunTracker(Protocol):
-    def resume(self, committed_rollout_id: int | None, extra: dict[str, Any]) -> None:
-        """Open the tracker at the run's checkpoint: drop journal lines past `committed_rollout_id`
-        (they will be redone), start delivery, reattach tracker runs whose ids are in `extra`."""
+    def open(self, extra: dict[str, Any]) -> None:
+        """Open the tracker once the checkpoint is read: let delivery open the tracker runs, reattaching
+        those whose ids are in `extra` (the checkpoint's `checkpoint_extra`)."""
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """What the checkpoint must store for `resume` (e.g. wandb/MLflow run ids)."""
@@ -33,18 +33,18 @@ class RunTracker(Protocol):
         """The eval of the starting weights, before rollout 0: the eval logger hook (as rollout 0), then,
         unless it returned True, its own journal line at `eval/step` 0 (rollout id -1: before rollout 0)."""
 
+    def recorded(self, rollout_id: int) -> bool:
+        """Whether the rollout has its journal line (then a redo keeps its line, samples and token file)."""
+
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
-        """One iteration's metrics (with `train/step`, `rollout/step`, `eval/step`): stdout row + journal."""
+        """One iteration's metrics (with `train/step`, `rollout/step`, `eval/step`): stdout row + journal
+        line (a redone rollout's go to `tracking/redone.jsonl`)."""
 
     def line_for(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, float]:
         """The journal line `record` would write for these metrics now (with what the loggers left)."""
 
-    def commit(self, rollout_id: int) -> None:
-        """Everything recorded up to and including `rollout_id` is checkpointed: deliver it."""
-
     def close(self, final: bool = True) -> None:
-        """Write the run report, deliver what is committed, upload artifacts, finish tracker runs
-        (uncommitted iterations are not delivered: they will be redone on resume). `final=False`:
+        """Write the run report, deliver the rest of the journal, upload artifacts, finish tracker runs. `final=False`:
         the run continues in another process; deliver and finish the tracker runs only."""
 
 

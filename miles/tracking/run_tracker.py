@@ -1,7 +1,7 @@
 """The run tracker behind `open_tracking`: stdout row and journal on the training thread;
-every tracker fed from committed journal lines by a separate delivery process (`miles
-replay-spool RUN_DIR --follow`), started with the tracker; `resume` (after the checkpoint is
-read) is the explicit open that lets it open the tracker runs."""
+every tracker fed from the journal, line by line as it is recorded, by a separate delivery
+process (`miles replay-spool RUN_DIR --follow`), started with the tracker; `open` (after the
+checkpoint is read) lets it open the tracker runs."""
 from __future__ import annotations
 
 import logging
@@ -25,7 +25,7 @@ from miles.tracking.secrets import public_params, scrubber_for
 from miles.tracking.sinks.base import SinkSpec
 from miles.tracking.sinks.mlflow_sink import default_tracking_uri
 from miles.tracking.sinks.wandb_sink import new_run_id, resolve_mode
-from miles.tracking.state import CONFIG_ARTIFACT, CommitState, DeliveryState
+from miles.tracking.state import CONFIG_ARTIFACT, DeliveryState, TrainerFile
 
 log = logging.getLogger("miles.tracking")
 PROFILER_DIRS = ("profiler", "profiles", "traces")  # under RUN_DIR, uploaded when present
@@ -34,17 +34,17 @@ __all__ = ["CONFIG_ARTIFACT", "RunTracker", "build_run_tracker", "build_specs"]
 
 @dataclass(frozen=True)
 class FinishReport:
-    undelivered: dict[str, int] = field(default_factory=dict)  # tracker -> committed lines still spooled
+    undelivered: dict[str, int] = field(default_factory=dict)  # tracker -> journal lines still spooled
 
 
-def spooled(run_dir: Path, names: list[str], committed: int) -> FinishReport:
+def spooled(run_dir: Path, names: list[str], recorded: int) -> FinishReport:
     """What is still undelivered per tracker by the delivery state on disk, each one logged with
     how to deliver it."""
     sinks = DeliveryState.load(run_dir).sinks
-    undelivered = {name: committed - (sinks[name].cursor if name in sinks else 0) for name in names}
+    undelivered = {name: recorded - (sinks[name].cursor if name in sinks else 0) for name in names}
     report = FinishReport({name: n for name, n in undelivered.items() if n > 0})
     for name, count in report.undelivered.items():
-        log.warning("tracking: %d committed lines for %s are still spooled; deliver them with "
+        log.warning("tracking: %d journal lines for %s are still spooled; deliver them with "
                     "`miles replay-spool %s`", count, name, run_dir)
     return report
 
@@ -87,19 +87,19 @@ class RunTracker:
         self.scrubber = scrubber_for(config)
         self.params = public_params(config, self.scrubber)
         self.journal = Journal(self.run_dir)
-        self.commits = CommitState.load(self.run_dir)
+        self.trainer_file = TrainerFile.load(self.run_dir)
         self.pending: dict[int, dict[str, float]] = {}  # default rollout/eval metrics awaiting their record
         self.opened = self.closed = False
         path = self.run_dir / CONFIG_ARTIFACT
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(self.params, sort_keys=True))
         # The delivery process starts now, so it imports the trackers (and creates a local MLflow
-        # store) while the trainer starts; it opens their runs once `resume` read the checkpoint.
+        # store) while the trainer starts; it opens their runs once `open` passed the checkpoint's ids.
         self.session = secrets.token_hex(8)
         self.specs = build_specs(config, self.run_dir, DeliveryState.load(self.run_dir), {})
-        self.commits.trackers = dict(self.specs)
-        self.commits.claim(self.session)
-        self.commits.save()
+        self.trainer_file.trackers = dict(self.specs)
+        self.trainer_file.claim(self.session)
+        self.trainer_file.save()
         self.delivery: DeliveryProcess | None = None  # None with every tracker off, or when it could not start
         if self.specs:
             t = config.tracking
@@ -107,26 +107,23 @@ class RunTracker:
                 self.delivery = DeliveryProcess(self.run_dir, self.session, t.tracking_retry_interval,
                                                 self.scrubber.secrets, t.wandb_key)
             except OSError as exc:  # training goes on without it
-                log.warning("tracking: cannot start the delivery process (%s); training goes on, the committed "
+                log.warning("tracking: cannot start the delivery process (%s); training goes on, the journal's "
                             "points stay spooled for `miles replay-spool %s`", self.scrubber.scrub(str(exc)),
                             self.run_dir)
 
     def _require_open(self) -> None:
         if not self.opened:
-            raise RuntimeError("the tracker is not open: call resume(committed_rollout_id, extra) once the "
-                               "checkpoint is read (resume(None, {}) for a fresh run)")
+            raise RuntimeError("the tracker is not open: call open(extra) once the checkpoint is read "
+                               "(open({}) for a fresh run)")
 
     # -- the contract -----------------------------------------------------------
-    def resume(self, committed_rollout_id: int | None, extra: dict[str, Any]) -> None:
+    def open(self, extra: dict[str, Any]) -> None:
         if self.opened or self.closed:
-            raise RuntimeError("resume() opens the tracker once per process; it is already open or closed")
-        self.journal.truncate_after(committed_rollout_id)
-        self.commits.committed = len(self.journal.lines)  # the delivery process cuts cursors past it back
-        self.pending.clear()
+            raise RuntimeError("open() opens the tracker once per process; it is already open or closed")
         self.specs = build_specs(self.config, self.run_dir, DeliveryState.load(self.run_dir), extra or {})
-        self.commits.trackers = dict(self.specs)
-        self.commits.trainer["open"] = self.opened = True
-        self.commits.save()
+        self.trainer_file.trackers = dict(self.specs)
+        self.trainer_file.trainer["open"] = self.opened = True
+        self.trainer_file.save()
 
     @property
     def delivery_pid(self) -> int | None:
@@ -158,7 +155,7 @@ class RunTracker:
     def log_rollout(self, rollout_id: int, args: Any, samples: list, extra_metrics: dict,
                     rollout_time: float) -> None:
         self._require_open()
-        if samples_due(self.config.tracking.log_samples_interval, rollout_id):
+        if samples_due(self.config.tracking.log_samples_interval, rollout_id) and not self.recorded(rollout_id):
             write_samples(self.run_dir, rollout_id, samples)
         if self.hooks.rollout is not None and self.hooks.rollout(rollout_id, args, samples, extra_metrics,
                                                                  rollout_time):
@@ -182,42 +179,36 @@ class RunTracker:
         self.journal.append(JournalLine(BASE_EVAL_ROLLOUT_ID, time.time(), metrics))
         print(format_eval("base eval", {k: v for k, v in metrics.items() if k != "eval/step"}), flush=True)
 
+    def recorded(self, rollout_id: int) -> bool:
+        return rollout_id in self.journal.recorded
+
     def record(self, rollout_id: int, metrics: dict[str, float]) -> None:
         self._require_open()
-        if self.journal.lines and self.journal.lines[-1].rollout_id >= rollout_id:
-            if self.journal.count_through(rollout_id - 1) < self.commits.committed:
-                raise RuntimeError(f"rollout {rollout_id} is already committed to the trackers; "
-                                   f"resume from its checkpoint instead of recording it again")
-            self.journal.truncate_after(rollout_id - 1)  # an uncommitted redo replaces the old lines
+        if self.delivery is not None:
+            self.delivery.check()  # a delivery process that died is reported once
         merged = self.line_for(rollout_id, metrics)
         self.pending.pop(rollout_id, None)
-        self.journal.append(JournalLine(rollout_id, time.time(), merged))
-        print(format_row(rollout_id, self.config.rollout.num_rollout, merged, self.config.train.use_kl_loss),
-              flush=True)
+        first = self.journal.append(JournalLine(rollout_id, time.time(), merged))
+        row = format_row(rollout_id, self.config.rollout.num_rollout, merged, self.config.train.use_kl_loss)
+        # a redo after a crash: the journal and the trackers keep the rollout's first line
+        print(row if first else f"{row} (redone; kept in {self.journal.redone_path})", flush=True)
 
     def line_for(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, float]:
         """The journal line `record(rollout_id, metrics)` would write now (what the health watch judges
         before the iteration is recorded, so its verdicts join the same line)."""
         return {**self.pending.get(rollout_id, {}), **map_metrics(metrics)}
 
-    def commit(self, rollout_id: int) -> None:
-        self._require_open()
-        self.commits.committed = max(self.commits.committed, self.journal.count_through(rollout_id))
-        self.commits.save()  # the delivery process sees it within its poll interval
-        if self.delivery is not None:
-            self.delivery.check()
-
     def close(self, final: bool = True) -> FinishReport:
         """`final=False` ends this process's part of a run that goes on elsewhere (a training chunk):
-        committed lines are delivered and the tracker runs finished, but the report and artifacts
+        the journal is delivered and the tracker runs finished, but the report and artifacts
         wait for the final close (a chunk boundary should cost no more than it must). A tracker
-        never opened (its loop failed before `resume`) closes as a no-op."""
+        never opened (its loop failed before `open`) closes as a no-op."""
         if self.closed:
             return FinishReport()
         self.closed = True
-        if not self.opened:  # its loop failed before `resume`: the delivery process just leaves
-            self.commits.close = {"session": self.session, "final": False, "timeout": 0.0}
-            self.commits.save()
+        if not self.opened:  # its loop failed before `open`: the delivery process just leaves
+            self.trainer_file.close = {"session": self.session, "final": False, "timeout": 0.0}
+            self.trainer_file.save()
             if self.delivery is not None:
                 self.delivery.wait(0.0)
             return FinishReport()
@@ -227,13 +218,13 @@ class RunTracker:
                 files.append(write_report(self.journal.lines, self.run_dir / REPORT_NAME,
                                           clip_grad=self.config.train.clip_grad, title=str(self.run_dir.name)))
             files += [self.run_dir / d for d in PROFILER_DIRS if (self.run_dir / d).is_dir()]
-            self.commits.artifacts = [str(f) for f in files]  # for `miles replay-spool` if delivery falls short
+            self.trainer_file.artifacts = [str(f) for f in files]  # for `miles replay-spool` if delivery falls short
         timeout = self.config.tracking.tracking_close_timeout
-        self.commits.close = {"session": self.session, "final": final, "timeout": timeout}
-        self.commits.save()
+        self.trainer_file.close = {"session": self.session, "final": final, "timeout": timeout}
+        self.trainer_file.save()
         if self.delivery is not None:
             self.delivery.wait(timeout)
-        return spooled(self.run_dir, list(self.specs), self.commits.committed) if self.specs else FinishReport()
+        return spooled(self.run_dir, list(self.specs), len(self.journal.lines)) if self.specs else FinishReport()
 
 
 def build_run_tracker(config: Any, run_dir: Path) -> RunTracker:

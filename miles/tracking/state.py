@@ -1,9 +1,8 @@
 """The tracking state of a run directory: two files with one writer each, the only protocol
 between the trainer and its delivery process (`miles replay-spool RUN_DIR --follow`).
 
-- `RUN_DIR/tracking/committed.json`, written only by the trainer: how many journal lines a
-  checkpoint covers (`committed`), the trackers that are on (`trackers`, their specs), the trainer
-  process that owns the run now (`trainer`: pid, start time, session, and `open` once it read its
+- `RUN_DIR/tracking/trainer.json`, written only by the trainer: the trackers that are on
+  (`trackers`, their specs), the trainer process that owns the run now (`trainer`: pid, start time, session, and `open` once it read its
   checkpoint: before that the delivery process only prepares), the files to upload at the end
   (`artifacts`) and, once the trainer closes, how (`close`);
 - `RUN_DIR/tracking/delivery.json`, written only by whoever holds `RUN_DIR/tracking/delivery.lock`
@@ -11,8 +10,9 @@ between the trainer and its delivery process (`miles replay-spool RUN_DIR --foll
   many journal lines it holds (`cursor`), the session that last opened it and whether its run is
   finished with the artifacts stored (`uploaded`).
 
-A tracker's spool is the journal past its cursor. A run directory of the earlier single-file
-layout (`tracking/state.json`) is read as well.
+The journal itself (`metrics.jsonl`, append-only) is what is delivered: a tracker's spool is the
+journal past its cursor. Run directories of earlier layouts (`tracking/committed.json`,
+`tracking/state.json`) are read as well.
 """
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from miles.tracking.journal import JOURNAL_NAME, read_journal
 from miles.tracking.sinks.base import SinkSpec
 
 CONFIG_ARTIFACT = Path("tracking") / "config.yaml"  # the public (redacted) config: tracker params, an artifact
-COMMITTED_PATH = Path("tracking") / "committed.json"
+TRAINER_PATH = Path("tracking") / "trainer.json"
 DELIVERY_PATH = Path("tracking") / "delivery.json"
 DELIVERY_LOCK_PATH = Path("tracking") / "delivery.lock"
 DELIVERY_LOG_PATH = Path("tracking") / "delivery.log"
-LEGACY_STATE_PATH = Path("tracking") / "state.json"  # read only: run dirs of the single-file layout
+LEGACY_PATHS = (Path("tracking") / "committed.json", Path("tracking") / "state.json")  # read only: older layouts
 
 
 def _write_atomic(path: Path, data: dict) -> None:
@@ -42,7 +43,7 @@ def _write_atomic(path: Path, data: dict) -> None:
 
 
 def _read(run_dir: Path, path: Path) -> dict:
-    for candidate in (Path(run_dir) / path, Path(run_dir) / LEGACY_STATE_PATH):
+    for candidate in (Path(run_dir) / p for p in (path, *LEGACY_PATHS)):
         if candidate.exists():
             return json.loads(candidate.read_text())
     return {}
@@ -81,25 +82,23 @@ class SinkState:
 
 
 @dataclass
-class CommitState:
+class TrainerFile:
     """The trainer's file."""
 
     path: Path
-    committed: int = 0  # journal lines covered by a checkpoint
     trackers: dict[str, SinkSpec] = field(default_factory=dict)  # the trackers that are on
     artifacts: list[str] = field(default_factory=list)  # files to upload once the run ends
     trainer: dict[str, Any] | None = None  # {"pid", "start", "session", "open"} of the trainer process
     close: dict[str, Any] | None = None  # {"session", "final", "timeout"} once that trainer closes
 
     @classmethod
-    def load(cls, run_dir: Path) -> "CommitState":
-        raw = _read(run_dir, COMMITTED_PATH)
-        return cls(path=Path(run_dir) / COMMITTED_PATH, committed=raw.get("committed", 0),
-                   artifacts=raw.get("artifacts", []), trainer=raw.get("trainer"), close=raw.get("close"),
+    def load(cls, run_dir: Path) -> "TrainerFile":
+        raw = _read(run_dir, TRAINER_PATH)
+        return cls(path=Path(run_dir) / TRAINER_PATH, artifacts=raw.get("artifacts", []), trainer=raw.get("trainer"), close=raw.get("close"),
                    trackers={name: SinkSpec(**spec) for name, spec in raw.get("trackers", {}).items()})
 
     def save(self) -> None:
-        _write_atomic(self.path, {"committed": self.committed, "artifacts": self.artifacts, "trainer": self.trainer,
+        _write_atomic(self.path, {"artifacts": self.artifacts, "trainer": self.trainer,
                                   "close": self.close,
                                   "trackers": {name: dataclasses.asdict(s) for name, s in self.trackers.items()}})
 
@@ -136,22 +135,23 @@ class TrackingState:
     """Both files of a run directory, read at one moment (never written through this view)."""
 
     run_dir: Path
-    committed: int
+    recorded: int  # journal lines
     sinks: dict[str, SinkState]
     artifacts: list[str]
 
     @classmethod
     def load(cls, run_dir: Path) -> "TrackingState":
-        commits = CommitState.load(run_dir)
-        return cls(Path(run_dir), commits.committed, DeliveryState.load(run_dir).sinks, commits.artifacts)
+        trainer = TrainerFile.load(run_dir)
+        recorded = len(read_journal(Path(run_dir) / JOURNAL_NAME))
+        return cls(Path(run_dir), recorded, DeliveryState.load(run_dir).sinks, trainer.artifacts)
 
     def exists(self) -> bool:
-        return any((self.run_dir / p).exists() for p in (COMMITTED_PATH, DELIVERY_PATH, LEGACY_STATE_PATH))
+        return any((self.run_dir / p).exists() for p in (TRAINER_PATH, DELIVERY_PATH, *LEGACY_PATHS))
 
     def pending(self) -> dict[str, int]:
-        return pending(self.committed, self.sinks)
+        return pending(self.recorded, self.sinks)
 
 
-def pending(committed: int, sinks: dict[str, SinkState]) -> dict[str, int]:
-    """Committed lines not yet delivered, per tracker."""
-    return {name: committed - s.cursor for name, s in sinks.items() if s.cursor < committed}
+def pending(recorded: int, sinks: dict[str, SinkState]) -> dict[str, int]:
+    """Journal lines not yet delivered, per tracker."""
+    return {name: recorded - s.cursor for name, s in sinks.items() if s.cursor < recorded}

@@ -1,4 +1,4 @@
-"""A training chunk ends with `close(final=False)`: its committed lines are delivered and the tracker
+"""A training chunk ends with `close(final=False)`: its journal lines are delivered and the tracker
 run finished, but the report and artifacts wait for the run's last close; the next chunk continues
 the same tracker run."""
 from __future__ import annotations
@@ -15,11 +15,10 @@ def chunk(run_dir, rollouts: range, final: bool):
     tracker = open_tracking(config, run_dir)
     state = TrackingState.load(run_dir)
     extra = {"mlflow_run_id": state.sinks["mlflow"].spec.options["run_id"]} if "mlflow" in state.sinks else {}
-    tracker.resume(rollouts.start - 1 if rollouts.start else None, extra)
+    tracker.open(extra)
     for rollout_id in rollouts:
         tracker.record(rollout_id, {"train/loss": 1.0 / (rollout_id + 1), "rollout/step": float(rollout_id),
                                     "train/step": float(rollout_id)})
-        tracker.commit(rollout_id)
     report = tracker.close(final=final)
     assert report.undelivered == {}
     return TrackingState.load(run_dir).sinks["mlflow"]

@@ -61,19 +61,10 @@ def lowered_nice(pid: int) -> int:
     return nice
 
 
-def committed_points(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Journal points of the committed lines only (a killed run leaves an uncommitted one)."""
-    points: dict[str, list[tuple[int, float]]] = {}
-    for line in read_journal(run_dir / "metrics.jsonl")[:TrackingState.load(run_dir).committed]:
-        for key, value in line.metrics.items():
-            points.setdefault(key, []).append((step_of(key, line.metrics, line.rollout_id), value))
-    return {k: sorted(v) for k, v in points.items()}
-
-
 def test_delivery_runs_niced_in_its_own_process_and_close_reaps_it(run_dir, capfd):
     config = parse_config(["--num-rollout", "4", "--use-mlflow", "--router-admin-token", FLAG_SECRET])
     tracker = open_tracking(config, run_dir)
-    tracker.resume(None, {})
+    tracker.open({})
     tracker.wait_open(DEADLINE_S)
     pid = tracker.delivery_pid
     assert pid != os.getpid() and process_state(pid) in ("R", "S", "D")
@@ -98,7 +89,7 @@ def test_delivery_runs_niced_in_its_own_process_and_close_reaps_it(run_dir, capf
 def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir, caplog):
     config = parse_config(["--num-rollout", "8", "--use-mlflow", "--tracking-retry-interval", "0.5"])
     tracker = open_tracking(config, run_dir)
-    tracker.resume(None, {})
+    tracker.open({})
     with caplog.at_level(logging.WARNING, logger="miles.tracking"):
         iterate(tracker, config, range(0, 3))
         wait_delivered(run_dir, 3)
@@ -108,11 +99,11 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
         iterate(tracker, config, range(3, 6))  # training goes on, rows and journal as before
         deadline = time.monotonic() + DEADLINE_S
         # a killed process's last threads (MLflow's system-metrics sampler in a disk write) may
-        # outlive its zombie leader for a moment: the next commits notice it once it is reaped
+        # outlive its zombie leader for a moment: the next records notice it once it is reaped
         while not any("delivery process stopped" in r.message for r in caplog.records):
             assert time.monotonic() < deadline, [r.message for r in caplog.records]
             time.sleep(0.1)  # poll interval
-            tracker.commit(5)
+            tracker.delivery.check()  # what each record does
         extra = tracker.checkpoint_extra()
         assert tracker.close().undelivered == {"mlflow": 3}  # spooled, not lost
     stops = [r for r in caplog.records if "delivery process stopped" in r.message]
@@ -121,7 +112,7 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
     assert [ln.rollout_id for ln in read_journal(run_dir / "metrics.jsonl")] == list(range(6))
 
     again = open_tracking(config, run_dir)  # the next run of this run dir, resumed at its checkpoint
-    again.resume(5, extra)
+    again.open(extra)
     assert again.close().undelivered == {}
     state = TrackingState.load(run_dir)
     assert state.sinks["mlflow"].cursor == 6 and state.sinks["mlflow"].spec.options["run_id"] == extra["mlflow_run_id"]
@@ -130,16 +121,15 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
 
 
 def test_training_process_sigkilled_delivery_process_leaves_by_itself(run_dir):
-    # commits at rollout 1, records rollout 2, SIGKILLs itself
+    # checkpoints at rollout 1, records rollout 2, SIGKILLs itself
     proc = run_synthetic(run_dir, "--rollouts", "5", "--save-interval", "2", "--use-mlflow", "--kill-at", "2",
                          "--wait-trackers-open", check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     pid = int(re.search(r"delivery_pid=(\d+)", proc.stdout).group(1))
     wait_gone(pid, 30.0)  # pipe EOF: no orphan left delivering
-    state = TrackingState.load(run_dir)
-    assert state.committed == 2
-    assert replay(run_dir, timeout=60.0) == {}  # the committed lines still reach the tracker
-    want = committed_points(run_dir)
+    assert TrackingState.load(run_dir).recorded == 3
+    assert replay(run_dir, timeout=60.0) == {}  # every recorded line still reaches the tracker
+    want = journal_points(run_dir)
     assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
 
 
@@ -153,14 +143,13 @@ def deliver_in_ray_worker(run_dir: str) -> dict:
 
     config = parse_config(["--num-rollout", "3", "--use-mlflow"])
     tracker = open_tracking(config, Path(run_dir))
-    tracker.resume(None, {})
+    tracker.open({})
     tracker.wait_open(120.0)
     pid = tracker.delivery_pid
     nice = lowered_nice(pid)
     for rollout_id in range(3):
         tracker.record(rollout_id, {"train/loss": 1.0 / (rollout_id + 1), "rollout/step": float(rollout_id),
                                     "train/step": float(rollout_id)})
-        tracker.commit(rollout_id)
     report = tracker.close()
     return {"undelivered": report.undelivered, "pid": pid, "worker_pid": os.getpid(), "nice": nice,
             "reaped": not Path(f"/proc/{pid}").exists()}
@@ -189,7 +178,7 @@ def test_delivery_process_that_never_ran_leaves_everything_to_replay(run_dir, ca
     monkeypatch.setattr(sys, "executable", executable)
     config = parse_config(["--num-rollout", "3", "--use-mlflow"])
     tracker = open_tracking(config, run_dir)
-    tracker.resume(None, {})
+    tracker.open({})
     with caplog.at_level(logging.WARNING, logger="miles.tracking"):
         iterate(tracker, config, range(3))  # training goes on
         assert tracker.close().undelivered == {"mlflow": 3}
@@ -202,10 +191,11 @@ def test_delivery_process_that_never_ran_leaves_everything_to_replay(run_dir, ca
 
 def test_run_dir_of_the_single_file_layout_is_still_read(run_dir):
     (run_dir / "tracking").mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(f'{{"rollout_id": {i}, "time": {i}.0}}\n' for i in range(4)))
     (run_dir / "tracking" / "state.json").write_text(json.dumps({
         "committed": 4, "artifacts": ["/x/report.png"],
         "sinks": {"mlflow": {"spec": {"kind": "mlflow", "options": {"run_id": "r1"}}, "cursor": 3, "uploaded": False},
                   "wandb": {"spec": {"kind": "null", "options": {}}, "cursor": 4, "uploaded": True}}}))
     state = TrackingState.load(run_dir)
-    assert state.exists() and state.committed == 4 and state.artifacts == ["/x/report.png"]
+    assert state.exists() and state.recorded == 4 and state.artifacts == ["/x/report.png"]
     assert state.sinks["mlflow"].spec.options["run_id"] == "r1" and state.pending() == {"mlflow": 1}

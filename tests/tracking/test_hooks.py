@@ -45,13 +45,12 @@ def hook_module(tmp_path, monkeypatch):
 def run_one(run_dir, *flags):
     config = parse_config(["--num-rollout", "2", *flags])
     tracker = open_tracking(config, run_dir)
-    tracker.resume(None, {})
+    tracker.open({})
     samples = make_samples(0)
     computed = rollout_metrics(samples, [0.0] * len(samples), group_size=4, binary_reward=True)
     tracker.log_rollout(0, config.as_namespace(), samples, {**computed, "rollout/extra_note": 2.0}, 1.25)
     tracker.log_eval(0, config.as_namespace(), {"arith": {"rewards": [1, 0]}}, {"eval/arith": 0.5})
     tracker.record(0, {"train/loss": 0.5, "perf/rollout_time": 1.25, "rollout/step": 0.0, "train/step": 0.0})
-    tracker.commit(0)
     tracker.close()
     (line,) = read_journal(run_dir / "metrics.jsonl")
     return line.metrics
@@ -98,10 +97,9 @@ def test_base_eval_is_its_own_line_at_eval_step_0_unless_the_eval_logger_replace
     flags = ["--custom-eval-rollout-log-function-path", f"{hook_module}.eval_replace"] if replace else []
     config = parse_config(["--num-rollout", "2", *flags])
     tracker = open_tracking(config, run_dir)
-    tracker.resume(None, {})
+    tracker.open({})
     tracker.log_base_eval(config.as_namespace(), {"arith": {"rewards": [1, 0]}}, {"eval/arith": 0.5, "eval/step": 0.0})
     tracker.record(0, {"train/loss": 0.5, "rollout/step": 0.0, "train/step": 0.0})
-    tracker.commit(0)
     tracker.close()
     lines = read_journal(run_dir / "metrics.jsonl")
     if replace:

@@ -87,7 +87,7 @@ def test_server_outage_mid_run_is_caught_up(run_dir, mlflow_server):
     config = parse_config(["--num-rollout", "8", "--use-mlflow", "--mlflow-tracking-uri", mlflow_server.uri,
                            "--tracking-retry-interval", "0.5"])
     tracker = open_tracking(config, run_dir)
-    tracker.resume(None, {})
+    tracker.open({})
     iterate(tracker, config, range(0, 3))
     wait_delivered(run_dir, 3)
     mlflow_server.stop()
@@ -111,7 +111,7 @@ def test_spool_outliving_the_run_is_replayed_by_command(run_dir, mlflow_server):
     config = parse_config(["--num-rollout", "5", "--use-mlflow", "--mlflow-tracking-uri", mlflow_server.uri,
                            "--tracking-retry-interval", "0.5", "--tracking-close-timeout", "1"])
     tracker = open_tracking(config, run_dir)
-    tracker.resume(None, {})
+    tracker.open({})
     iterate(tracker, config, range(0, 2))
     wait_delivered(run_dir, 2)
     mlflow_server.stop()

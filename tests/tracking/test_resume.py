@@ -1,6 +1,6 @@
-"""A run SIGKILLed after recording past its last commit, resumed twice from its checkpoint:
-each tracker still holds exactly one point per metric and step, equal to the journal, in
-the same wandb and MLflow runs."""
+"""A run SIGKILLed after recording past its last checkpoint, resumed twice from it: the redone
+rollouts keep their first line, and each tracker, fed live, still holds exactly one point per
+metric and step, equal to the journal, in the same wandb and MLflow runs."""
 from __future__ import annotations
 
 import os
@@ -29,18 +29,22 @@ def parent_wandb_service(monkeypatch):
 
 def test_killed_run_resumes_exactly_once(run_dir, parent_wandb_service):
     flags = ["--rollouts", "7", "--save-interval", "2", *ALL_TRACKERS]
-    # commits at rollout 1, records rollout 2, killed right after (delivery of 0..1 may be mid-way)
+    # checkpoints at rollout 1, records rollout 2, killed right after (its delivery may be mid-way)
     first = run_synthetic(run_dir, *flags, "--kill-at", "2", "--wait-trackers-open", check=False)
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert [ln.rollout_id for ln in read_journal(run_dir / "metrics.jsonl")] == [0, 1, 2]
     ids = {name: s.spec.options.get("run_id") for name, s in TrackingState.load(run_dir).sinks.items()}
 
-    # resumes at 2, commits at 3, records 4, killed again
+    # resumes at 2 (redone), checkpoints at 3, records 4, killed again
     second = run_synthetic(run_dir, *flags, "--kill-at", "4", "--wait-trackers-open", check=False)
     assert second.returncode == -signal.SIGKILL, second.stderr
 
-    run_synthetic(run_dir, *flags)  # resumes at 4 and finishes
-    assert [ln.rollout_id for ln in read_journal(run_dir / "metrics.jsonl")] == list(range(7))
+    run_synthetic(run_dir, *flags)  # resumes at 4 (redone) and finishes
+    journal = read_journal(run_dir / "metrics.jsonl")
+    assert [ln.rollout_id for ln in journal] == list(range(7))
+    redone = read_journal(run_dir / "tracking" / "redone.jsonl")  # the redo's own lines, kept aside
+    assert [ln.rollout_id for ln in redone] == [2, 4]
+    assert all(r.metrics["perf/rollout_time"] != journal[r.rollout_id].metrics["perf/rollout_time"] for r in redone)
     points = assert_all_trackers_equal_journal(run_dir)
     assert [s for s, _ in points["rollout/step"]] == list(range(7))  # one point per step, no gap
     state = TrackingState.load(run_dir)

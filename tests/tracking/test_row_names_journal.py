@@ -1,5 +1,5 @@
 """The stdout row shape, the metric-key mapping, the journal's resume cut and the delivery side's
-view of it (committed lines only, across a redo of uncommitted ones)."""
+view of it (complete lines, as they are appended)."""
 from __future__ import annotations
 
 import pytest
@@ -57,33 +57,32 @@ def test_step_axes():
     assert {step_key(k) for k in ("rollout/x", "perf/x", "multi_turn/x", "passrate/x")} == {"rollout/step"}
 
 
-def test_journal_cut_back_to_a_checkpoint(tmp_path):
+def test_journal_keeps_the_first_line_of_a_redone_rollout(tmp_path):
     journal = Journal(tmp_path)
-    for rid in range(5):
-        journal.append(JournalLine(rid, 1000.0 + rid, {"train/loss": rid / 10}))
-    journal.truncate_after(2)
-    assert [ln.rollout_id for ln in read_journal(tmp_path / "metrics.jsonl")] == [0, 1, 2]
-    assert journal.count_through(1) == 2
-    with (tmp_path / "metrics.jsonl").open("a") as f:
+    for rid in range(3):
+        assert journal.append(JournalLine(rid, 1000.0 + rid, {"train/loss": rid / 10}))
+    # redone after a crash: the journal (and every tracker) keeps the first line, the redo is kept aside
+    assert not journal.append(JournalLine(1, 2000.0, {"train/loss": 9.0}))
+    assert [(ln.rollout_id, ln.metrics["train/loss"]) for ln in read_journal(journal.path)] == [
+        (0, 0.0), (1, 0.1), (2, 0.2)]
+    assert [ln.metrics["train/loss"] for ln in read_journal(journal.redone_path)] == [9.0]
+    with journal.path.open("a") as f:
         f.write('{"rollout_id": 3, "ti')  # a writer killed mid-line
-    assert [ln.rollout_id for ln in Journal(tmp_path).lines] == [0, 1, 2]
-    journal.truncate_after(None)
-    assert read_journal(tmp_path / "metrics.jsonl") == []
+    reopened = Journal(tmp_path)  # the torn line is cut, so the next line starts clean
+    assert reopened.append(JournalLine(3, 3000.0, {"train/loss": 0.3}))
+    assert [ln.rollout_id for ln in read_journal(journal.path)] == [0, 1, 2, 3]
 
 
-def test_follower_reads_committed_lines_across_a_redo(tmp_path):
+def test_follower_reads_complete_lines_as_they_are_appended(tmp_path):
     journal = Journal(tmp_path)
     follower = JournalFollower(journal.path)
-    assert follower.read_through(2) == []  # no journal yet
-    for rid in range(3):
+    assert follower.read() == []  # no journal yet
+    for rid in range(2):
         journal.append(JournalLine(rid, 1000.0 + rid, {"train/loss": rid / 10}))
-    assert [ln.rollout_id for ln in follower.read_through(2)] == [0, 1]  # 2 committed, 3 on disk
-    journal.truncate_after(1)  # rollout 2 redone (uncommitted): the file is replaced
-    journal.append(JournalLine(2, 2000.0, {"train/loss": 9.0}))
+    assert [ln.rollout_id for ln in follower.read()] == [0, 1]
     with journal.path.open("a") as f:
-        f.write('{"rollout_id": 3, "ti')  # a line still being written
-    lines = follower.read_through(4)
-    assert [(ln.rollout_id, ln.metrics["train/loss"]) for ln in lines] == [(0, 0.0), (1, 0.1), (2, 9.0)]
+        f.write('{"rollout_id": 2, "ti')  # a line still being written
+    assert [ln.rollout_id for ln in follower.read()] == [0, 1]
     with journal.path.open("a") as f:
         f.write('me": 3000.0, "train/loss": 3.0}\n')
-    assert [ln.rollout_id for ln in follower.read_through(4)] == [0, 1, 2, 3]
+    assert [ln.rollout_id for ln in follower.read()] == [0, 1, 2]

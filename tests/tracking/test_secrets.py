@@ -27,7 +27,7 @@ def test_no_secret_leaves(run_dir):
     files = every_file(run_dir)
     # the outputs exist, so the search below is over something real
     names = {p.name for p in files}
-    assert {"metrics.jsonl", "mlflow.db", "report.png", "committed.json", "delivery.json", "config.yaml"} <= names
+    assert {"metrics.jsonl", "mlflow.db", "report.png", "trainer.json", "delivery.json", "config.yaml"} <= names
     assert any(p.suffix == ".wandb" for p in files) and any("tfevents" in p.name for p in files)
     outputs = {"stdout": proc.stdout.encode(), "stderr": proc.stderr.encode(),
                **{str(p): p.read_bytes() for p in files}}

@@ -23,7 +23,7 @@ def test_every_tracker_equals_the_journal(run_dir):
     lines = read_journal(run_dir / "metrics.jsonl")
     assert [ln.rollout_id for ln in lines] == list(range(6))
     state = TrackingState.load(run_dir)
-    assert state.committed == 6 and all(s.cursor == 6 and s.uploaded for s in state.sinks.values())
+    assert state.recorded == 6 and all(s.cursor == 6 and s.uploaded for s in state.sinks.values())
 
 
 def test_mlflow_run_has_params_artifacts_and_samples(run_dir):

@@ -1,6 +1,6 @@
 """The sink protocol every tracker backend implements, and the factory.
 
-A sink knows how to put journal lines into one tracker; it does not know about commit points,
+A sink knows how to put journal lines into one tracker; it does not know about cursors,
 retries or spooling (the delivery loop owns those). A `SinkSpec` is plain JSON, so `miles
 replay-spool` rebuilds the same sink from `RUN_DIR/tracking/delivery.json`.
 """
@@ -16,7 +16,7 @@ from miles.tracking.journal import JournalLine
 
 @dataclass(frozen=True)
 class Delivery:
-    """Consecutive committed journal lines, the first being line `first` of the journal; `samples`
+    """Consecutive journal lines, the first being line `first` of the journal; `samples`
     maps a line's position in `lines` to its rollout's sample table (on the rollout's first line)."""
 
     lines: list[JournalLine]
