@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from miles.config import parse_config  # noqa: E402
 from miles.tracking import open_tracking  # noqa: E402
-from miles.tracking.state import DeliveryState, TrackingState  # noqa: E402
+from miles.tracking.state import DeliveryState  # noqa: E402
 
 TARGET = 0.01  # the issue's bar: on within 1% of off
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -130,7 +130,7 @@ def phase(r: int, mode: str, run_dir: Path, iterations: int, n_matmul: int, a: t
     tracker = open_tracking(config, run_dir)
     tracker.open({})
     tracker.wait_open(300.0)
-    pid = tracker.delivery_pid
+    pid = tracker.delivery.pid
     observer = start_observer(run_dir) if mode == "on" else None
     times, calls, recorded_at = [], [], []
     with contextlib.redirect_stdout(io.StringIO()):  # the rows, in both modes; kept off the table
@@ -148,7 +148,7 @@ def phase(r: int, mode: str, run_dir: Path, iterations: int, n_matmul: int, a: t
         closing = time.perf_counter()
         report = tracker.close()
         close_s = time.perf_counter() - closing
-    assert not report.undelivered, report
+    assert not report, report
     lags = stop_observer(observer, run_dir, recorded_at) if observer is not None else None
     cpu = cpu_end - cpu_start if cpu_start is not None and cpu_end is not None else None
     return Phase(r, mode, times, cpu, close_s, live, statistics.mean(calls), lags)
@@ -220,7 +220,7 @@ def observe(run_dir: Path) -> None:
 def live_share(run_dir: Path, lines: int) -> float:
     """How much of the phase's lines the slowest tracker already holds (delivery keeps up
     during training, rather than leaving it all for close)."""
-    sinks = TrackingState.load(run_dir).sinks.values()
+    sinks = DeliveryState.load(run_dir).sinks.values()
     return min((s.cursor for s in sinks), default=0) / lines
 
 

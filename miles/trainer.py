@@ -39,7 +39,7 @@ from miles.tracking import open_tracking
 from miles.tracking.journal import JOURNAL_NAME, read_journal
 from miles.tracking.samples import samples_due
 from miles.tracking.timeline import TIMELINE_NAME, TimelineWriter
-from miles.tracking.tokens import write_tokens
+from miles.dashboard.tokens import write_tokens
 
 
 @dataclass

@@ -20,7 +20,7 @@ from miles.tracking.journal import JOURNAL_NAME
 from miles.tracking.samples import SAMPLES_DIR
 from miles.tracking.state import CONFIG_ARTIFACT
 from miles.tracking.timeline import TIMELINE_NAME
-from miles.tracking.tokens import TOKENS_DIR
+from miles.dashboard.tokens import TOKENS_DIR
 
 HEALTH_NAME = "health.jsonl"  # the health watch's verdicts: {rollout_id, signal, severity, message, values}
 PROFILER_SUMMARIES = Path("profiler") / "summaries.jsonl"  # {target, rank, start, end, trace, top_ops, spans}

@@ -8,7 +8,7 @@ from typing import Any
 from miles.dashboard.run_files import RunFiles
 from miles.tracking.journal import BOOKKEEPING
 from miles.tracking.names import STEP_KEYS, step_key
-from miles.tracking.report import panels
+from miles.health.report import panels
 from miles.tracking.timeline import Span, chrome_trace, lane_order
 
 NOT_AVAILABLE = "not available"

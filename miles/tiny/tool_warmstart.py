@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from miles.rollout.tool_calls import TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE_END
+from miles.rollout.tool_calls import TOOL_CALL, TOOL_CALL_END
 from miles.tiny import tool_task
 from miles.tiny.model import build_tiny_model
 from miles.tiny.task import Problem

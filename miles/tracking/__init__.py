@@ -1,4 +1,17 @@
 """Tracking: the stdout row, the run journal, wandb, MLflow, TensorBoard and custom loggers."""
-from miles.tracking.protocol import RunTracker, open_tracking, validate_tracking_config
+from __future__ import annotations
 
-__all__ = ["RunTracker", "open_tracking", "validate_tracking_config"]
+from pathlib import Path
+from typing import Any
+
+from miles.tracking.hooks import validate_tracking_config
+
+
+def open_tracking(config: Any, run_dir: Path):
+    """The run's `RunTracker` (journal and stdout always on; the trackers as configured)."""
+    from miles.tracking.run_tracker import RunTracker  # the sinks' specs and the delivery process
+
+    return RunTracker(config, Path(run_dir))
+
+
+__all__ = ["open_tracking", "validate_tracking_config"]

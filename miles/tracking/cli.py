@@ -17,8 +17,8 @@ from miles.config.fields import is_secret_name
 from miles.tracking.delivery import POLL_S, DeliveryLoop
 from miles.tracking.secrets import MIN_SECRET_LEN, Scrubber
 from miles.tracking.sinks.base import SINK_CLASSES, build_sink
-from miles.tracking.state import (DELIVERY_LOCK_PATH, DELIVERY_LOG_PATH, TRAINER_PATH, DeliveryState, TrackingState,
-                                  TrainerFile, try_delivery_lock)
+from miles.tracking.state import (DELIVERY_LOCK_PATH, DELIVERY_LOG_PATH, TRAINER_PATH, DeliveryState, TrainerFile,
+                                  is_run_dir, recorded_lines, try_delivery_lock)
 
 log = logging.getLogger("miles.tracking")
 SECRETS_ENV = "MILES_TRACKING_SCRUB_SECRETS"  # flag secrets the trainer hands over to scrub (a JSON list)
@@ -58,15 +58,14 @@ def acquire_lock(run_dir: Path, wait_s: float):
 def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0) -> dict[str, int]:
     """Deliver every spooled line, upload the artifacts, finish the tracker runs; returns what is
     still undelivered per tracker (empty: all done)."""
-    state = TrackingState.load(run_dir)
-    if not state.exists():
+    if not is_run_dir(run_dir):
         raise FileNotFoundError(f"{run_dir} has no {TRAINER_PATH}: not a run directory")
     with acquire_lock(run_dir, 0.0):
         trainer, sinks = TrainerFile.load(run_dir), DeliveryState.load(run_dir).sinks
         # the delivery state's spec has the run id its tracker opened; one never opened, the trainer's
         specs = {**trainer.trackers, **{name: s.spec for name, s in sinks.items()}}
         todo = {name: spec for name, spec in specs.items() if spec.kind in SINK_CLASSES and
-                (name not in sinks or sinks[name].cursor < state.recorded or not sinks[name].uploaded)}
+                (name not in sinks or sinks[name].cursor < recorded_lines(run_dir) or not sinks[name].uploaded)}
         return DeliveryLoop(run_dir, todo, env_scrubber(), retry_interval).finish(
             [Path(p) for p in trainer.artifacts], timeout)
 
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         if value < 0:
             parser.error(f"{flag} must be >= 0, got {value}")
     run_dir = args.run_dir.resolve()
-    if not TrackingState.load(run_dir).exists():
+    if not is_run_dir(run_dir):
         print(f"miles replay-spool: error: {run_dir} has no {TRAINER_PATH}: not a run directory", file=sys.stderr)
         return 2
     # everything logged (ours, wandb's, MLflow's) goes to RUN_DIR/tracking/delivery.log, scrubbed
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, count in undelivered.items():
         log.warning("tracking: %d journal lines for %s are still spooled; deliver them with "
                     "`miles replay-spool %s`", count, name, run_dir)
-    recorded = TrackingState.load(run_dir).recorded
+    recorded = recorded_lines(run_dir)
     print(f"replay-spool: {status}; " + (", ".join(f"{n} {c} lines still spooled" for n, c in undelivered.items())
                                          or f"every tracker of {run_dir} holds all {recorded} journal lines"),
           flush=True)

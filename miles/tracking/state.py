@@ -1,24 +1,23 @@
-"""The tracking state of a run directory: two files with one writer each, the only protocol
-between the trainer and its delivery process (`miles replay-spool RUN_DIR --follow`).
+"""The tracking state of a run directory: besides the journal, two files with one writer each, the
+only protocol between the trainer and its delivery process (`miles replay-spool RUN_DIR --follow`).
 
 - `RUN_DIR/tracking/trainer.json`, written only by the trainer: the trackers that are on
-  (`trackers`, their specs), the trainer process that owns the run now (`trainer`: pid, start time, session, and `open` once it read its
-  checkpoint: before that the delivery process only prepares), the files to upload at the end
-  (`artifacts`) and, once the trainer closes, how (`close`);
+  (`trackers`, their specs), the trainer process that owns the run now (`trainer`: pid, start
+  time, session, and `open` once it read its checkpoint: before that the delivery process only
+  prepares), the files to upload at the end (`artifacts`) and, once the trainer closes, how (`close`);
 - `RUN_DIR/tracking/delivery.json`, written only by whoever holds `RUN_DIR/tracking/delivery.lock`
   (the delivery process or `miles replay-spool`): per tracker its spec (run id included), how
   many journal lines it holds (`cursor`), the session that last opened it and whether its run is
   finished with the artifacts stored (`uploaded`).
 
-The journal itself (`metrics.jsonl`, append-only) is what is delivered: a tracker's spool is the
-journal past its cursor. Run directories of earlier layouts (`tracking/committed.json`,
-`tracking/state.json`) are read as well.
+A tracker's spool is the journal (`metrics.jsonl`, append-only) past its cursor.
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +26,12 @@ from typing import IO, Any
 from miles.tracking.journal import JOURNAL_NAME, read_journal
 from miles.tracking.sinks.base import SinkSpec
 
+log = logging.getLogger("miles.tracking")
 CONFIG_ARTIFACT = Path("tracking") / "config.yaml"  # the public (redacted) config: tracker params, an artifact
 TRAINER_PATH = Path("tracking") / "trainer.json"
 DELIVERY_PATH = Path("tracking") / "delivery.json"
 DELIVERY_LOCK_PATH = Path("tracking") / "delivery.lock"
 DELIVERY_LOG_PATH = Path("tracking") / "delivery.log"
-LEGACY_PATHS = (Path("tracking") / "committed.json", Path("tracking") / "state.json")  # read only: older layouts
 
 
 def _write_atomic(path: Path, data: dict) -> None:
@@ -42,11 +41,8 @@ def _write_atomic(path: Path, data: dict) -> None:
     tmp.replace(path)  # atomic: a kill leaves the old or the new state, never half
 
 
-def _read(run_dir: Path, path: Path) -> dict:
-    for candidate in (Path(run_dir) / p for p in (path, *LEGACY_PATHS)):
-        if candidate.exists():
-            return json.loads(candidate.read_text())
-    return {}
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def try_delivery_lock(run_dir: Path) -> IO | None:
@@ -74,17 +70,7 @@ def process_start(pid: int) -> str | None:
 
 
 @dataclass
-class SinkState:
-    spec: SinkSpec
-    cursor: int = 0  # journal lines delivered
-    uploaded: bool = False  # final artifacts stored and the run finished
-    session: str | None = None  # the trainer session whose delivery last opened this tracker run
-
-
-@dataclass
 class TrainerFile:
-    """The trainer's file."""
-
     path: Path
     trackers: dict[str, SinkSpec] = field(default_factory=dict)  # the trackers that are on
     artifacts: list[str] = field(default_factory=list)  # files to upload once the run ends
@@ -93,14 +79,13 @@ class TrainerFile:
 
     @classmethod
     def load(cls, run_dir: Path) -> "TrainerFile":
-        raw = _read(run_dir, TRAINER_PATH)
-        return cls(path=Path(run_dir) / TRAINER_PATH, artifacts=raw.get("artifacts", []), trainer=raw.get("trainer"), close=raw.get("close"),
-                   trackers={name: SinkSpec(**spec) for name, spec in raw.get("trackers", {}).items()})
+        raw = _read(Path(run_dir) / TRAINER_PATH)
+        return cls(path=Path(run_dir) / TRAINER_PATH, artifacts=raw.get("artifacts", []), trainer=raw.get("trainer"),
+                   close=raw.get("close"), trackers={n: SinkSpec(**s) for n, s in raw.get("trackers", {}).items()})
 
     def save(self) -> None:
-        _write_atomic(self.path, {"artifacts": self.artifacts, "trainer": self.trainer,
-                                  "close": self.close,
-                                  "trackers": {name: dataclasses.asdict(s) for name, s in self.trackers.items()}})
+        _write_atomic(self.path, {"artifacts": self.artifacts, "trainer": self.trainer, "close": self.close,
+                                  "trackers": {n: dataclasses.asdict(s) for n, s in self.trackers.items()}})
 
     def trainer_alive(self) -> bool:
         t = self.trainer
@@ -113,15 +98,21 @@ class TrainerFile:
 
 
 @dataclass
-class DeliveryState:
-    """The delivery side's file."""
+class SinkState:
+    spec: SinkSpec
+    cursor: int = 0  # journal lines delivered
+    uploaded: bool = False  # final artifacts stored and the run finished
+    session: str | None = None  # the trainer session whose delivery last opened this tracker run
 
+
+@dataclass
+class DeliveryState:
     path: Path
     sinks: dict[str, SinkState] = field(default_factory=dict)
 
     @classmethod
     def load(cls, run_dir: Path) -> "DeliveryState":
-        raw = _read(run_dir, DELIVERY_PATH)
+        raw = _read(Path(run_dir) / DELIVERY_PATH)
         sinks = {name: SinkState(SinkSpec(**s["spec"]), s["cursor"], s.get("uploaded", False), s.get("session"))
                  for name, s in raw.get("sinks", {}).items()}
         return cls(path=Path(run_dir) / DELIVERY_PATH, sinks=sinks)
@@ -130,28 +121,25 @@ class DeliveryState:
         _write_atomic(self.path, {"sinks": {name: dataclasses.asdict(s) for name, s in self.sinks.items()}})
 
 
-@dataclass(frozen=True)
-class TrackingState:
-    """Both files of a run directory, read at one moment (never written through this view)."""
+def is_run_dir(run_dir: Path) -> bool:
+    return (Path(run_dir) / TRAINER_PATH).exists() or (Path(run_dir) / DELIVERY_PATH).exists()
 
-    run_dir: Path
-    recorded: int  # journal lines
-    sinks: dict[str, SinkState]
-    artifacts: list[str]
 
-    @classmethod
-    def load(cls, run_dir: Path) -> "TrackingState":
-        trainer = TrainerFile.load(run_dir)
-        recorded = len(read_journal(Path(run_dir) / JOURNAL_NAME))
-        return cls(Path(run_dir), recorded, DeliveryState.load(run_dir).sinks, trainer.artifacts)
-
-    def exists(self) -> bool:
-        return any((self.run_dir / p).exists() for p in (TRAINER_PATH, DELIVERY_PATH, *LEGACY_PATHS))
-
-    def pending(self) -> dict[str, int]:
-        return pending(self.recorded, self.sinks)
+def recorded_lines(run_dir: Path) -> int:
+    return len(read_journal(Path(run_dir) / JOURNAL_NAME))
 
 
 def pending(recorded: int, sinks: dict[str, SinkState]) -> dict[str, int]:
     """Journal lines not yet delivered, per tracker."""
     return {name: recorded - s.cursor for name, s in sinks.items() if s.cursor < recorded}
+
+
+def spooled(run_dir: Path, names: list[str]) -> dict[str, int]:
+    """The journal lines each of `names` still lacks by the delivery state on disk, each logged with
+    how to deliver them."""
+    sinks = DeliveryState.load(run_dir).sinks
+    left = pending(recorded_lines(run_dir), {n: sinks.get(n, SinkState(SinkSpec(n, {}))) for n in names})
+    for name, count in left.items():
+        log.warning("tracking: %d journal lines for %s are still spooled; deliver them with "
+                    "`miles replay-spool %s`", count, name, run_dir)
+    return left

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from miles.config import ConfigError
 from miles.dashboard.app import build_app, check_bind
-from miles.tracking.report import panels
+from miles.health.report import panels
 
 from dashboard_helpers import RECORDED, serve
 

@@ -10,7 +10,7 @@ import pytest
 import ray
 from prefect import flow, task
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.context import get_run_context
 from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options

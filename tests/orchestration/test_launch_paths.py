@@ -92,9 +92,9 @@ def test_ray_address_with_token_auth_and_a_second_node(head, prefect_api, tmp_pa
 def mlflow_tags(run_dir: Path) -> dict[str, str]:
     from mlflow.tracking import MlflowClient
 
-    from miles.tracking.state import TrackingState
+    from miles.tracking.state import DeliveryState
 
-    spec = TrackingState.load(run_dir).sinks["mlflow"].spec.options
+    spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
     return MlflowClient(tracking_uri=spec["tracking_uri"]).get_run(spec["run_id"]).data.tags
 
 

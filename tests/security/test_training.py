@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from miles.backends.base import NonFiniteError
-from miles.backends.ppo import PPORank, build_optimizer, build_scheduler, load_state_file, rng_state
+from miles.backends.ppo import PPORank, load_state_file, rng_state
 from miles.config import ConfigError, parse_config
 from miles.rollout.data import read_prompts
 from miles.rollout.rewards import RewardModel

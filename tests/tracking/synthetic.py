@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     start = ckpt["rollout_id"] + 1 if ckpt else 0
     if args.wait_trackers_open:
         tracker.wait_open(120.0)
-        print(f"delivery_pid={tracker.delivery_pid}", flush=True)  # tests follow it past a kill
+        print(f"delivery_pid={tracker.delivery.pid}", flush=True)  # tests follow it past a kill
     margs = config.as_namespace()
     for rollout_id in range(start, args.rollouts):
         tracker.log_rollout(rollout_id, margs, make_samples(rollout_id), {"rollout/extra_note": 1.0}, 1.5)
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
             (args.run_dir / "checkpoint.json").write_text(
                 json.dumps({"rollout_id": rollout_id, "extra": tracker.checkpoint_extra()}))
     report = tracker.close()
-    print(f"undelivered={json.dumps(report.undelivered)}", flush=True)
+    print(f"undelivered={json.dumps(report)}", flush=True)
     return 0
 
 

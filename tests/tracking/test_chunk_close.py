@@ -7,21 +7,21 @@ from mlflow.tracking import MlflowClient
 
 from miles.config import parse_config
 from miles.tracking import open_tracking
-from miles.tracking.state import TrackingState
+from miles.tracking.state import DeliveryState
 
 
 def chunk(run_dir, rollouts: range, final: bool):
     config = parse_config(["--num-rollout", "4", "--use-mlflow"])
     tracker = open_tracking(config, run_dir)
-    state = TrackingState.load(run_dir)
+    state = DeliveryState.load(run_dir)
     extra = {"mlflow_run_id": state.sinks["mlflow"].spec.options["run_id"]} if "mlflow" in state.sinks else {}
     tracker.open(extra)
     for rollout_id in rollouts:
         tracker.record(rollout_id, {"train/loss": 1.0 / (rollout_id + 1), "rollout/step": float(rollout_id),
                                     "train/step": float(rollout_id)})
     report = tracker.close(final=final)
-    assert report.undelivered == {}
-    return TrackingState.load(run_dir).sinks["mlflow"]
+    assert report == {}
+    return DeliveryState.load(run_dir).sinks["mlflow"]
 
 
 def test_intermediate_close_delivers_but_keeps_the_report_for_the_end(run_dir):

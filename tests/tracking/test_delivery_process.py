@@ -5,7 +5,6 @@ SIGKILLed; when it dies itself, training goes on, the error is reported once and
 points stay spooled for the next run; and all of it works from inside a Ray worker."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -21,8 +20,7 @@ from miles.config import parse_config
 from miles.tracking import open_tracking
 from miles.tracking.cli import NICENESS, replay
 from miles.tracking.journal import read_journal
-from miles.tracking.names import step_of
-from miles.tracking.state import TrackingState
+from miles.tracking.state import DeliveryState, recorded_lines
 from synthetic import iterate
 
 DEADLINE_S = 120.0
@@ -47,7 +45,7 @@ def wait_gone(pid: int, timeout: float) -> None:
 
 def wait_delivered(run_dir: Path, lines: int) -> None:
     deadline = time.monotonic() + DEADLINE_S
-    while (sink := TrackingState.load(run_dir).sinks.get("mlflow")) is None or sink.cursor < lines:
+    while (sink := DeliveryState.load(run_dir).sinks.get("mlflow")) is None or sink.cursor < lines:
         assert time.monotonic() < deadline, f"mlflow never got {lines} lines"
         time.sleep(0.1)  # poll interval
 
@@ -66,7 +64,7 @@ def test_delivery_runs_niced_in_its_own_process_and_close_reaps_it(run_dir, capf
     tracker = open_tracking(config, run_dir)
     tracker.open({})
     tracker.wait_open(DEADLINE_S)
-    pid = tracker.delivery_pid
+    pid = tracker.delivery.pid
     assert pid != os.getpid() and process_state(pid) in ("R", "S", "D")
     assert lowered_nice(pid) == NICENESS
     assert os.sched_getscheduler(pid) == os.SCHED_OTHER  # a share of a busy CPU, not SCHED_IDLE's none
@@ -74,7 +72,7 @@ def test_delivery_runs_niced_in_its_own_process_and_close_reaps_it(run_dir, capf
     assert cmdline[1:5] == [b"-m", b"miles.tracking.cli", str(run_dir.resolve()).encode(), b"--follow"]
     assert not any(FLAG_SECRET.encode() in arg for arg in cmdline)
     iterate(tracker, config, range(4))
-    assert tracker.close().undelivered == {}
+    assert tracker.close() == {}
     assert process_state(pid) is None  # exited and reaped: no zombie
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
@@ -93,7 +91,7 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
     with caplog.at_level(logging.WARNING, logger="miles.tracking"):
         iterate(tracker, config, range(0, 3))
         wait_delivered(run_dir, 3)
-        pid = tracker.delivery_pid
+        pid = tracker.delivery.pid
         os.kill(pid, signal.SIGKILL)
         wait_gone(pid, DEADLINE_S)
         iterate(tracker, config, range(3, 6))  # training goes on, rows and journal as before
@@ -105,7 +103,7 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
             time.sleep(0.1)  # poll interval
             tracker.delivery.check()  # what each record does
         extra = tracker.checkpoint_extra()
-        assert tracker.close().undelivered == {"mlflow": 3}  # spooled, not lost
+        assert tracker.close() == {"mlflow": 3}  # spooled, not lost
     stops = [r for r in caplog.records if "delivery process stopped" in r.message]
     assert len(stops) == 1 and "killed by signal 9" in stops[0].message, [r.message for r in stops]
     assert process_state(pid) is None
@@ -113,8 +111,8 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
 
     again = open_tracking(config, run_dir)  # the next run of this run dir, resumed at its checkpoint
     again.open(extra)
-    assert again.close().undelivered == {}
-    state = TrackingState.load(run_dir)
+    assert again.close() == {}
+    state = DeliveryState.load(run_dir)
     assert state.sinks["mlflow"].cursor == 6 and state.sinks["mlflow"].spec.options["run_id"] == extra["mlflow_run_id"]
     want = journal_points(run_dir)
     assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
@@ -127,7 +125,7 @@ def test_training_process_sigkilled_delivery_process_leaves_by_itself(run_dir):
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     pid = int(re.search(r"delivery_pid=(\d+)", proc.stdout).group(1))
     wait_gone(pid, 30.0)  # pipe EOF: no orphan left delivering
-    assert TrackingState.load(run_dir).recorded == 3
+    assert recorded_lines(run_dir) == 3
     assert replay(run_dir, timeout=60.0) == {}  # every recorded line still reaches the tracker
     want = journal_points(run_dir)
     assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
@@ -145,13 +143,13 @@ def deliver_in_ray_worker(run_dir: str) -> dict:
     tracker = open_tracking(config, Path(run_dir))
     tracker.open({})
     tracker.wait_open(120.0)
-    pid = tracker.delivery_pid
+    pid = tracker.delivery.pid
     nice = lowered_nice(pid)
     for rollout_id in range(3):
         tracker.record(rollout_id, {"train/loss": 1.0 / (rollout_id + 1), "rollout/step": float(rollout_id),
                                     "train/step": float(rollout_id)})
     report = tracker.close()
-    return {"undelivered": report.undelivered, "pid": pid, "worker_pid": os.getpid(), "nice": nice,
+    return {"undelivered": report, "pid": pid, "worker_pid": os.getpid(), "nice": nice,
             "reaped": not Path(f"/proc/{pid}").exists()}
 
 
@@ -181,21 +179,9 @@ def test_delivery_process_that_never_ran_leaves_everything_to_replay(run_dir, ca
     tracker.open({})
     with caplog.at_level(logging.WARNING, logger="miles.tracking"):
         iterate(tracker, config, range(3))  # training goes on
-        assert tracker.close().undelivered == {"mlflow": 3}
+        assert tracker.close() == {"mlflow": 3}
     assert len([r for r in caplog.records if message in r.message]) == 1, [r.message for r in caplog.records]
     monkeypatch.undo()
     assert replay(run_dir, timeout=60.0) == {}  # the run's trackers are known without the delivery state
     want = journal_points(run_dir)
     assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
-
-
-def test_run_dir_of_the_single_file_layout_is_still_read(run_dir):
-    (run_dir / "tracking").mkdir()
-    (run_dir / "metrics.jsonl").write_text("".join(f'{{"rollout_id": {i}, "time": {i}.0}}\n' for i in range(4)))
-    (run_dir / "tracking" / "state.json").write_text(json.dumps({
-        "committed": 4, "artifacts": ["/x/report.png"],
-        "sinks": {"mlflow": {"spec": {"kind": "mlflow", "options": {"run_id": "r1"}}, "cursor": 3, "uploaded": False},
-                  "wandb": {"spec": {"kind": "null", "options": {}}, "cursor": 4, "uploaded": True}}}))
-    state = TrackingState.load(run_dir)
-    assert state.exists() and state.recorded == 4 and state.artifacts == ["/x/report.png"]
-    assert state.sinks["mlflow"].spec.options["run_id"] == "r1" and state.pending() == {"mlflow": 1}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from tracking_helpers import REPO, run_synthetic, subprocess_env
-from miles.tracking.state import TrackingState
+from miles.tracking.state import DeliveryState
 
 FLOW_RUN_URL = "http://127.0.0.1:4200/runs/flow-run/00000000-0000-0000-0000-000000000001"
 
@@ -13,7 +13,7 @@ FLOW_RUN_URL = "http://127.0.0.1:4200/runs/flow-run/00000000-0000-0000-0000-0000
 def mlflow_run(run_dir):
     from mlflow.tracking import MlflowClient
 
-    spec = TrackingState.load(run_dir).sinks["mlflow"].spec.options
+    spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
     client = MlflowClient(tracking_uri=spec["tracking_uri"])
     run = client.get_run(spec["run_id"])
     return client, run

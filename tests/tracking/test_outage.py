@@ -18,7 +18,7 @@ from tracking_helpers import REPO, journal_points, assert_points_equal, mlflow_p
 from miles.config import parse_config
 from miles.service_process import free_port
 from miles.tracking import open_tracking
-from miles.tracking.state import TrackingState
+from miles.tracking.state import DeliveryState
 from synthetic import iterate
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def mlflow_server(tmp_path):
 def wait_delivered(run_dir: Path, lines: int) -> None:
     deadline = time.monotonic() + DEADLINE_S
     # the delivery process writes the cursors (its file may not exist yet while it starts)
-    while (sink := TrackingState.load(run_dir).sinks.get("mlflow")) is None or sink.cursor < lines:
+    while (sink := DeliveryState.load(run_dir).sinks.get("mlflow")) is None or sink.cursor < lines:
         assert time.monotonic() < deadline, f"mlflow never got {lines} lines"
         time.sleep(0.1)  # poll interval
 
@@ -96,10 +96,10 @@ def test_server_outage_mid_run_is_caught_up(run_dir, mlflow_server):
     while not any("mlflow failed" in line for line in delivery_log(run_dir)):
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert TrackingState.load(run_dir).sinks["mlflow"].cursor < 8
+    assert DeliveryState.load(run_dir).sinks["mlflow"].cursor < 8
     mlflow_server.start()
     wait_delivered(run_dir, 8)
-    assert tracker.close().undelivered == {}
+    assert tracker.close() == {}
     failures = [line for line in delivery_log(run_dir) if "mlflow failed" in line]
     assert len(failures) == 1, failures  # reported once per outage
     assert any("mlflow is back" in line for line in delivery_log(run_dir))
@@ -116,13 +116,13 @@ def test_spool_outliving_the_run_is_replayed_by_command(run_dir, mlflow_server):
     wait_delivered(run_dir, 2)
     mlflow_server.stop()
     iterate(tracker, config, range(2, 5))
-    assert tracker.close().undelivered == {"mlflow": 3}  # the run ends first; nothing is lost
+    assert tracker.close() == {"mlflow": 3}  # the run ends first; nothing is lost
 
     mlflow_server.start()
     replay = subprocess.run([sys.executable, "-m", "flows.cli", "replay-spool", str(run_dir)], cwd=REPO,
                             env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert replay.returncode == 0, replay.stdout + replay.stderr
-    state = TrackingState.load(run_dir)
+    state = DeliveryState.load(run_dir)
     assert state.sinks["mlflow"].cursor == 5 and state.sinks["mlflow"].uploaded
     want = journal_points(run_dir)
     assert_points_equal("mlflow", mlflow_points(run_dir, want), want)

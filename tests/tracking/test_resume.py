@@ -11,7 +11,7 @@ import wandb
 
 from tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal, run_synthetic
 from miles.tracking.journal import read_journal
-from miles.tracking.state import TrackingState
+from miles.tracking.state import DeliveryState
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def test_killed_run_resumes_exactly_once(run_dir, parent_wandb_service):
     first = run_synthetic(run_dir, *flags, "--kill-at", "2", "--wait-trackers-open", check=False)
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert [ln.rollout_id for ln in read_journal(run_dir / "metrics.jsonl")] == [0, 1, 2]
-    ids = {name: s.spec.options.get("run_id") for name, s in TrackingState.load(run_dir).sinks.items()}
+    ids = {name: s.spec.options.get("run_id") for name, s in DeliveryState.load(run_dir).sinks.items()}
 
     # resumes at 2 (redone), checkpoints at 3, records 4, killed again
     second = run_synthetic(run_dir, *flags, "--kill-at", "4", "--wait-trackers-open", check=False)
@@ -47,7 +47,7 @@ def test_killed_run_resumes_exactly_once(run_dir, parent_wandb_service):
     assert all(r.metrics["perf/rollout_time"] != journal[r.rollout_id].metrics["perf/rollout_time"] for r in redone)
     points = assert_all_trackers_equal_journal(run_dir)
     assert [s for s, _ in points["rollout/step"]] == list(range(7))  # one point per step, no gap
-    state = TrackingState.load(run_dir)
+    state = DeliveryState.load(run_dir)
     assert state.sinks["wandb"].spec.options["run_id"] == ids["wandb"]  # the same runs continued
     assert state.sinks["mlflow"].spec.options["run_id"] == ids["mlflow"]
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 3  # one offline dir per process, one run id

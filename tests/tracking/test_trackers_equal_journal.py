@@ -6,7 +6,7 @@ import json
 
 from tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal, run_synthetic
 from miles.tracking.journal import read_journal
-from miles.tracking.state import TrackingState
+from miles.tracking.state import DeliveryState, recorded_lines
 
 
 def test_every_tracker_equals_the_journal(run_dir):
@@ -22,15 +22,15 @@ def test_every_tracker_equals_the_journal(run_dir):
     assert [s for s, _ in points["eval/arith"]] == [0, 3]
     lines = read_journal(run_dir / "metrics.jsonl")
     assert [ln.rollout_id for ln in lines] == list(range(6))
-    state = TrackingState.load(run_dir)
-    assert state.recorded == 6 and all(s.cursor == 6 and s.uploaded for s in state.sinks.values())
+    state = DeliveryState.load(run_dir)
+    assert recorded_lines(run_dir) == 6 and all(s.cursor == 6 and s.uploaded for s in state.sinks.values())
 
 
 def test_mlflow_run_has_params_artifacts_and_samples(run_dir):
     from mlflow.tracking import MlflowClient
 
     run_synthetic(run_dir, "--rollouts", "4", "--use-mlflow", "--log-samples-interval", "2")
-    spec = TrackingState.load(run_dir).sinks["mlflow"].spec.options
+    spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
     assert spec["tracking_uri"] == f"sqlite:///{run_dir.resolve()}/mlflow.db"
     client = MlflowClient(tracking_uri=spec["tracking_uri"])
     run = client.get_run(spec["run_id"])
@@ -50,7 +50,7 @@ def test_wandb_table_config_and_step_axes(run_dir):
 
     run_synthetic(run_dir, "--rollouts", "3", "--use-wandb", "--log-samples-interval", "2",
                   "--wandb-group", "g1")
-    spec = TrackingState.load(run_dir).sinks["wandb"].spec.options
+    spec = DeliveryState.load(run_dir).sinks["wandb"].spec.options
     assert spec["mode"] == "offline"  # no key in the environment
     run = read_offline_run(run_dir, spec["run_id"])
     assert run.config["num_rollout"] == 3 and run.config["wandb_group"] == "g1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from miles.tracking.journal import read_journal
 from miles.tracking.names import step_key, step_of
-from miles.tracking.state import TrackingState
+from miles.tracking.state import DeliveryState
 from miles.tracking.wandb_files import read_offline_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def journal_points(run_dir: Path) -> Points:
 def mlflow_points(run_dir: Path, keys) -> Points:
     from mlflow.tracking import MlflowClient
 
-    spec = TrackingState.load(run_dir).sinks["mlflow"].spec.options
+    spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
     client = MlflowClient(tracking_uri=spec["tracking_uri"])
     return {k: sorted((m.step, m.value) for m in client.get_metric_history(spec["run_id"], k)) for k in keys}
 
@@ -55,7 +55,7 @@ def mlflow_points(run_dir: Path, keys) -> Points:
 def mlflow_metric_keys(run_dir: Path) -> set[str]:
     from mlflow.tracking import MlflowClient
 
-    spec = TrackingState.load(run_dir).sinks["mlflow"].spec.options
+    spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
     metrics = MlflowClient(tracking_uri=spec["tracking_uri"]).get_run(spec["run_id"]).data.metrics
     return {k for k in metrics if not k.startswith("system/")}  # MLflow's own system metrics are not the journal's
 
@@ -69,7 +69,7 @@ def tensorboard_points(log_dir: Path) -> Points:
 
 
 def wandb_points(run_dir: Path) -> Points:
-    spec = TrackingState.load(run_dir).sinks["wandb"].spec.options
+    spec = DeliveryState.load(run_dir).sinks["wandb"].spec.options
     points: Points = defaultdict(list)
     for row in read_offline_run(Path(spec["directory"]), spec["run_id"]).history:
         for key, value in row.items():
