@@ -16,7 +16,7 @@ from webdriver import Browser, missing_browser
 from miles.service_process import free_port, wait_healthy
 from miles.tracking.mlflow_app import with_default_view
 from miles.tracking.mlflow_ui import page_url, start_ui
-from miles.tracking.state import TrackingState
+from miles.tracking.state import DeliveryState
 
 SHOTS = Path(os.environ.get("MILES_SCREENSHOT_DIR", Path(__file__).parents[2] / "runs" / "screenshots"))
 # side-navigation links only one of MLflow 3.17's two views has
@@ -91,7 +91,7 @@ def test_mlflow_ui_opens_the_run_in_the_model_training_view(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_synthetic(run_dir, "--rollouts", "1", "--use-mlflow", "--mlflow-tracking-uri", store,
                   "--no-mlflow-system-metrics")
-    spec = TrackingState.load(run_dir).sinks["mlflow"].spec.options
+    spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
     from mlflow.tracking import MlflowClient
 
     experiment_id = MlflowClient(tracking_uri=store).get_run(spec["run_id"]).info.experiment_id
