@@ -13,7 +13,7 @@ from miles.config import MilesConfig
 from miles.health import RED, Verdict, read_health_log
 from miles.profiling.window import trace_root
 from miles.tracking.journal import read_journal
-from miles.tracking.mlflow_ui import DEFAULT_PORT, is_server_uri
+from miles.tracking.mlflow_ui import DEFAULT_PORT, is_server_uri, page_url
 from tasks.logs import library_logs_to_prefect
 from tasks.training import RunServices
 
@@ -30,8 +30,8 @@ class RunReport:
 
 
 def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -> str | None:
-    """The MLflow run's page: on the tracking server, or in `mlflow ui` over the run's SQLite store
-    (`ui_url`, default the address `mlflow ui` takes unless told otherwise)."""
+    """The MLflow run's page, in the model-training view: on the tracking server, or in `mlflow ui` over the
+    run's SQLite store (`ui_url`, default the address `mlflow ui` takes unless told otherwise)."""
     tracking = config.tracking
     if not tracking.use_mlflow:
         return None
@@ -47,7 +47,7 @@ def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -
     if not mine:
         return None
     base = uri if is_server_uri(uri) else ui_url or f"http://127.0.0.1:{DEFAULT_PORT}"
-    return f"{base.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs/{mine[0].info.run_id}"
+    return page_url(base, experiment.experiment_id, mine[0].info.run_id)
 
 
 def red_flags(verdicts: list[Verdict]) -> list[str]:

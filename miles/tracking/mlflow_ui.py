@@ -1,4 +1,5 @@
-"""`mlflow ui` for a run's MLflow store: the command to type, or (`--mlflow-ui`) the UI started on loopback and left up."""
+"""`mlflow ui` for a run's MLflow store: the command to type, or (`--mlflow-ui`) the UI started on loopback and left up,
+and links that open its pages in the model-training view."""
 from __future__ import annotations
 
 import socket
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.service_process import free_port, log_tail, wait_healthy
+from miles.tracking.mlflow_app import APP_NAME, MODEL_TRAINING, WORKFLOW_TYPE_PARAM
 
 DEFAULT_PORT = 5000  # `mlflow ui`'s own default, so a printed link and a typed command agree
 START_TIMEOUT_S = 120.0
@@ -19,7 +21,23 @@ def is_server_uri(uri: str) -> bool:
 
 
 def ui_command(uri: str, port: int = DEFAULT_PORT) -> str:
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {port}"
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {port} --app-name {APP_NAME}"
+
+
+def page_url(base: str, experiment_id: str, run_id: str | None = None) -> str:
+    """An experiment's (or a run's) page that opens in the model-training view in any MLflow 3.17 UI,
+    a tracking server's or a plain `mlflow ui`'s, whatever the browser chose before."""
+    path = f"/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{base.rstrip('/')}{path}?{WORKFLOW_TYPE_PARAM}={MODEL_TRAINING}"
+
+
+def check_app_installed() -> None:
+    """`mlflow ui --app-name miles` finds the app through miles' installed entry points, not the import path."""
+    from mlflow.utils.plugins import get_entry_points
+
+    if APP_NAME not in {e.name for e in get_entry_points("mlflow.app")}:
+        raise RuntimeError(f"--mlflow-ui: MLflow does not know the `{APP_NAME}` app (the `mlflow.app` entry point "
+                           "of miles' package metadata): install miles with `pip install -e .`")
 
 
 @dataclass(frozen=True)
@@ -39,13 +57,14 @@ def _port_free(port: int) -> bool:
 
 
 def start_ui(uri: str, run_dir: Path, timeout: float = START_TIMEOUT_S) -> MlflowUi:
-    """Start `mlflow ui` over `uri` on 127.0.0.1 (port 5000 when free) in its own session, so it
-    outlives the run for browsing; return once it answers /health."""
+    """Start `mlflow ui --app-name miles` over `uri` on 127.0.0.1 (port 5000 when free) in its own session,
+    so it outlives the run for browsing; return once it answers /health."""
+    check_app_installed()
     port = DEFAULT_PORT if _port_free(DEFAULT_PORT) else free_port()
     log_path = Path(run_dir) / "logs" / "mlflow-ui.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-            "--port", str(port), "--workers", "1"]
+            "--port", str(port), "--workers", "1", "--app-name", APP_NAME]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)

@@ -66,7 +66,7 @@ def test_mlflow_ui_flag_serves_the_store_and_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="--mlflow-ui: --mlflow-tracking-uri http://mlflow:5000 is a tracking server"):
         parse_config(["--mlflow-ui", "--use-mlflow", "--mlflow-tracking-uri", "http://mlflow:5000"])
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert ui_command(store) == f"mlflow ui --backend-store-uri {store} --host 127.0.0.1 --port 5000"
+    assert ui_command(store) == f"mlflow ui --backend-store-uri {store} --host 127.0.0.1 --port 5000 --app-name miles"
     ui = start_ui(store, tmp_path)
     try:
         assert ui.url.startswith("http://127.0.0.1:")

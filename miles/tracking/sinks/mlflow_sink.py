@@ -1,7 +1,8 @@
 """MLflow as a sink: one run in an experiment, the public config as params, metrics per step axis.
 
-The experiment opens in MLflow's model-training view; the run carries the run's tags and
-description, and MLflow's system metrics while it is open.
+The experiment carries MLflow's model-training kind (the UI of MLflow 3.17 does not read it: miles'
+links and `mlflow ui --app-name miles` open that view, see `mlflow_app`); the run carries the run's
+tags and description, and MLflow's system metrics while it is open.
 
 Every point carries the journal line's own timestamp, so a line delivered twice (after a
 crash between delivery and cursor save) is the same (key, step, timestamp, value) and
@@ -24,7 +25,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
 HEALTH_TAG = "miles.health"
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's model-training view, not GenAI
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # MLflow's "model training, not GenAI"
 DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
