@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         router = Router(config, serve.worker_urls, timeline_path=serve.timeline_path)
     except WorkerError as exc:
         raise ConfigError("--worker-urls", str(exc)) from None
+    except OSError as exc:  # the timeline file cannot be opened for appending
+        raise ConfigError("--timeline-path", str(exc)) from None
     sock = bind_socket(serve.host, serve.port)
     port = sock.getsockname()[1]
     router.listening.append((serve.host, port))

@@ -14,7 +14,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from miles import auth
 from miles.router.stats import Counters, RouterStats

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import subprocess
+import sys
 import time
 
 import httpx
@@ -109,3 +111,12 @@ def test_router_process_writes_its_lane_and_flushes_at_shutdown(stubs, tmp_path)
 def test_without_the_flag_requests_go_straight_to_the_proxy(router):
     handle = router([])
     assert handle.router.forward is handle.router.proxy and not handle.router.timeline.enabled
+
+
+def test_a_timeline_path_that_cannot_be_written_is_a_flag_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run([sys.executable, "-m", "miles.router.cli", "--port", "0",
+                           "--timeline-path", str(blocker / "timeline.jsonl")], check=False, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--timeline-path" in done.stderr and "Traceback" not in done.stderr
