@@ -1,9 +1,12 @@
-"""The delivery loop of `miles replay-spool`: moves journal lines into each tracker as they are
-recorded, single-threaded, reading the trainer's `trainer.json` and writing only `delivery.json`.
+"""The one delivery program behind `miles replay-spool`: moves journal lines into each tracker,
+single-threaded, reading the journal and the trainer's `trainer.json`, writing only
+`delivery.json` (under the run dir's delivery lock).
 
-Per tracker a cursor counts the journal lines it holds. A failure is logged once per outage;
-the lines stay behind the cursor (in the journal on disk) and are retried every
-`retry_interval` seconds, so training never waits on a tracker.
+`follow` is a run's delivery process: each line reaches every tracker within seconds of its
+record; it finishes as the trainer's close asks and leaves when the trainer is gone. `replay`
+delivers what a tracker missed after the run. Per tracker a cursor counts the journal lines it
+holds; a failure is logged once per outage and retried every `retry_interval` seconds, the
+lines waiting in the journal, so training never waits on a tracker.
 """
 from __future__ import annotations
 
@@ -17,17 +20,24 @@ from pathlib import Path
 import yaml
 
 from miles.tracking.journal import JOURNAL_NAME, JournalFollower
-from miles.tracking.samples import existing_samples
-from miles.tracking.secrets import Scrubber
-from miles.tracking.sinks.base import Delivery, Sink, SinkSpec, build_sink
-from miles.tracking.state import CONFIG_ARTIFACT, TRAINER_PATH, DeliveryState, SinkState, TrainerFile, pending
+from miles.tracking.samples import samples_path
+from miles.tracking.secrets import Scrubber, env_scrubber
+from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink
+from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DeliveryState, SinkState, TrainerFile, pending,
+                                  try_delivery_lock)
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
-POLL_S = 0.5  # how often the journal, trainer.json and the trainer's liveness are checked while following
+POLL_S = 0.5  # how often the journal and the trainer are checked while following
 # Following, a delivery waits this long after the previous one, so frequent lines go out in one
 # call per tracker: MLflow's SQL store spends ~4x less CPU per point in a batch of a few lines.
 BATCH_S = 4.0
+NICENESS = 10  # once the trackers are open: a small share of a busy CPU, never none (see `follow`)
+LOCK_WAIT_S = 120.0  # for a previous delivery process of this run dir to leave
+
+
+class DeliveryBusy(RuntimeError):
+    pass
 
 
 @dataclass
@@ -43,53 +53,38 @@ class Slot:
 
 
 class DeliveryLoop:
-    """Delivers one run directory's journal to `specs`; the caller holds the delivery lock."""
+    """Delivers one run directory's journal to its trackers; the caller holds the delivery lock."""
 
     def __init__(self, run_dir: Path, specs: dict[str, SinkSpec], scrubber: Scrubber, retry_interval: float,
                  session: str | None = None):
         self.run_dir, self.scrubber, self.retry_interval, self.session = run_dir, scrubber, retry_interval, session
-        self.trainer_file, self.state = TrainerFile.load(run_dir), DeliveryState.load(run_dir)
+        self.trainer, self.state = TrainerFile.load(run_dir), DeliveryState.load(run_dir)
         self.journal = JournalFollower(run_dir / JOURNAL_NAME)
         config = run_dir / CONFIG_ARTIFACT
         params = yaml.safe_load(config.read_text()) if config.exists() else {}
         self.slots = [Slot(name, build_sink(spec, params), self.state.sinks.setdefault(name, SinkState(spec)))
                       for name, spec in specs.items()]
-        self._seen: tuple | None = None
-
-    def refresh(self) -> None:
-        """Read the journal's new lines, and trainer.json when it changed (one stat per poll otherwise)."""
-        self.journal.read()
-        try:
-            st = os.stat(self.run_dir / TRAINER_PATH)
-        except FileNotFoundError:
-            return
-        if (st.st_mtime_ns, st.st_size, st.st_ino) != self._seen:
-            self._seen = (st.st_mtime_ns, st.st_size, st.st_ino)
-            self.trainer_file = TrainerFile.load(self.run_dir)
 
     def trainer_state(self) -> str:
         """"closed" (its close is asked for), "gone" (dead, or another trainer took the run over),
         "open" (it read its checkpoint) or "starting"."""
-        trainer = self.trainer_file.trainer or {}
-        if (self.trainer_file.close or {}).get("session") == self.session:
+        self.trainer = TrainerFile.load(self.run_dir)
+        owner = self.trainer.trainer or {}
+        if (self.trainer.close or {}).get("session") == self.session:
             return "closed"
-        if trainer.get("session") != self.session or not self.trainer_file.trainer_alive():
+        if owner.get("session") != self.session or not self.trainer.trainer_alive():
             return "gone"
-        return "open" if trainer.get("open") else "starting"
+        return "open" if owner.get("open") else "starting"
 
     def follow(self) -> str:
-        """Deliver lines as they are recorded until the trainer's close ("closed") or its end ("gone":
-        it died, or another trainer took the run over)."""
+        """Deliver lines as they are recorded until the trainer's close ("closed") or its end ("gone")."""
         next_delivery = 0.0
         while True:
-            self.refresh()
-            if time.monotonic() >= next_delivery and (self.pending() or not all(s.opened for s in self.slots)):
-                self.catch_up_all()
-                next_delivery = time.monotonic() + BATCH_S
             status = self.trainer_state()
-            if status == "gone":
-                self.refresh()
-                self.catch_up_all()  # what it recorded last, before leaving
+            due = time.monotonic() >= next_delivery and (self.pending() or not all(s.opened for s in self.slots))
+            if due or status == "gone":
+                self.catch_up_all()  # when gone: what it recorded last, before leaving
+                next_delivery = time.monotonic() + BATCH_S
             if status != "open":
                 return status
             time.sleep(POLL_S)  # the poll interval: a new line is seen within it
@@ -113,8 +108,7 @@ class DeliveryLoop:
                 log.info("tracking: %s open %s", slot.name, slot.state.spec.options)
             lines = self.journal.read()
             while slot.state.cursor < len(lines):
-                start = slot.state.cursor
-                end = min(len(lines), start + LINES_PER_DELIVERY)
+                start, end = slot.state.cursor, min(len(lines), slot.state.cursor + LINES_PER_DELIVERY)
                 slot.sink.deliver(self._delivery(lines, start, end))
                 slot.state.cursor = end
                 self.state.save()
@@ -134,22 +128,23 @@ class DeliveryLoop:
         return True
 
     def _delivery(self, lines: list, start: int, end: int) -> Delivery:
-        """Lines start..end, with each rollout's sample table on its first line."""
-        samples = {i - start: existing_samples(self.run_dir, lines[i].rollout_id) for i in range(start, end)
-                   if i == 0 or lines[i - 1].rollout_id != lines[i].rollout_id}
-        return Delivery(lines[start:end], {i: p for i, p in samples.items() if p is not None}, first=start)
+        """Lines start..end, with each rollout's sample table (when logged) on its first line."""
+        tables = {i - start: samples_path(self.run_dir, lines[i].rollout_id) for i in range(start, end)
+                  if i == 0 or lines[i - 1].rollout_id != lines[i].rollout_id}
+        return Delivery(lines[start:end], {i: p for i, p in tables.items() if p.exists()}, first=start)
 
-    def finish(self, files: list[Path], timeout: float, final: bool = True) -> dict[str, int]:
-        """Deliver the journal (retrying a failed tracker until `timeout`), upload `files` when
-        `final`, finish every tracker run; returns what is still spooled per tracker. Not `final`:
-        the run goes on in a later process (the next chunk), which reopens the same tracker runs."""
+    def finish(self, final: bool, timeout: float) -> dict[str, int]:
+        """Deliver the journal (retrying a failed tracker until `timeout`), upload the trainer's
+        artifacts when `final`, finish every tracker run; returns what is still spooled per tracker.
+        Not `final`: the run goes on in a later process (the next chunk), which reopens the same runs."""
         deadline = time.monotonic() + timeout
+        files = [f for f in map(Path, self.trainer.artifacts) if f.exists()] if final else []
         for slot in self.slots:
             while not self.catch_up(slot, force=True) and time.monotonic() < deadline:
                 time.sleep(min(self.retry_interval, max(0.0, deadline - time.monotonic())))
             if slot.down_since is None and slot.opened:
                 try:
-                    slot.sink.upload([f for f in files if f.exists()] if final else [])
+                    slot.sink.upload(files)
                     slot.sink.close()
                     slot.state.uploaded = final
                     self.state.save()
@@ -160,3 +155,53 @@ class DeliveryLoop:
 
     def pending(self) -> dict[str, int]:
         return pending(len(self.journal.read()), {s.name: s.state for s in self.slots})
+
+
+def acquire_lock(run_dir: Path, wait_s: float):
+    """The run dir's delivery lock (the one writer of delivery.json), waiting up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while (lock := try_delivery_lock(run_dir)) is None:
+        if time.monotonic() >= deadline:
+            raise DeliveryBusy(f"{run_dir / DELIVERY_LOCK_PATH} is held: another delivery process of this run dir "
+                               f"(the run's own, or a `miles replay-spool`) is still running")
+        time.sleep(0.2)  # poll interval of the wait, bounded by the deadline
+    return lock
+
+
+def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber: Scrubber | None = None) -> dict[str, int]:
+    """Deliver every spooled line, upload the artifacts, finish the tracker runs; returns what is
+    still undelivered per tracker (empty: all done)."""
+    with acquire_lock(run_dir, 0.0):
+        sinks, lines = DeliveryState.load(run_dir).sinks, len(JournalFollower(run_dir / JOURNAL_NAME).read())
+        # the delivery state's spec has the run id its tracker opened; one never opened, the trainer's
+        specs = {**TrainerFile.load(run_dir).trackers, **{name: s.spec for name, s in sinks.items()}}
+        todo = {name: spec for name, spec in specs.items() if spec.kind in SINK_CLASSES and
+                (name not in sinks or sinks[name].cursor < lines or not sinks[name].uploaded)}
+        return DeliveryLoop(run_dir, todo, scrubber or env_scrubber(), retry_interval).finish(True, timeout)
+
+
+def follow(run_dir: Path, session: str | None, scrubber: Scrubber, retry_interval: float) -> tuple[str, dict[str, int]]:
+    """Deliver the run's journal live; at the trainer's close finish as it asks ("closed"); when
+    the trainer is gone leave the tracker runs open for its resume ("gone")."""
+    with acquire_lock(run_dir, LOCK_WAIT_S):
+        session = session or (TrainerFile.load(run_dir).trainer or {}).get("session")
+        for spec in TrainerFile.load(run_dir).trackers.values():  # while the trainer reads its checkpoint:
+            try:  # import the trackers, create the MLflow store
+                build_sink(spec, {}).prepare()
+            except Exception as exc:  # its open will fail and report it
+                log.info("tracking: preparing %s failed: %s", spec.kind, scrubber.scrub(str(exc)))
+        waiting = DeliveryLoop(run_dir, {}, scrubber, retry_interval, session)
+        while (status := waiting.trainer_state()) == "starting":
+            time.sleep(POLL_S)  # the poll interval, until the trainer opens the tracker
+        if status == "gone" or not (waiting.trainer.trainer or {}).get("open"):
+            return status, {}  # gone, or closed before it opened: nothing to open here
+        loop = DeliveryLoop(run_dir, waiting.trainer.trackers, scrubber, retry_interval, session)  # of its `open`
+        loop.catch_up_all()  # opens every tracker, at the trainer's priority
+        # Then nice 10: against one busy training thread per core the kernel still gives delivery
+        # about a tenth of a core (SCHED_IDLE, used before, gave it none until training paused, so
+        # points arrived at the end of the run); its work per line is milliseconds.
+        os.nice(max(0, NICENESS - os.nice(0)))
+        status = loop.follow()
+        if status == "gone":
+            return status, loop.pending()
+        return status, loop.finish(loop.trainer.close["final"], loop.trainer.close["timeout"])

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from miles.tracking.cli import SECRETS_ENV
+from miles.tracking.secrets import SECRETS_ENV
 from miles.tracking.state import DELIVERY_LOG_PATH
 
 log = logging.getLogger("miles.tracking")

@@ -7,6 +7,7 @@ exception message) before it reaches stdout, a tracker or an artifact.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -14,6 +15,7 @@ from miles.config import redacted_flat_dict
 from miles.config.fields import is_secret_name
 
 MASK = "***"
+SECRETS_ENV = "MILES_TRACKING_SCRUB_SECRETS"  # flag secrets the trainer hands its delivery process (a JSON list)
 MIN_SECRET_LEN = 4  # shorter values ("1", "on") would blank ordinary text and hide nothing
 
 
@@ -36,6 +38,17 @@ class Scrubber:
         return value
 
 
+def _longest_first(found: set[str]) -> tuple[str, ...]:
+    """Long enough to be secrets, longest first, so a secret containing another is blanked whole."""
+    return tuple(sorted((v for v in found if len(v) >= MIN_SECRET_LEN), key=len, reverse=True))
+
+
+def env_scrubber() -> Scrubber:
+    """The delivery process's scrubber: secret-named env vars and the secrets its trainer handed over."""
+    found = {v for k, v in os.environ.items() if is_secret_name(k)} | set(json.loads(os.environ.get(SECRETS_ENV, "[]")))
+    return Scrubber(_longest_first(found))
+
+
 def secret_values(config: Any, environ: dict[str, str] | None = None) -> tuple[str, ...]:
     """Every value of a secret config field and of an env var whose name says key/token/secret/password."""
     environ = os.environ if environ is None else environ
@@ -45,8 +58,7 @@ def secret_values(config: Any, environ: dict[str, str] | None = None) -> tuple[s
             value = getattr(section, f.name)
             if isinstance(value, str) and (f.metadata.get("secret") or is_secret_name(f.name)):
                 found.add(value)
-    # longest first, so a secret containing another is blanked whole
-    return tuple(sorted((v for v in found if len(v) >= MIN_SECRET_LEN), key=len, reverse=True))
+    return _longest_first(found)
 
 
 def scrubber_for(config: Any) -> Scrubber:

@@ -18,7 +18,7 @@ import pytest
 from tracking_helpers import assert_points_equal, journal_points, mlflow_points, run_synthetic
 from miles.config import parse_config
 from miles.tracking import open_tracking
-from miles.tracking.cli import NICENESS, replay
+from miles.tracking.delivery import NICENESS, replay
 from miles.tracking.journal import read_journal
 from miles.tracking.state import DeliveryState, recorded_lines
 from synthetic import iterate
