@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def span_write_seconds(reps: int = 20000) -> float:
     """Seconds one timeline span write takes (the trainer's code path, a real file)."""
-    from miles.tracking.timeline import TimelineWriter
+    from miles.timeline import TimelineWriter
 
     with tempfile.TemporaryDirectory() as tmp:
         writer = TimelineWriter(Path(tmp) / "timeline.jsonl")
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from miles.config import parse_config
     from miles.train import train
     from miles.tracking.journal import read_journal
-    from miles.tracking.timeline import read_spans
+    from miles.timeline import read_spans
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-rollout", type=int, default=14)

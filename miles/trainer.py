@@ -38,7 +38,7 @@ from miles.router.app import resolve_admin_token
 from miles.tracking import open_tracking
 from miles.tracking.journal import JOURNAL_NAME, read_journal
 from miles.tracking.samples import samples_due
-from miles.tracking.timeline import TIMELINE_NAME, TimelineWriter
+from miles.timeline import TIMELINE_NAME, TimelineWriter
 from miles.dashboard.tokens import write_tokens
 
 

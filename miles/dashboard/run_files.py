@@ -19,7 +19,7 @@ import yaml
 from miles.tracking.journal import JOURNAL_NAME
 from miles.tracking.samples import SAMPLES_DIR
 from miles.tracking.state import CONFIG_ARTIFACT
-from miles.tracking.timeline import TIMELINE_NAME
+from miles.timeline import TIMELINE_NAME
 from miles.dashboard.tokens import TOKENS_DIR
 
 HEALTH_NAME = "health.jsonl"  # the health watch's verdicts: {rollout_id, signal, severity, message, values}

@@ -79,7 +79,7 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
     from miles.engines.model_runner import ModelRunner
     from miles.engines.server import EngineServer
     from miles.http_limits import BodyLimit, guarded_protocol
-    from miles.tracking.timeline import TimelineWriter
+    from miles.timeline import TimelineWriter
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = _model_dir(serve)

@@ -31,7 +31,7 @@ from miles.engines.openai_api import add_openai_routes
 from miles.engines.sglang_request import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import Scheduler, TokenEvent
 from miles.profiling.engine import EngineProfiler, parse_profile_request
-from miles.tracking.timeline import TimelineWriter
+from miles.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0

@@ -27,7 +27,7 @@ from miles.router.timeline import LANE, RouterTimeline
 from miles.router.upstream import UpstreamPool
 from miles.router.upstream import Endpoint
 from miles.router.workers import WorkerError, WorkerPool
-from miles.tracking.timeline import TimelineWriter
+from miles.timeline import TimelineWriter
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 # The router's own endpoints (served by FastAPI); every other path goes to a worker.

@@ -19,7 +19,7 @@ from typing import Any
 
 from miles import auth
 from miles.router.stats import Counters, RouterStats
-from miles.tracking.timeline import Span, TimelineWriter
+from miles.timeline import Span, TimelineWriter
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from miles.cluster.names import RunNames
-from miles.tracking.timeline import read_spans
+from miles.timeline import read_spans
 from miles.trainer import RLTrainer
 from tests.engines.conftest import wait_for
 
