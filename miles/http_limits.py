@@ -29,39 +29,40 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
             super().connection_made(transport)
             self._head_done = False
             self._head_bytes = 0
+            self._tail = b""
             self._head_started: float | None = self.loop.time()  # a connection that sends nothing counts too
             self._refused = False
             self._head_timer = self.loop.call_later(head_timeout, self._check_head_time)
 
         def data_received(self, data: bytes) -> None:
+            # Counted before parsing: a whole oversized head can arrive in one read, and parsed it
+            # would already have started the request.
             if self._refused:
                 return
             if not self._head_done:
                 if self._head_started is None:  # the first byte of the next request on a kept-alive connection
                     self._head_started = self.loop.time()
-                self._head_bytes += len(data)
+                end = (self._tail + data if self._tail else data).find(b"\r\n\r\n")
+                self._head_bytes += len(data) if end < 0 else end + 4 - len(self._tail)
+                self._tail = data[-3:]  # the blank line that ends the head may straddle two reads
+                if self._head_bytes > max_head_bytes:
+                    self._refuse(431, "Request Header Fields Too Large",
+                                 f"the request line and headers exceed {max_head_bytes} bytes")
+                    return
             super().data_received(data)
-            if not self._head_done and self._head_bytes > max_head_bytes:
-                self._refuse(431, "Request Header Fields Too Large",
-                             f"the request line and headers exceed {max_head_bytes} bytes")
 
+        # The parser's callbacks below run only inside `data_received`, which a refused connection
+        # never reaches; so they need no refusal check (and on_body no override: it is per chunk).
         def on_headers_complete(self) -> None:
-            if self._refused:
-                return
             self._head_done = True
             self._head_started = None
             super().on_headers_complete()
 
-        def on_body(self, body: bytes) -> None:
-            if not self._refused:
-                super().on_body(body)
-
         def on_message_complete(self) -> None:
-            if self._refused:
-                return
             super().on_message_complete()
             self._head_done = False
             self._head_bytes = 0
+            self._tail = b""
 
         def connection_lost(self, exc) -> None:
             self._cancel_timer()

@@ -70,6 +70,9 @@ def test_oversized_headers_are_431(engine, router, target):
     assert r.status_code == 431
     many = raw_request(port_of(url), b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"x-h: 1\r\n" * 20_000 + b"\r\n")
     assert many.startswith(b"HTTP/1.1 431")
+    # a whole head just over the limit in one write (one read on the server) is refused too
+    one_read = raw_request(port_of(url), b"GET /health HTTP/1.1\r\nHost: x\r\nx-big: " + b"a" * 70_000 + b"\r\n\r\n")
+    assert one_read.startswith(b"HTTP/1.1 431")
     assert httpx.get(url + "/health", timeout=30).status_code == 200
 
 
