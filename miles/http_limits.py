@@ -27,7 +27,6 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
         # the connection if a request head has been arriving for longer than that (cheap on the hot path).
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self._head_done = False
             self._head_bytes = 0
             self._tail = b""
             self._head_started: float | None = self.loop.time()  # a connection that sends nothing counts too
@@ -36,10 +35,12 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
 
         def data_received(self, data: bytes) -> None:
             # Counted before parsing: a whole oversized head can arrive in one read, and parsed it
-            # would already have started the request.
+            # would already have started the request. One override, no per-callback hooks: a head may
+            # be arriving unless a request's body is (uvicorn's cycle, until its message completes).
             if self._refused:
                 return
-            if not self._head_done:
+            cycle = self.cycle
+            if cycle is None or not cycle.more_body or cycle.response_complete:
                 if self._head_started is None:  # the first byte of the next request on a kept-alive connection
                     self._head_started = self.loop.time()
                 end = (self._tail + data if self._tail else data).find(b"\r\n\r\n")
@@ -50,19 +51,8 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
                                  f"the request line and headers exceed {max_head_bytes} bytes")
                     return
             super().data_received(data)
-
-        # The parser's callbacks below run only inside `data_received`, which a refused connection
-        # never reaches; so they need no refusal check (and on_body no override: it is per chunk).
-        def on_headers_complete(self) -> None:
-            self._head_done = True
-            self._head_started = None
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            super().on_message_complete()
-            self._head_done = False
-            self._head_bytes = 0
-            self._tail = b""
+            if self.cycle is not cycle:  # a head completed: the next one starts from zero
+                self._head_bytes, self._tail, self._head_started = 0, b"", None
 
         def connection_lost(self, exc) -> None:
             self._cancel_timer()
