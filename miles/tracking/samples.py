@@ -55,8 +55,3 @@ def write_samples(run_dir: Path, rollout_id: int, samples: list) -> Path:
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(path)
     return path
-
-
-def existing_samples(run_dir: Path, rollout_id: int) -> Path | None:
-    path = samples_path(run_dir, rollout_id)
-    return path if path.exists() else None
