@@ -13,7 +13,7 @@ from pathlib import Path
 
 from miles.tracking.delivery import DeliveryBusy, follow, replay
 from miles.tracking.secrets import Scrubber, env_scrubber
-from miles.tracking.state import DELIVERY_LOG_PATH, TRAINER_PATH, is_run_dir, recorded_lines
+from miles.tracking.state import DELIVERY_LOG_PATH, TRAINER_PATH, is_run_dir, log_spooled, recorded_lines
 
 log = logging.getLogger("miles.tracking")
 
@@ -61,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         log.exception("tracking: delivery stopped")
         return 3
-    for name, count in undelivered.items():
-        log.warning("tracking: %d journal lines for %s are still spooled; deliver them with "
-                    "`miles replay-spool %s`", count, name, run_dir)
+    log_spooled(run_dir, undelivered)
     print(f"replay-spool: {status}; " + (", ".join(f"{n} {c} lines still spooled" for n, c in undelivered.items())
                                          or f"every tracker of {run_dir} holds all {recorded_lines(run_dir)} journal lines"),
           flush=True)

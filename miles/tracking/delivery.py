@@ -24,7 +24,7 @@ from miles.tracking.samples import samples_path
 from miles.tracking.secrets import Scrubber, env_scrubber
 from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink
 from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DeliveryState, SinkState, TrainerFile, pending,
-                                  try_delivery_lock)
+                                  recorded_lines, try_delivery_lock)
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
@@ -172,7 +172,7 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber:
     """Deliver every spooled line, upload the artifacts, finish the tracker runs; returns what is
     still undelivered per tracker (empty: all done)."""
     with acquire_lock(run_dir, 0.0):
-        sinks, lines = DeliveryState.load(run_dir).sinks, len(JournalFollower(run_dir / JOURNAL_NAME).read())
+        sinks, lines = DeliveryState.load(run_dir).sinks, recorded_lines(run_dir)
         # the delivery state's spec has the run id its tracker opened; one never opened, the trainer's
         specs = {**TrainerFile.load(run_dir).trackers, **{name: s.spec for name, s in sinks.items()}}
         todo = {name: spec for name, spec in specs.items() if spec.kind in SINK_CLASSES and
@@ -184,8 +184,9 @@ def follow(run_dir: Path, session: str | None, scrubber: Scrubber, retry_interva
     """Deliver the run's journal live; at the trainer's close finish as it asks ("closed"); when
     the trainer is gone leave the tracker runs open for its resume ("gone")."""
     with acquire_lock(run_dir, LOCK_WAIT_S):
-        session = session or (TrainerFile.load(run_dir).trainer or {}).get("session")
-        for spec in TrainerFile.load(run_dir).trackers.values():  # while the trainer reads its checkpoint:
+        trainer = TrainerFile.load(run_dir)
+        session = session or (trainer.trainer or {}).get("session")
+        for spec in trainer.trackers.values():  # while the trainer reads its checkpoint:
             try:  # import the trackers, create the MLflow store
                 build_sink(spec, {}).prepare()
             except Exception as exc:  # its open will fail and report it

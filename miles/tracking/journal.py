@@ -62,15 +62,20 @@ class Journal:
 
     def _repair(self) -> None:
         """Cut a torn last line (a writer killed mid-line) so that the next line starts clean."""
-        if self.path.exists() and (data := self.path.read_bytes()) and not data.endswith(b"\n"):
-            with self.path.open("r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with self.path.open("r+b") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.seek(0)
+                f.truncate(f.read().rfind(b"\n") + 1)
 
     def append(self, line: JournalLine) -> bool:
         """Write the line; False (written to the redone file instead) when its rollout has one."""
         first = line.rollout_id not in self.recorded
         path = self.path if first else self.redone_path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not first:
+            path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(line.to_json() + "\n")
         if first:

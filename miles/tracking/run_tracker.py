@@ -202,4 +202,4 @@ class RunTracker:
         self.trainer_file.save()
         if self.delivery is not None:
             self.delivery.wait(timeout)
-        return spooled(self.run_dir, list(self.specs)) if self.opened else {}
+        return spooled(self.run_dir, list(self.specs), len(self.journal.lines)) if self.opened else {}

@@ -134,12 +134,16 @@ def pending(recorded: int, sinks: dict[str, SinkState]) -> dict[str, int]:
     return {name: recorded - s.cursor for name, s in sinks.items() if s.cursor < recorded}
 
 
-def spooled(run_dir: Path, names: list[str]) -> dict[str, int]:
-    """The journal lines each of `names` still lacks by the delivery state on disk, each logged with
-    how to deliver them."""
-    sinks = DeliveryState.load(run_dir).sinks
-    left = pending(recorded_lines(run_dir), {n: sinks.get(n, SinkState(SinkSpec(n, {}))) for n in names})
+def log_spooled(run_dir: Path, left: dict[str, int]) -> dict[str, int]:
+    """Log each tracker's undelivered lines with how to deliver them; returns `left`."""
     for name, count in left.items():
         log.warning("tracking: %d journal lines for %s are still spooled; deliver them with "
                     "`miles replay-spool %s`", count, name, run_dir)
     return left
+
+
+def spooled(run_dir: Path, names: list[str], recorded: int) -> dict[str, int]:
+    """The lines of a `recorded`-line journal each of `names` still lacks by the delivery state on
+    disk, logged."""
+    sinks = DeliveryState.load(run_dir).sinks
+    return log_spooled(run_dir, pending(recorded, {n: sinks.get(n, SinkState(SinkSpec(n, {}))) for n in names}))
