@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from miles.service_process import free_port  # noqa: E402
+from miles.service_process import free_port, stop_process  # noqa: E402
 PYTHON = sys.executable
 STUB = ROOT / "tests" / "router" / "stub_engine.py"
 SGLR_VENV = Path(os.environ.get("SGLR_VENV", "/tmp/sglr-venv"))
@@ -139,13 +139,8 @@ def start_sglang(python: Path, worker: str) -> tuple[subprocess.Popen, str]:
 
 
 def stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    if proc is not None:
+        stop_process(proc, 10)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -64,6 +64,18 @@ def wait_healthy(url: str, timeout: float, process: subprocess.Popen | None = No
             time.sleep(0.25)  # poll interval of the readiness loop, bounded by the deadline above
 
 
+def stop_process(process: subprocess.Popen, grace: float = STOP_GRACE_S) -> int | None:
+    """Terminate a child process, then kill it if it is still there after `grace` seconds; its exit code."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=grace)
+    return process.returncode
+
+
 @dataclass
 class ServiceProcess:
     url: str
@@ -74,14 +86,7 @@ class ServiceProcess:
 
     def stop(self, grace: float = STOP_GRACE_S) -> int | None:
         """Terminate the service, then kill it if it is still there after `grace` seconds."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=grace)
-        return self.process.returncode
+        return stop_process(self.process, grace)
 
     @property
     def alive(self) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from miles.service_process import free_port
+from miles.service_process import free_port, stop_process
 
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
 INSTALL = "apt-get install -y chromium chromium-driver"
@@ -126,10 +126,5 @@ class Browser:
             pass
         finally:
             self.http.close()
-            self.driver.terminate()
-            try:
-                self.driver.wait(10)
-            except subprocess.TimeoutExpired:
-                self.driver.kill()
-                self.driver.wait()
+            stop_process(self.driver, 10)
             shutil.rmtree(self.profile, ignore_errors=True)

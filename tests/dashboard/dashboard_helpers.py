@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.service_process import stop_process
+
 RECORDED = Path(__file__).parent / "recorded_run"
 
 
@@ -16,12 +18,7 @@ class Served:
     process: subprocess.Popen
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, 15)
 
 
 def serve(run_dir: Path, *flags: str, env: dict | None = None) -> Served:
