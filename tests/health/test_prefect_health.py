@@ -19,9 +19,10 @@ VERDICT = Verdict(7, "grad_norm", RED, "at or above clip_grad=1 in 100% of the l
                   {"train/grad_norm": 3.5, "clip_share": 1.0})
 
 
-def read_events(name: str, resource_name: str, timeout: float = 60.0) -> list[dict]:
+def read_events(name: str, resource_name: str, timeout: float = 60.0, until=bool) -> list[dict]:
     """Events of that name about that run, read back from the server's API (the server stores events
-    a moment after it received them: wait until some are there)."""
+    a moment after it received them: wait until `until(events)` holds, by default until some are there;
+    other tests' runs in the same session may share the resource name)."""
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while True:
@@ -30,7 +31,7 @@ def read_events(name: str, resource_name: str, timeout: float = 60.0) -> list[di
             response.raise_for_status()
             events = [e for e in response.json()["events"]
                       if e["resource"].get("prefect.resource.name") == resource_name]
-            if events or time.monotonic() > deadline:
+            if until(events) or time.monotonic() > deadline:
                 return events
             time.sleep(0.5)
 

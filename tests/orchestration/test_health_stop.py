@@ -23,5 +23,7 @@ def test_a_red_flag_stops_the_flow_with_a_checkpoint_and_a_failed_state(run_grpo
     chunks = [r for r in task_runs_of(state.state_details.flow_run_id) if r.name == "train_chunk[0-2]"]
     assert len(chunks) == 1 and chunks[0].run_count == 1 and chunks[0].state.is_failed()  # not retried
     assert "`truncated_ratio` from rollout 0" in Artifact.get("grpo-health").data
-    events = read_events("miles.health.red-flag", "run")
-    assert any(e["resource"]["miles.signal"] == "truncated_ratio" for e in events)
+    def flagged(events: list[dict]) -> bool:
+        return any(e["resource"]["miles.signal"] == "truncated_ratio" for e in events)
+
+    assert flagged(read_events("miles.health.red-flag", "run", until=flagged))
