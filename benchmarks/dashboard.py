@@ -44,9 +44,9 @@ def span_write_seconds(reps: int = 20000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from miles.config import parse_config
-    from miles.train import train
-    from miles.tracking.journal import read_journal
+    from miles.record.journal import read_journal
     from miles.timeline import read_spans
+    from miles.train import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-rollout", type=int, default=14)

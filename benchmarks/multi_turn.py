@@ -27,8 +27,8 @@ def main() -> int:
     args, flags = parser.parse_known_args()
 
     from miles.config import parse_config
+    from miles.record.journal import read_journal
     from miles.tiny.tool_warmstart import ensure_tool_model
-    from miles.tracking.journal import read_journal
     from miles.train import train
 
     start = time.perf_counter()

@@ -36,7 +36,7 @@ class Run:
 
 def split_wall(mode: str, run_dir: Path, started: float, ended: float) -> Run:
     """Where a run's wall time went, from the journal (one line per iteration, stamped at its end)."""
-    from miles.tracking.journal import read_journal
+    from miles.record.journal import read_journal
 
     lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]  # not the base eval
     own = [line.metrics.get("perf/step_time", 0.0) + line.metrics.get("perf/eval_time", 0.0) for line in lines]

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows.prefect_server import ensure_server
     from flows.where import print_finished, print_where_to_look
-    from miles.tracking.mlflow_ui import start_ui
+    from miles.mlflow_ui import start_ui
     from tasks.finish import mlflow_link
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miles.config import MilesConfig, parse_config
-from miles.tracking.mlflow_ui import is_server_uri, start_ui, ui_command
-from miles.tracking.names import map_metrics
+from miles.mlflow_ui import is_server_uri, start_ui, ui_command
+from miles.record.names import map_metrics
 
 
 @dataclass
@@ -77,9 +77,8 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
 
 def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
-    from miles.health import RedFlagStop
-
     from miles.config.resolve import resolve
+    from miles.health import RedFlagStop
 
     config = resolve(parse_config(argv, prog="python -m miles.train"))  # one run dir for the run and its MLflow UI
     mlflow_uri = config.tracking.mlflow_tracking_uri

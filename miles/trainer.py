@@ -22,10 +22,13 @@ from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
 from miles.cluster.names import RunNames
 from miles.config.resolve import resolve
+from miles.dashboard.tokens import write_tokens
 from miles.health import RED, HealthReport, HealthWatch, RedFlagStop, stop_message
 from miles.loop import Observer
 from miles.phases import timed
 from miles.profiling.driver import RunProfiler
+from miles.record.journal import JOURNAL_NAME, read_journal
+from miles.record.samples import samples_due
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import evaluate, load_eval_sets
@@ -35,11 +38,8 @@ from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.router.app import resolve_admin_token
-from miles.tracking import open_tracking
-from miles.tracking.journal import JOURNAL_NAME, read_journal
-from miles.tracking.samples import samples_due
 from miles.timeline import TIMELINE_NAME, TimelineWriter
-from miles.dashboard.tokens import write_tokens
+from miles.tracking import open_tracking
 
 
 @dataclass

@@ -3,13 +3,20 @@
 `miles train` calls `secrets_to_env` on its argv before the flow starts, and the flow calls
 `export_secrets` on its config before handing it to a subflow, so the parameters Prefect
 stores (and serves through its API) hold no secret; the processes read the environment.
+
+Second, a scrubber that blanks a run's secret values (from its config and environment) wherever
+they would leak into a value that is not itself secret (a URI with a password, an exception
+message) before it reaches stdout, a tracker or an artifact; the redacted config already drops
+the secret fields themselves.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from typing import Any
 
-from miles.config.fields import flag_name
+from miles.config.fields import flag_name, is_secret_name
 
 # Each secret flag and the environment variable its readers fall back on.
 SECRET_ENV = {"wandb_key": "WANDB_API_KEY", "router_admin_token": "MILES_ROUTER_ADMIN_TOKEN"}
@@ -45,3 +52,61 @@ def secrets_to_env(config, argv: list[str]) -> list[str]:
     """Export the parsed config's secrets to the environment; return argv without them."""
     export_secrets(config)
     return strip_secret_flags(argv)
+
+
+MASK = "***"
+SCRUB_SECRETS_ENV = "MILES_TRACKING_SCRUB_SECRETS"  # flag secrets the trainer hands its delivery process (a JSON list)
+MIN_SECRET_LEN = 4  # shorter values ("1", "on") would blank ordinary text and hide nothing
+
+
+@dataclasses.dataclass(frozen=True)
+class Scrubber:
+    secrets: tuple[str, ...]
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+    def scrub_value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.scrub_value(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.scrub_value(v) for k, v in value.items()}
+        return value
+
+
+def _longest_first(found: set[str]) -> tuple[str, ...]:
+    """Long enough to be secrets, longest first, so a secret containing another is blanked whole."""
+    return tuple(sorted((v for v in found if len(v) >= MIN_SECRET_LEN), key=len, reverse=True))
+
+
+def env_scrubber() -> Scrubber:
+    """The delivery process's scrubber: secret-named env vars and the secrets its trainer handed over."""
+    found = {v for k, v in os.environ.items() if is_secret_name(k)} | set(json.loads(os.environ.get(SCRUB_SECRETS_ENV, "[]")))
+    return Scrubber(_longest_first(found))
+
+
+def secret_values(config: Any, environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """Every value of a secret config field and of an env var whose name says key/token/secret/password."""
+    environ = os.environ if environ is None else environ
+    found = {v for k, v in environ.items() if is_secret_name(k)}
+    for section in config.sections():
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, str) and (f.metadata.get("secret") or is_secret_name(f.name)):
+                found.add(value)
+    return _longest_first(found)
+
+
+def scrubber_for(config: Any) -> Scrubber:
+    return Scrubber(secret_values(config))
+
+
+def public_params(config: Any, scrubber: Scrubber) -> dict[str, Any]:
+    """The flattened config safe to store as tracker params: secret fields redacted, then scrubbed."""
+    from miles.config import redacted_flat_dict  # the package imports this module
+
+    return {k: scrubber.scrub_value(v) for k, v in redacted_flat_dict(config).items()}

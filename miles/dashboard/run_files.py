@@ -16,11 +16,11 @@ from typing import Any
 
 import yaml
 
-from miles.tracking.journal import JOURNAL_NAME
-from miles.tracking.samples import SAMPLES_DIR
-from miles.tracking.state import CONFIG_ARTIFACT
-from miles.timeline import TIMELINE_NAME
 from miles.dashboard.tokens import TOKENS_DIR
+from miles.record.journal import JOURNAL_NAME
+from miles.record.samples import SAMPLES_DIR
+from miles.timeline import TIMELINE_NAME
+from miles.tracking.state import CONFIG_ARTIFACT
 
 HEALTH_NAME = "health.jsonl"  # the health watch's verdicts: {rollout_id, signal, severity, message, values}
 PROFILER_SUMMARIES = Path("profiler") / "summaries.jsonl"  # {target, rank, start, end, trace, top_ops, spans}

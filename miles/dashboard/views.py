@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles.dashboard.run_files import RunFiles
-from miles.tracking.journal import BOOKKEEPING
-from miles.tracking.names import STEP_KEYS, step_key
 from miles.health.report import panels
+from miles.record.journal import BOOKKEEPING
+from miles.record.names import STEP_KEYS, step_key
 from miles.timeline import Span, chrome_trace, lane_order
 
 NOT_AVAILABLE = "not available"

@@ -16,7 +16,7 @@ from miles.config.health import HealthConfig
 from miles.config.parse import build_section
 from miles.health.detectors import Rollout, RunFacts
 from miles.health.watch import rollouts_of
-from miles.tracking.journal import JOURNAL_NAME, JournalLine, read_journal
+from miles.record.journal import JOURNAL_NAME, JournalLine, read_journal
 from miles.tracking.state import CONFIG_ARTIFACT
 
 

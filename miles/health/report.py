@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from miles.tracking.journal import JournalLine
-from miles.tracking.names import step_key
+from miles.record.journal import JournalLine
+from miles.record.names import step_key
 
 REPORT_NAME = "report.png"
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 from miles.config.health import HealthConfig
 from miles.health.detectors import DETECTORS, Rollout, RunFacts, judge
 from miles.health.signals import RED, Verdict, metric_name
-from miles.tracking.journal import JournalLine
+from miles.record.journal import JournalLine
 
 HEALTH_LOG = "health.jsonl"
 

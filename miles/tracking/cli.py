@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from miles.config.secrets import Scrubber, env_scrubber
 from miles.tracking.delivery import DeliveryBusy, follow, replay
-from miles.tracking.secrets import Scrubber, env_scrubber
 from miles.tracking.state import DELIVERY_LOG_PATH, TRAINER_PATH, is_run_dir, log_spooled, recorded_lines
 
 log = logging.getLogger("miles.tracking")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from miles.tracking.secrets import SECRETS_ENV
+from miles.config.secrets import SCRUB_SECRETS_ENV
 from miles.tracking.state import DELIVERY_LOG_PATH
 
 log = logging.getLogger("miles.tracking")
@@ -24,7 +24,7 @@ class DeliveryProcess:
         self.run_dir = Path(run_dir).resolve()
         root = str(Path(__file__).resolve().parents[2])  # the child runs this same `miles`, whatever its cwd
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        env[SECRETS_ENV] = json.dumps(list(secrets))
+        env[SCRUB_SECRETS_ENV] = json.dumps(list(secrets))
         # A wandb service inherited from the parent would outlive this process and keep its run id
         # "in use", so the next delivery process of a resumed run could never reopen that run.
         env.pop("WANDB_SERVICE", None)

@@ -18,15 +18,15 @@ from typing import Any
 
 import yaml
 
+from miles.config.secrets import public_params, scrubber_for
 from miles.health.report import REPORT_NAME, write_report
+from miles.record.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
+from miles.record.names import map_metrics
+from miles.record.row import format_eval, format_row
+from miles.record.samples import samples_due, write_samples
 from miles.run_info import describe, run_name, run_tags
 from miles.tracking.delivery_process import DeliveryProcess
 from miles.tracking.hooks import load_hooks
-from miles.tracking.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
-from miles.tracking.names import map_metrics
-from miles.tracking.row import format_eval, format_row
-from miles.tracking.samples import samples_due, write_samples
-from miles.tracking.secrets import public_params, scrubber_for
 from miles.tracking.sinks.base import SinkSpec
 from miles.tracking.sinks.mlflow_sink import default_tracking_uri
 from miles.tracking.sinks.wandb_sink import new_run_id, resolve_mode

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from miles.tracking.journal import JOURNAL_NAME, read_journal
+from miles.record.journal import JOURNAL_NAME, read_journal
 from miles.tracking.sinks.base import SinkSpec
 
 log = logging.getLogger("miles.tracking")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import time
 
 from miles.health.alerts import AlertLimiter, alert_text, alert_title, red_flags_in
-from miles.tracking.journal import JournalLine
 from miles.health.report import red_flag_rollouts, write_report
+from miles.record.journal import JournalLine
 from miles.tracking.sinks.base import Delivery
 from miles.tracking.sinks.wandb_sink import WandbSink
 from miles.tracking.wandb_files import read_records

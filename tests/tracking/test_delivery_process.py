@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-
+from synthetic import iterate
 from tracking_helpers import assert_points_equal, journal_points, mlflow_points, run_synthetic
+
 from miles.config import parse_config
+from miles.record.journal import read_journal
 from miles.tracking import open_tracking
 from miles.tracking.delivery import NICENESS, replay
-from miles.tracking.journal import read_journal
 from miles.tracking.state import DeliveryState, recorded_lines
-from synthetic import iterate
 
 DEADLINE_S = 120.0
 FLAG_SECRET = "flagtok-0ddba11c0ffee"

@@ -6,12 +6,12 @@ import sys
 import textwrap
 
 import pytest
+from synthetic import make_samples
 
 from miles.config import ConfigError, parse_config
-from miles.tracking import open_tracking, validate_tracking_config
-from miles.tracking.journal import read_journal
+from miles.record.journal import read_journal
 from miles.rollout.metrics import rollout_metrics
-from synthetic import make_samples
+from miles.tracking import open_tracking, validate_tracking_config
 
 CALLS: list[tuple] = []
 

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tracking_helpers import REPO, subprocess_env
-from miles.tracking.journal import read_journal
-from miles.tracking.names import step_of
+
+from miles.record.journal import read_journal
+from miles.record.names import step_of
 from miles.tracking.state import DeliveryState
 
 pytestmark = pytest.mark.slow

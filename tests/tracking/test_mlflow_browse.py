@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from tracking_helpers import REPO, run_synthetic, subprocess_env
+
 from miles.tracking.state import DeliveryState
 
 FLOW_RUN_URL = "http://127.0.0.1:4200/runs/flow-run/00000000-0000-0000-0000-000000000001"
@@ -59,7 +60,7 @@ def test_mlflow_ui_flag_serves_the_store_and_is_checked(tmp_path):
     import pytest
 
     from miles.config import ConfigError, parse_config
-    from miles.tracking.mlflow_ui import start_ui, ui_command
+    from miles.mlflow_ui import start_ui, ui_command
 
     with pytest.raises(ConfigError, match="--mlflow-ui: needs --use-mlflow"):
         parse_config(["--mlflow-ui"])

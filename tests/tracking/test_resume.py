@@ -8,9 +8,9 @@ import signal
 
 import pytest
 import wandb
-
 from tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal, run_synthetic
-from miles.tracking.journal import read_journal
+
+from miles.record.journal import read_journal
 from miles.tracking.state import DeliveryState
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from miles.tracking.journal import Journal, JournalFollower, JournalLine, read_journal
-from miles.tracking.names import map_metrics, metric_key, step_key
-from miles.tracking.row import format_eval, format_row
+from miles.record.journal import Journal, JournalFollower, JournalLine, read_journal
+from miles.record.names import map_metrics, metric_key, step_key
+from miles.record.row import format_eval, format_row
 
 PAGE_METRICS = {"train/loss": 0.412, "rollout/raw_reward": 0.61, "train/kl_loss": 0.018, "perf/rollout_time": 18.4,
                 "perf/train_time": 22.1, "perf/update_weights_time": 2.1, "perf/step_time": 42.6,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal, run_synthetic
-from miles.tracking.journal import read_journal
+
+from miles.record.journal import read_journal
 from miles.tracking.state import DeliveryState, recorded_lines
 
 

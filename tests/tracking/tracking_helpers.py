@@ -9,8 +9,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from miles.tracking.journal import read_journal
-from miles.tracking.names import step_key, step_of
+from miles.record.journal import read_journal
+from miles.record.names import step_key, step_of
 from miles.tracking.state import DeliveryState
 from miles.tracking.wandb_files import read_offline_run
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from miles.config import parse_config
-from miles.tracking.journal import read_journal
+from miles.record.journal import read_journal
 from miles.train import train
 
 CONFIG = Path(__file__).parents[2] / "configs" / "tiny-multi-turn.yaml"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from miles.tracking.journal import JournalLine
+from miles.record.journal import JournalLine
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from miles.health.alerts import red_flags_in
-from miles.tracking.names import step_of
+from miles.record.names import step_of
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
 # a dead tracking server must fail a call in seconds, not block the delivery worker in

@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from miles.tracking.names import step_of
+from miles.record.names import step_of
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from miles.health.alerts import AlertLimiter, alert_text, alert_title, red_flags_in
-from miles.tracking.names import STEP_KEYS
+from miles.record.names import STEP_KEYS
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
 # the .wandb file is flushed this often; a crash loses at most this much, which

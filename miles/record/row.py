@@ -1,7 +1,7 @@
 """The per-iteration stdout row, in the three-line shape of the Miles page."""
 from __future__ import annotations
 
-from miles.tracking.names import map_metrics
+from miles.record.names import map_metrics
 
 PREFIX = "[trainer] "
 
