@@ -39,10 +39,14 @@ def test_multi_turn_run_end_to_end(tmp_path, capsys):
     assert with_tool, "no trajectory called the tool in rollout 0"
     for row in with_tool:
         assert row["turns"][0] == {"role": "user", "text": row["prompt"]}
-        assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
+        roles = [m["role"] for m in row["messages"]]
+        # a sampled policy may call again (or write a malformed call) before it answers
+        assert roles[:3] == ["user", "assistant", "tool"] and set(roles[3:]) <= {"assistant", "tool"}
         assert row["messages"][1]["tool_calls"][0]["function"]["name"] == "calc"
         mask = tokens[row["index"]]["loss_mask"]
         assert 0 in mask and len(mask) == row["response_length"]
+    # the common shape: call, result, answer
+    assert any([m["role"] for m in r["messages"]] == ["user", "assistant", "tool", "assistant"] for r in with_tool)
 
     import mlflow
 
