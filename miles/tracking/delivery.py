@@ -23,16 +23,8 @@ from miles.config.secrets import Scrubber, env_scrubber
 from miles.record.journal import JOURNAL_NAME, JournalFollower
 from miles.record.samples import samples_path
 from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink
-from miles.tracking.state import (
-    CONFIG_ARTIFACT,
-    DELIVERY_LOCK_PATH,
-    DeliveryState,
-    SinkState,
-    TrainerFile,
-    pending,
-    recorded_lines,
-    try_delivery_lock,
-)
+from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DeliveryState, SinkState, TrainerFile, pending,
+                                  recorded_lines, try_delivery_lock)
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
