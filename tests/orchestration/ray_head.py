@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,11 +16,23 @@ from pathlib import Path
 
 import httpx
 
-from miles.service_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
 STOP_GRACE_S = 15.0
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports: all held open while they are picked, since ports
+    picked one at a time can repeat (Ray refuses a port given to two of its components)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def base_env() -> dict[str, str]:
@@ -90,11 +103,12 @@ class RayHead:
         """A second Ray node on this machine, joined to the head; returns once the head counts it."""
         want = self.alive_nodes() + 1
         temp_dir = self.root / f"ray-node{len(self.nodes)}"  # never the default /tmp/ray
+        listen, runtime_env, metrics, grpc = free_ports(4)
         argv = ["ray", "start", "--block", f"--address={self.address}", f"--num-cpus={num_cpus}",
                 f"--temp-dir={temp_dir}",
                 "--object-store-memory", str(128 * 2**20), "--disable-usage-stats",
-                f"--dashboard-agent-listen-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-                f"--metrics-export-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}"]
+                f"--dashboard-agent-listen-port={listen}", f"--runtime-env-agent-port={runtime_env}",
+                f"--metrics-export-port={metrics}", f"--dashboard-agent-grpc-port={grpc}"]
         self.nodes.append(_start(argv, self.cli_env(), self.root / f"node{len(self.nodes)}.log"))
         deadline = time.monotonic() + timeout
         while self.alive_nodes() < want:
@@ -121,12 +135,13 @@ def start_head(num_cpus: int = 2, timeout: float = START_TIMEOUT_S) -> RayHead:
     root = Path(tempfile.mkdtemp(prefix="ray-miles-test-", dir="/tmp"))  # short: Ray's socket paths
     token = root / "auth_token"
     token.write_text(os.urandom(16).hex())
-    head = RayHead(root=root, token_path=token, port=free_port(), dashboard_port=free_port())
+    port, dashboard, client, listen, grpc, runtime_env, metrics = free_ports(7)
+    head = RayHead(root=root, token_path=token, port=port, dashboard_port=dashboard)
     argv = ["ray", "start", "--head", "--block", f"--temp-dir={root / 'ray'}", f"--port={head.port}",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={head.dashboard_port}",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-            f"--metrics-export-port={free_port()}", f"--num-cpus={num_cpus}",
+            f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={listen}",
+            f"--dashboard-agent-grpc-port={grpc}", f"--runtime-env-agent-port={runtime_env}",
+            f"--metrics-export-port={metrics}", f"--num-cpus={num_cpus}",
             "--object-store-memory", str(256 * 2**20), "--disable-usage-stats"]
     head.nodes.append(_start(argv, head.cli_env(), root / "head.log"))
     deadline = time.monotonic() + timeout
