@@ -42,6 +42,19 @@ def free_port(host: str = "127.0.0.1", preferred: int | None = None) -> int:
     raise RuntimeError(f"no free port on {host}")
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports, held open together while they are picked: ports picked one
+    at a time can repeat (Ray refuses a port given to two of its components)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def wait_healthy(url: str, timeout: float, process: subprocess.Popen | None = None, path: str = "/health",
                  error: type[Exception] = ServiceStartError) -> None:
     """Poll `url + path` until it answers 200; raise TimeoutError at the deadline, or `error`

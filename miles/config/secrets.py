@@ -83,16 +83,19 @@ def _longest_first(found: set[str]) -> tuple[str, ...]:
     return tuple(sorted((v for v in found if len(v) >= MIN_SECRET_LEN), key=len, reverse=True))
 
 
+def _env_secrets(environ: dict[str, str]) -> set[str]:
+    """The values of env vars whose name says key/token/secret/password."""
+    return {v for k, v in environ.items() if is_secret_name(k)}
+
+
 def env_scrubber() -> Scrubber:
     """The delivery process's scrubber: secret-named env vars and the secrets its trainer handed over."""
-    found = {v for k, v in os.environ.items() if is_secret_name(k)} | set(json.loads(os.environ.get(SCRUB_SECRETS_ENV, "[]")))
-    return Scrubber(_longest_first(found))
+    return Scrubber(_longest_first(_env_secrets(os.environ) | set(json.loads(os.environ.get(SCRUB_SECRETS_ENV, "[]")))))
 
 
 def secret_values(config: Any, environ: dict[str, str] | None = None) -> tuple[str, ...]:
     """Every value of a secret config field and of an env var whose name says key/token/secret/password."""
-    environ = os.environ if environ is None else environ
-    found = {v for k, v in environ.items() if is_secret_name(k)}
+    found = _env_secrets(os.environ if environ is None else environ)
     for section in config.sections():
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)

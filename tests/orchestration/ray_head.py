@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,23 +15,11 @@ from pathlib import Path
 
 import httpx
 
+from miles.service_process import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
 STOP_GRACE_S = 15.0
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports: all held open while they are picked, since ports
-    picked one at a time can repeat (Ray refuses a port given to two of its components)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def base_env() -> dict[str, str]:
