@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def span_write_seconds(reps: int = 20000) -> float:
     """Seconds one timeline span write takes (the trainer's code path, a real file)."""
-    from miles.timeline import TimelineWriter
+    from miles.record.timeline import TimelineWriter
 
     with tempfile.TemporaryDirectory() as tmp:
         writer = TimelineWriter(Path(tmp) / "timeline.jsonl")
@@ -45,7 +45,7 @@ def span_write_seconds(reps: int = 20000) -> float:
 def main(argv: list[str] | None = None) -> int:
     from miles.config import parse_config
     from miles.record.journal import read_journal
-    from miles.timeline import read_spans
+    from miles.record.timeline import read_spans
     from miles.train import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from miles.service_process import free_port, stop_process  # noqa: E402
+from miles.serving.process import free_port, stop_process  # noqa: E402
 PYTHON = sys.executable
 STUB = ROOT / "tests" / "router" / "stub_engine.py"
 SGLR_VENV = Path(os.environ.get("SGLR_VENV", "/tmp/sglr-venv"))

@@ -113,9 +113,9 @@ def bench_backend(config, model_path: Path, rounds: int) -> dict:
 def bench_iterations(config, iterations: int) -> dict:
     import ray
 
-    from miles.ray_cluster import connect
+    from miles.cluster.connect import connect
     from miles.config.resolve import resolve
-    from miles.inference import start_inference
+    from miles.cluster.local import start_inference
     from miles.trainer import RLTrainer
 
     config = resolve(config.replace(eval_interval=None, run_dir=tempfile.mkdtemp(prefix="miles-bench-")))

@@ -20,8 +20,8 @@ from miles.config.secrets import export_secrets, secrets_to_env
 from miles.health import RedFlagStop
 from miles.preflight import preflight
 from miles.rollout.generate_hook import load_generate_function
-from miles.run_info import describe, run_name, task_name
-from miles.run_lock import RunDirLock
+from miles.record.run_info import describe, run_name, task_name
+from miles.run.lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.finish import RunReport
 from tasks.options import with_run_retries
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows.prefect_server import ensure_server
     from flows.where import print_finished, print_where_to_look
-    from miles.mlflow_ui import start_ui
+    from miles.mlflow_ui.launch import start_ui
     from tasks.finish import mlflow_link
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -21,7 +21,7 @@ from miles.config import ConfigError, MilesConfig
 from miles.config.resolve import run_names
 from miles.health import RedFlagStop
 from miles.dashboard.cli import command as dashboard_command
-from miles.inference import timeline_args, timeline_flag
+from miles.cluster.local import timeline_args, timeline_flag
 from miles.router.app import resolve_admin_token
 from tasks.finish import RunReport, finish_run
 from tasks.options import with_run_retries

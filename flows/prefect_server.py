@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from miles.service_process import free_port, log_tail, wait_healthy
+from miles.serving.process import free_port, log_tail, wait_healthy
 
 DEFAULT_PORT = 4200
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from flows.prefect_server import PrefectServer
 from miles.config import MilesConfig
 from miles.dashboard.cli import command as dashboard_command
-from miles.mlflow_ui import MlflowUi, is_server_uri, ui_command
+from miles.mlflow_ui.launch import MlflowUi, is_server_uri, ui_command
 
 
 def mlflow_ui_command(config: MilesConfig) -> str:

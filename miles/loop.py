@@ -19,7 +19,7 @@ these methods (subclass `Observer` to get no-op defaults):
 
 Every observer sees every call, in list order. Inside an iteration the phases (`rollout`,
 `log_probs`, `actor_train`, `update_weights`, `checkpoint`, `eval`) are named in one place,
-`miles.phases.timed`, where profiling and the timeline hook in.
+`miles.run.phases.timed`, where profiling and the timeline hook in.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ def preflight(config) -> None:
     eval files, the --inject-fault spec; each failure is a ConfigError naming its flag. `config` must be
     resolved (`miles.config.resolve`)."""
     from miles.backends import check_backend
-    from miles.faults import parse_fault
-    from miles.ray_cluster import check_cluster
+    from miles.run.faults import parse_fault
+    from miles.cluster.connect import check_cluster
     from miles.rollout.generate_hook import load_generate_function
     from miles.rollout.data import read_prompts
     from miles.rollout.evaluation import load_eval_sets

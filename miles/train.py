@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miles.config import MilesConfig, parse_config
-from miles.mlflow_ui import is_server_uri, start_ui, ui_command
+from miles.mlflow_ui.launch import is_server_uri, start_ui, ui_command
 from miles.record.names import map_metrics
 
 
@@ -34,7 +34,7 @@ def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSumm
     (see `miles.loop`); engines, router and a Ray started here are stopped at the end."""
     from miles.config.resolve import resolve
     from miles.preflight import preflight
-    from miles.run_lock import RunDirLock
+    from miles.run.lock import RunDirLock
 
     config = resolve(config)
     preflight(config)  # a bad hook or data path fails here, before Ray, engines or ranks start
@@ -45,10 +45,10 @@ def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSumm
 def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummary:
     import ray
 
-    from miles.faults import FaultInjector
-    from miles.inference import start_inference
+    from miles.run.faults import FaultInjector
+    from miles.cluster.local import start_inference
     from miles.loop import run_loop
-    from miles.ray_cluster import connect
+    from miles.cluster.connect import connect
     from miles.trainer import RedFlagProfiler, RedFlagStopper, RLTrainer
 
     start = time.time()

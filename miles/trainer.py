@@ -15,17 +15,17 @@ from typing import Iterator
 import httpx
 from transformers import AutoTokenizer
 
-from miles import checkpoint
+from miles.run import checkpoint
 from miles.backends import check_backend
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
 from miles.cluster.names import RunNames
 from miles.config.resolve import resolve
-from miles.dashboard.tokens import write_tokens
+from miles.record.tokens import write_tokens
 from miles.health import RED, HealthReport, HealthWatch, RedFlagStop, stop_message
 from miles.loop import Observer
-from miles.phases import timed
+from miles.run.phases import timed
 from miles.profiling.driver import RunProfiler
 from miles.record.journal import JOURNAL_NAME, read_journal
 from miles.record.samples import samples_due
@@ -38,7 +38,7 @@ from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.router.app import resolve_admin_token
-from miles.timeline import TIMELINE_NAME, TimelineWriter
+from miles.record.timeline import TIMELINE_NAME, TimelineWriter
 from miles.tracking import open_tracking
 
 
@@ -176,7 +176,7 @@ class RLTrainer:
 
     @contextmanager
     def phase(self, name: str, rollout_id: int, times: dict[str, float] | None = None, **span) -> Iterator[None]:
-        """One named phase of an iteration: timed through `miles.phases` (where profiling hooks in) and
+        """One named phase of an iteration: timed through `miles.run.phases` (where profiling hooks in) and
         written as a span of the run's timeline."""
         with timed(name, times), self.timeline.span(name, rollout_id, **span):
             yield

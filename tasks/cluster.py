@@ -8,8 +8,8 @@ import ray
 from prefect import get_run_logger, task
 
 from miles.config import OrchestrationConfig
-from miles.ray_cluster import connect
-from miles.run_info import FLOW_RUN_URL_ENV
+from miles.cluster.connect import connect
+from miles.record.run_info import FLOW_RUN_URL_ENV
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from miles.backends.group import stop_named_group
 from miles.config import MilesConfig
 from miles.health import RED, Verdict, read_health_log
-from miles.mlflow_ui import DEFAULT_PORT, is_server_uri, page_url
+from miles.mlflow_ui.launch import DEFAULT_PORT, is_server_uri, page_url
 from miles.profiling.window import trace_root
 from miles.record.journal import read_journal
 from tasks.logs import library_logs_to_prefect

@@ -10,7 +10,7 @@ from prefect import get_run_logger, task
 from miles.cluster.names import RunNames
 from miles.cluster.service_actors import EngineActor, RouterActor, ServiceInfo, get_or_start
 from miles.config import EngineConfig, RouterConfig
-from miles.service_process import wait_healthy
+from miles.serving.process import wait_healthy
 
 ENGINE_READY_TIMEOUT_S = 300.0
 

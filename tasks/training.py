@@ -12,7 +12,7 @@ from miles.cluster.chunks import Chunk
 from miles.cluster.names import RunNames
 from miles.config import MilesConfig
 from miles.loop import Observer
-from miles.run_info import run_name
+from miles.record.run_info import run_name
 from tasks.health import emit_finished, emit_health
 from tasks.logs import library_logs_to_prefect
 
@@ -77,7 +77,7 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices, progress
     """The driver loop over the chunk's rollouts, on the run's named ranks (they outlive the chunk;
     the trackers are closed at its end, so the next chunk may run in another process)."""
     from miles.cluster.service_actors import kill_engine
-    from miles.faults import FaultInjector
+    from miles.run.faults import FaultInjector
     from miles.loop import run_loop
     from miles.trainer import RedFlagProfiler, RedFlagStopper, RLTrainer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from miles.service_process import free_port, stop_process
+from miles.serving.process import free_port, stop_process
 
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
 INSTALL = "apt-get install -y chromium chromium-driver"

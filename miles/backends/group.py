@@ -10,7 +10,7 @@ import ray
 from miles.backends import actor_class
 from miles.backends.base import RankBatch, RankTrainResult
 from miles.cluster.names import NAMESPACE, RunNames
-from miles.service_process import free_port
+from miles.serving.process import free_port
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
 from miles.backends.schedule import lr_at
-from miles.phases import add_phase_hook, timed
+from miles.run.phases import add_phase_hook, timed
 from miles.profiling.rank import RankProfiler
 from miles.profiling.summary import WindowSummary
 from miles.profiling.window import ProfileWindow

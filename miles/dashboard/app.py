@@ -13,7 +13,7 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from miles import auth
+from miles.serving import auth
 from miles.dashboard import views
 from miles.dashboard.run_files import RunFiles
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from miles.dashboard.tokens import TOKENS_DIR
+from miles.record.tokens import TOKENS_DIR
 from miles.record.journal import JOURNAL_NAME
 from miles.record.samples import SAMPLES_DIR
-from miles.timeline import TIMELINE_NAME
+from miles.record.timeline import TIMELINE_NAME
 from miles.tracking.state import CONFIG_ARTIFACT
 
 HEALTH_NAME = "health.jsonl"  # the health watch's verdicts: {rollout_id, signal, severity, message, values}

@@ -9,7 +9,7 @@ from miles.dashboard.run_files import RunFiles
 from miles.health.report import panels
 from miles.record.journal import BOOKKEEPING
 from miles.record.names import STEP_KEYS, step_key
-from miles.timeline import Span, chrome_trace, lane_order
+from miles.record.timeline import Span, chrome_trace, lane_order
 
 NOT_AVAILABLE = "not available"
 # The health watch's signal name of each panel, in panel order (its verdicts are marked there).

@@ -13,10 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from miles import auth
+from miles.serving import auth
 from miles.config import ConfigError, EngineConfig, EngineServeConfig, parse_sections
 from miles.config.argv import print_settings
-from miles.parent_watch import watch_parent
+from miles.serving.parent_watch import watch_parent
 
 TOKEN_ENV = "MILES_ENGINE_ADMIN_TOKEN"
 
@@ -78,8 +78,8 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     from miles.engines.model_runner import ModelRunner
     from miles.engines.server import EngineServer
-    from miles.http_limits import BodyLimit, guarded_protocol
-    from miles.timeline import TimelineWriter
+    from miles.serving.limits import BodyLimit, guarded_protocol
+    from miles.record.timeline import TimelineWriter
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = _model_dir(serve)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from miles.config import EngineConfig
 from miles.config.argv import section_argv
-from miles.service_process import ServiceProcess, ServiceStartError, free_port, start_service
-from miles.service_process import wait_healthy as _wait_healthy
+from miles.serving.process import ServiceProcess, ServiceStartError, free_port, start_service
+from miles.serving.process import wait_healthy as _wait_healthy
 
 DEFAULT_START_TIMEOUT_S = 180.0
 

@@ -22,7 +22,7 @@ from miles.engines.metrics import EngineMetrics
 from miles.engines.model_runner import ModelRunner
 from miles.engines.sglang_request import FinishReason, GenerationResult, RequestError, SamplingParams
 from miles.engines.sampling import RowSampler, choose
-from miles.timeline import TimelineWriter
+from miles.record.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from miles import auth
+from miles.serving import auth
 from miles.config.engine import EngineConfig
 from miles.engines import weight_update
 from miles.engines.detokenize import final_text
@@ -30,8 +30,8 @@ from miles.engines.model_runner import ModelRunner
 from miles.engines.openai_api import add_openai_routes
 from miles.engines.sglang_request import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import Scheduler, TokenEvent
-from miles.profiling.engine import EngineProfiler, parse_profile_request
-from miles.timeline import TimelineWriter
+from miles.engines.profiler import EngineProfiler, parse_profile_request
+from miles.record.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0

@@ -18,7 +18,7 @@ import httpx
 import ray
 
 from miles.loop import Observer
-from miles.phases import add_phase_hook, remove_phase_hook
+from miles.run.phases import add_phase_hook, remove_phase_hook
 from miles.profiling import pyspy
 from miles.profiling.ray_timeline import save_ray_timeline
 from miles.profiling.summary import WindowSummary, append_summaries, format_table, summarize_trace

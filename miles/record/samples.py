@@ -3,7 +3,7 @@ written every `--log-samples-interval` rollouts and delivered with that rollout'
 
 A multi-turn sample's row also holds its conversation turn by turn (`turns`: {role, text,
 tool_call?}) and the same as chat `messages` (assistant tool calls as `tool_calls`), which the
-dashboard shows; its per-token loss mask is in the token file (`miles/dashboard/tokens.py`)."""
+dashboard shows; its per-token loss mask is in the token file (`miles/record/tokens.py`)."""
 from __future__ import annotations
 
 import json

@@ -17,17 +17,17 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from miles import auth
+from miles.serving import auth
 from miles.config import RouterConfig
 from miles.router import metrics
-from miles.router.health import HealthChecker
+from miles.router.liveness import HealthChecker
 from miles.router.proxy import Proxy, send_json
 from miles.router.stats import RouterStats, StatsSnapshot
 from miles.router.timeline import LANE, RouterTimeline
 from miles.router.upstream import UpstreamPool
 from miles.router.upstream import Endpoint
 from miles.router.workers import WorkerError, WorkerPool
-from miles.timeline import TimelineWriter
+from miles.record.timeline import TimelineWriter
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 # The router's own endpoints (served by FastAPI); every other path goes to a worker.

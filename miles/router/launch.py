@@ -12,7 +12,7 @@ from pathlib import Path
 from miles.config import RouterConfig
 from miles.config.argv import section_argv
 from miles.router.app import resolve_admin_token
-from miles.service_process import ServiceProcess, ServiceStartError, free_port, start_service
+from miles.serving.process import ServiceProcess, ServiceStartError, free_port, start_service
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from miles.config import RouterConfig
-from miles.http_limits import guarded_protocol
+from miles.serving.limits import guarded_protocol
 from miles.router.app import Router, check_bind, resolve_admin_token
 
 try:  # uvloop and httptools are pinned dependencies; the fallbacks keep the router working without them

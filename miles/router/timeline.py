@@ -17,9 +17,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from miles import auth
+from miles.serving import auth
 from miles.router.stats import Counters, RouterStats
-from miles.timeline import Span, TimelineWriter
+from miles.record.timeline import Span, TimelineWriter
 
 log = logging.getLogger(__name__)
 

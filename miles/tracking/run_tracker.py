@@ -24,7 +24,7 @@ from miles.record.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
 from miles.record.names import map_metrics
 from miles.record.row import format_eval, format_row
 from miles.record.samples import samples_due, write_samples
-from miles.run_info import describe, run_name, run_tags
+from miles.record.run_info import describe, run_name, run_tags
 from miles.tracking.delivery_process import DeliveryProcess
 from miles.tracking.hooks import load_hooks
 from miles.tracking.sinks.base import SinkSpec

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import socket
 
-from miles.doctor import main
+from miles.health.cli import main
 
 
 def _closed_port() -> int:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from miles.service_process import stop_process
+from miles.serving.process import stop_process
 
 RECORDED = Path(__file__).parent / "recorded_run"
 

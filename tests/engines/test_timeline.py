@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from miles.timeline import read_spans
+from miles.record.timeline import read_spans
 from tests.engines.conftest import post_while_paused, wait_for
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from miles.config import parse_config
-from miles.doctor import main as doctor
+from miles.health.cli import main as doctor
 from miles.health import RED, RedFlagStop, read_health_log
 from miles.train import train
 

@@ -7,7 +7,7 @@ import json
 import yaml
 
 from miles.config import parse_config, redacted_flat_dict
-from miles.doctor import main as doctor
+from miles.health.cli import main as doctor
 from miles.health import HEALTH_LOG, HealthWatch, read_health_log
 from miles.record.journal import JournalLine, read_journal
 from miles.tracking.state import CONFIG_ARTIFACT

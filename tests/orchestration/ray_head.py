@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from miles.service_process import free_ports
+from miles.serving.process import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0

@@ -16,7 +16,7 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 
 from miles.config import ConfigError, OrchestrationConfig
-from miles.ray_cluster import check_reachable
+from miles.cluster.connect import check_reachable
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.options import with_run_retries
 
@@ -90,7 +90,7 @@ def test_unreachable_ray_address_is_a_clear_error():
 def test_inside_a_ray_job_the_jobs_cluster_and_env_vars_are_used(monkeypatch):
     import json
 
-    from miles.ray_cluster import existing_cluster_address, without_job_env_vars
+    from miles.cluster.connect import existing_cluster_address, without_job_env_vars
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)

@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from miles.config import ConfigError, parse_config
-from miles.timeline import read_spans
+from miles.record.timeline import read_spans
 from tests.orchestration.conftest import journal_steps, task_runs_of
 
 

@@ -5,7 +5,7 @@ from flows.prefect_server import PrefectServer
 from flows.where import print_finished, where_to_look
 from miles.config import parse_config
 from miles.config.resolve import resolve
-from miles.mlflow_ui import MlflowUi
+from miles.mlflow_ui.launch import MlflowUi
 from tasks.finish import RunReport
 
 

@@ -14,7 +14,7 @@ from miles.config import RouterConfig
 from miles.router.launch import launch_router
 from miles.router.stats import RouterStats
 from miles.router.timeline import IDLE_GAP_S, MAX_BURST_S, RouterTimeline
-from miles.timeline import TimelineWriter, read_spans
+from miles.record.timeline import TimelineWriter, read_spans
 
 from .conftest import wait_for
 

@@ -18,7 +18,7 @@ import json, sys, time
 from pathlib import Path
 from miles.config import parse_config
 from miles.config.resolve import resolve
-from miles.inference import start_inference
+from miles.cluster.local import start_inference
 
 services = start_inference(resolve(parse_config(["--run-dir", sys.argv[1]])))
 print(json.dumps([services.rollout_url, *services.engine_urls]), flush=True)

@@ -15,7 +15,7 @@ from miles.config import ConfigError, parse_config
 from miles.rollout.data import read_prompts
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
-from miles.run_lock import RunDirLock
+from miles.run.lock import RunDirLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,7 +100,7 @@ def test_odd_prompt_files_are_one_line_errors(tmp_path, content, message):
 
 
 def test_a_second_trainer_on_a_run_dir_fails_naming_the_holder(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from miles.run_lock import RunDirLock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from miles.run.lock import RunDirLock; "
                                f"lock = RunDirLock({str(tmp_path)!r}); print('held', flush=True); time.sleep(600)"],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

@@ -13,9 +13,9 @@ import pytest
 from tracking_helpers import run_synthetic
 from webdriver import Browser, missing_browser
 
-from miles.mlflow_app import with_default_view
-from miles.mlflow_ui import page_url, start_ui
-from miles.service_process import free_port, wait_healthy
+from miles.mlflow_ui.app import with_default_view
+from miles.mlflow_ui.launch import page_url, start_ui
+from miles.serving.process import free_port, wait_healthy
 from miles.tracking.state import DeliveryState
 
 SHOTS = Path(os.environ.get("MILES_SCREENSHOT_DIR", Path(__file__).parents[2] / "runs" / "screenshots"))

@@ -60,7 +60,7 @@ def test_mlflow_ui_flag_serves_the_store_and_is_checked(tmp_path):
     import pytest
 
     from miles.config import ConfigError, parse_config
-    from miles.mlflow_ui import start_ui, ui_command
+    from miles.mlflow_ui.launch import start_ui, ui_command
 
     with pytest.raises(ConfigError, match="--mlflow-ui: needs --use-mlflow"):
         parse_config(["--mlflow-ui"])

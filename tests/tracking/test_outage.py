@@ -16,7 +16,7 @@ import pytest
 
 from tracking_helpers import REPO, journal_points, assert_points_equal, mlflow_points, subprocess_env
 from miles.config import parse_config
-from miles.service_process import free_port
+from miles.serving.process import free_port
 from miles.tracking import open_tracking
 from miles.tracking.state import DeliveryState
 from synthetic import iterate

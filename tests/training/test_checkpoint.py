@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from miles import checkpoint as ckpt
+from miles.run import checkpoint as ckpt
 
 
 def save(save_dir, rollout_id, payload=b"weights", keep=5):

@@ -33,7 +33,7 @@ def test_default_config_raises_eval_pass_at_1(tmp_path):
 def check_timeline(run_dir, num_rollout):
     """Every process wrote its lane: the trainer, both ranks, the engine (its decoding batches) and the router
     (its bursts of requests, written as it stopped at the latest)."""
-    from miles.timeline import read_spans
+    from miles.record.timeline import read_spans
 
     spans = read_spans(run_dir / "timeline.jsonl")
     lanes = {s.lane for s in spans}

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from miles.cluster.names import RunNames
-from miles.timeline import read_spans
+from miles.record.timeline import read_spans
 from miles.trainer import RLTrainer
 from tests.engines.conftest import wait_for
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from miles.parent_watch import parent_env
+from miles.serving.parent_watch import parent_env
 
 STOP_GRACE_S = 15.0
 LOG_TAIL_CHARS = 4000

@@ -7,7 +7,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miles.service_process import ServiceProcess
+from miles.serving.process import ServiceProcess
 
 
 @dataclass
@@ -42,7 +42,7 @@ class InferenceServices:
 
 def timeline_flag(run_dir: Path) -> list[str]:
     """The flag that makes the router or an embedded engine add its spans to the run's timeline."""
-    from miles.timeline import TIMELINE_NAME
+    from miles.record.timeline import TIMELINE_NAME
 
     return ["--timeline-path", str(run_dir / TIMELINE_NAME)]
 

@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from miles.mlflow_app import APP_NAME, MODEL_TRAINING, WORKFLOW_TYPE_PARAM
-from miles.service_process import free_port, log_tail, wait_healthy
+from miles.mlflow_ui.app import APP_NAME, MODEL_TRAINING, WORKFLOW_TYPE_PARAM
+from miles.serving.process import free_port, log_tail, wait_healthy
 
 DEFAULT_PORT = 5000  # `mlflow ui`'s own default, so a printed link and a typed command agree
 START_TIMEOUT_S = 120.0
