@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from miles.config import parse_config
     from miles.record.journal import read_journal
     from miles.record.timeline import read_spans
+    from miles.prepare import prepare_config
     from miles.train import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(tmp) / "run"
         config = parse_config(["--num-rollout", str(args.num_rollout), "--log-samples-interval", "2",
                                "--eval-interval", "none", "--run-dir", str(run_dir), *flags])
-        train(config)
+        train(prepare_config(config))
         lines = read_journal(run_dir / "metrics.jsonl")
         spans = read_spans(run_dir / "timeline.jsonl")
         samples_per_rollout = len((run_dir / "tokens" / "rollout_000000.jsonl").read_text().splitlines())

@@ -29,6 +29,7 @@ def main() -> int:
     from miles.config import parse_config
     from miles.record.journal import read_journal
     from miles.tiny.tool_warmstart import ensure_tool_model
+    from miles.prepare import prepare_config
     from miles.train import train
 
     start = time.perf_counter()
@@ -37,7 +38,7 @@ def main() -> int:
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="miles-multi-turn-"))
     config = parse_config(["--config", str(ROOT / "configs" / "tiny-multi-turn.yaml"), "--run-dir", str(run_dir),
                            *flags])
-    summary = train(config)
+    summary = train(prepare_config(config))
     journal = read_journal(run_dir / "metrics.jsonl")
     lines = [ln.metrics for ln in journal if ln.rollout_id >= 0]  # iterations (the base eval's line is -1)
     evals = [ln.metrics for ln in journal if any(k.endswith("-pass_at_1") for k in ln.metrics)]

@@ -65,9 +65,10 @@ def run_once(mode: str, flags: list[str], run_dir: Path, api_url: str) -> Run:
 
     started_wall, started = time.time(), time.perf_counter()
     if mode == "plain":
+        from miles.prepare import prepare_config
         from miles.train import train
 
-        train(parse_config([*flags, "--run-dir", str(run_dir)]))
+        train(prepare_config(parse_config([*flags, "--run-dir", str(run_dir)])))
     else:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 

@@ -114,17 +114,17 @@ def bench_iterations(config, iterations: int) -> dict:
     import ray
 
     from miles.cluster.connect import connect
-    from miles.config.resolve import resolve
     from miles.cluster.local import start_inference
+    from miles.prepare import prepare_config
     from miles.trainer import RLTrainer
 
-    config = resolve(config.replace(eval_interval=None, run_dir=tempfile.mkdtemp(prefix="miles-bench-")))
+    config = prepare_config(config.replace(eval_interval=None, run_dir=tempfile.mkdtemp(prefix="miles-bench-")))
     connect(None, config.orchestration.ray_num_cpus, config.orchestration.ray_object_store_mb)
     services = start_inference(config)
     trainer = None
     rows = []
     try:
-        trainer = RLTrainer(config, services.rollout_url, services.engine_urls)
+        trainer = RLTrainer.start(config, services.rollout_url, services.engine_urls)
         trainer.resume()
         for r in range(iterations):
             rows.append(trainer.run_iteration(r).metrics)
@@ -140,7 +140,7 @@ def bench_iterations(config, iterations: int) -> dict:
 
 def main(argv=None) -> int:
     from miles.config import parse_config
-    from miles.config.resolve import resolve
+    from miles.prepare import prepare_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="timed training rounds per side")
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-loop", action="store_true", help="skip the RL iteration breakdown")
     args = parser.parse_args(argv)
     config = parse_config([])
-    model_path = resolve(config).rollout.hf_checkpoint
+    model_path = prepare_config(config).rollout.hf_checkpoint  # the tiny base model, made if missing
 
     tp = bench_backend(config, model_path, args.rounds)
     print(f"{'training (world size 1)':<28}{'tokens/s':>12}")

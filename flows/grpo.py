@@ -1,32 +1,151 @@
 """The GRPO training flow: `miles train [flags]` (same flags as `python -m miles.train`).
 
-Reads top to bottom: parse the flags and resolve every default once, check everything that can
-be checked (a bad flag, hook or data path fails here, before anything starts), bring up the
-Ray cluster, then on Ray (`flows.on_ray`) start the router, engines and ranks, train chunk by
-chunk with the driver loop, finish; Ray is shut down if we started it.
+Reads top to bottom. `main` prepares the run (`miles.prepare`: parse, resolve, check; a bad flag,
+hook or data path fails before any server starts), starts or finds the Prefect server and runs the
+`grpo` flow. The flow prepares again from its parameters (deployments start here), makes the tiny
+model if the run needs it, brings up Ray, then `train_on_ray` starts the router, engines and ranks
+and trains chunk by chunk (`tasks.training.train_chunk` runs the driver loop, `miles.loop`), each
+chunk resubmitted after healing the engines when it fails; then the run is finished.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from prefect import flow
+from prefect import Task, flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL
+from prefect.states import Crashed
+from prefect_ray import RayTaskRunner
+from prefect_ray.context import remote_options
 
-from flows.on_ray import train_on_ray
-from miles.config import ConfigError, MilesConfig, parse_config
-from miles.config.resolve import default_run_dir, resolve
+from flows.bring_up import bring_up_services, heal_engines
+from flows.progress import ProgressBar, wait_with_progress
+from miles.cluster.chunks import Chunk, plan_for
+from miles.cluster.names import run_names
+from miles.cluster.service_actors import stop_run_actors
+from miles.config import ConfigError, MilesConfig
 from miles.config.secrets import export_secrets, secrets_to_env
+from miles.dashboard.cli import command as dashboard_command
 from miles.health import RedFlagStop
-from miles.preflight import preflight
-from miles.rollout.generate_hook import load_generate_function
+from miles.prepare import prepare
 from miles.record.run_info import describe, run_name, task_name
 from miles.run.lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
-from tasks.finish import RunReport
+from tasks.finish import RunReport, finish_run
+from tasks.model import make_base_model
 from tasks.options import with_run_retries
+from tasks.training import ChunkResult, RunServices, profile_window, train_chunk
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`miles train`: prepare the run, start or find the Prefect server, run the flow, say where to look."""
+    from prefect.settings import temporary_settings
+
+    from flows.prefect_server import ensure_server
+    from flows.where import print_finished, print_where_to_look
+    from miles.mlflow_ui.launch import start_ui
+    from tasks.finish import mlflow_link
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config = prepare(argv, make_model=False)  # the flow makes the model in a task of its own
+    if "--run-dir" not in argv and not any(a.startswith("--run-dir=") for a in argv):
+        argv += ["--run-dir", config.train.run_dir]  # one run dir for the flow and for what is printed here
+    argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
+    server = ensure_server()
+    ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
+    print_where_to_look(config, server, ui)
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        try:
+            report = grpo(flags=argv)
+        except RedFlagStop as exc:  # --on-red-flag stop: checkpointed, the flow run Failed with this message
+            print(f"miles train: stopped: {exc}", file=sys.stderr, flush=True)
+            return 1
+    if ui is not None and (link := mlflow_link(config, Path(report.run_dir), ui.url)):
+        report.links["mlflow-run"] = link
+    print_finished(report, server, config, ui)
+    return 0
+
+
+@flow(name="grpo", log_prints=True)
+def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
+    """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
+    # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
+    config = export_secrets(prepare(build_argv(config_file, flags), make_model=False))
+    with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
+        flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
+        with_run_retries(make_base_model, config.orchestration)(config)
+        with_run_retries(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)
+        try:
+            return train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")(config)
+        finally:
+            shut_down_cluster()
+
+
+@flow(name="grpo-on-ray", task_runner=RayTaskRunner(), log_prints=True)
+def train_on_ray(config: MilesConfig) -> RunReport:
+    """Everything that runs as Ray tasks (Ray itself is up: the task runner reuses it): services, then the
+    chunks, then the finish; the run's actors are stopped at the end whatever happened."""
+    o, run_dir = config.orchestration, config.train.run_dir
+    create_markdown_artifact(key="grpo-dashboard", description=f"the web view of {run_dir}",
+                             markdown=f"Watch this run (or a copy of its run dir) in the browser:\n\n"
+                                      f"```\n{dashboard_command(Path(run_dir))}\n```")
+    # Ray must never re-run a task on its own: a rerun would be invisible to Prefect.
+    with remote_options(max_retries=0), ProgressBar(config.rollout.num_rollout, run_dir) as progress:
+        try:
+            services = bring_up_services(config)
+            try:
+                for chunk in plan_for(config):
+                    task = with_run_retries(profile_window if chunk.profiled else train_chunk, o, retries=False)
+                    result = run_chunk_to_end(task, chunk, config, services, progress)
+                    if result.stop_reason:
+                        get_run_logger().warning(f"the run stopped in {task.name}[{chunk.first}-{chunk.stop}]: "
+                                                 f"{result.stop_reason}")
+                        break
+            except RedFlagStop:  # --on-red-flag stop: the artifacts (grpo-health) still, then the run fails
+                with_run_retries(finish_run, o).submit(config, services).result()
+                raise
+            return with_run_retries(finish_run, o).submit(config, services).result()
+        finally:
+            stop_run_actors(run_names(config))
+
+
+def run_chunk_to_end(task: Task, chunk: Chunk, config: MilesConfig, services: RunServices,
+                     progress: ProgressBar) -> ChunkResult:
+    """The one retry layer of training: submit the chunk; when it fails (an exception, its Ray worker
+    killed, an engine down) heal the engines and submit it again, at most --task-retries times.
+    Each attempt resumes from the last checkpoint; a ConfigError or a health stop is not retried."""
+    retries, run_dir = config.orchestration.task_retries, Path(config.train.run_dir)
+    for attempt in range(retries + 1):
+        future = task.submit(config=config, chunk=chunk, services=services)
+        wait_with_progress(future, run_dir, progress)
+        state = future.state
+        if state.is_completed():
+            return future.result()
+        where = f"{task.name}[{chunk.first}-{chunk.stop}]"
+        if state.is_crashed():
+            message = f"the Ray worker of {where} died: {state.message}"
+            mark_crashed(future.task_run_id, message)  # a killed worker cannot report it itself
+        else:
+            error = future.result(raise_on_failure=False)
+            if isinstance(error, (ConfigError, RedFlagStop)):  # a bad flag stays bad; a health stop is deliberate
+                raise error
+            message = f"{where} failed: {error!r}"
+        if attempt == retries:
+            raise RuntimeError(f"{message}; gave up after {retries + 1} attempts")
+        get_run_logger().warning(f"{message}; submitting it again (attempt {attempt + 2} of {retries + 1}), "
+                                 f"it resumes from its checkpoint")
+        heal_engines(config, services)
+    raise AssertionError("unreachable")
+
+
+def mark_crashed(task_run_id, message: str) -> None:
+    with get_client(sync_client=True) as client:
+        client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
+
+
+# ---- the flow run's name, description and Prefect API -------------------------------------
 def build_argv(config_file: str | None, flags: list[str] | None) -> list[str]:
     return ([f"--config={config_file}"] if config_file else []) + list(flags or [])
 
@@ -56,8 +175,6 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
     """Names this flow run after its run dir, tags it with backend and task, and describes it (which
     config, which flags) in the `grpo-run` artifact, since Prefect flow runs have no description field.
     Returns the flow run's UI link, which the Ray workers put on their tracker runs."""
-    from prefect.artifacts import create_markdown_artifact
-    from prefect.client.orchestration import get_client
     from prefect.context import get_run_context
     from prefect.utilities.urls import url_for
 
@@ -71,53 +188,6 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
         f"- config: `{source}`" if source else "- config: flags only (no YAML)",
         f"- flags: `{' '.join(flags or []) or '(none)'}`", f"- run dir: `{config.train.run_dir}`"]))
     return url_for(flow_run) or ""
-
-
-@flow(name="grpo", log_prints=True)
-def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
-    """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
-    # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
-    config = export_secrets(resolve(parse_config(build_argv(config_file, flags))))
-    preflight(config)  # a bad hook, data path or Ray address fails here, before the cluster starts
-    with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
-        flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
-        with_run_retries(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)
-        try:
-            return train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")(config)
-        finally:
-            shut_down_cluster()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`miles train`: check the flags, start or find the Prefect server, run the flow, say where to look."""
-    from prefect.settings import temporary_settings
-
-    from flows.prefect_server import ensure_server
-    from flows.where import print_finished, print_where_to_look
-    from miles.mlflow_ui.launch import start_ui
-    from tasks.finish import mlflow_link
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    config = parse_config(argv)  # a bad flag is reported before any server or cluster starts
-    load_generate_function(config.generate)  # ... and so is a bad generate hook or tool flag
-    if config.train.run_dir is None:  # one run dir for the flow and for what is printed here
-        argv += ["--run-dir", str(default_run_dir().resolve())]
-    config = resolve(parse_config(argv))
-    preflight(config)
-    argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
-    server = ensure_server()
-    ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
-    print_where_to_look(config, server, ui)
-    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-        try:
-            report = grpo(flags=argv)
-        except RedFlagStop as exc:  # --on-red-flag stop: checkpointed, the flow run Failed with this message
-            print(f"miles train: stopped: {exc}", file=sys.stderr, flush=True)
-            return 1
-    if ui is not None and (link := mlflow_link(config, Path(report.run_dir), ui.url)):
-        report.links["mlflow-run"] = link
-    print_finished(report, server, config, ui)
-    return 0
 
 
 if __name__ == "__main__":

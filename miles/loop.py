@@ -2,58 +2,19 @@
 
 `python -m miles.train` runs it over every rollout; the Prefect training task runs it over one
 chunk of rollouts (`rollouts=range(first, stop)`), always saving at the chunk's end so that the
-next chunk, maybe in another process, resumes there.
+next chunk, maybe in another process, resumes there. Both go through `train_rollouts`, which adds
+the observers every run has (the loop's vocabulary is `miles.run.observer`).
 
-Observers plug in per iteration without changing the loop. An observer is any object with
-these methods (subclass `Observer` to get no-op defaults):
-
-    before_iteration(rollout_id: int) -> None
-        Called before each iteration; e.g. open a profiling window, fire a test fault.
-    after_iteration(result: IterationResult) -> str | None
-        Called after each iteration was recorded. Return a reason (a non-empty string) to stop
-        the run cleanly: the loop saves a checkpoint of this iteration, closes the trackers as
-        the end of the run and returns with `stop_reason` set; e.g. a health detector.
-    end(outcome: LoopOutcome | None) -> None
-        Called once when the loop ends, also on an exception (then `outcome` may be None or
-        partial); e.g. close a profiling window still open.
-
-Every observer sees every call, in list order. Inside an iteration the phases (`rollout`,
-`log_probs`, `actor_train`, `update_weights`, `checkpoint`, `eval`) are named in one place,
-`miles.run.phases.timed`, where profiling and the timeline hook in.
+Inside an iteration the phases (`miles.run.phases.PHASES`) are timed by `miles.run.phases.timed`,
+where profiling hooks in; `RLTrainer.phase` also writes each as a span of the run's timeline.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Sequence
 
-if TYPE_CHECKING:  # the trainer's module defines observers of its own: no import cycle at run time
-    from miles.trainer import IterationResult, RLTrainer
-
-
-class Observer:
-    """No-op defaults of the observer interface (see the module docstring)."""
-
-    def before_iteration(self, rollout_id: int) -> None:
-        pass
-
-    def after_iteration(self, result: IterationResult) -> str | None:
-        return None
-
-    def end(self, outcome: "LoopOutcome | None") -> None:
-        pass
-
-
-@dataclass
-class LoopOutcome:
-    """What one loop did: where it resumed, what it ran, what it saved, why it stopped early."""
-
-    resumed_at: int  # the first rollout id not already checkpointed
-    base_eval: dict[str, float] = field(default_factory=dict)  # the eval before training (fresh runs)
-    rollout_ids: list[int] = field(default_factory=list)  # the iterations run
-    last_metrics: dict[str, float] = field(default_factory=dict)
-    checkpoint: Path | None = None  # the last checkpoint saved
-    stop_reason: str | None = None  # an observer stopped the run
+from miles.run.faults import FaultInjector
+from miles.run.observer import LoopOutcome, LoopTrainer, Observer
+from miles.run.red_flags import RedFlagProfiler, RedFlagStopper
 
 
 def save_due(rollout_id: int, stop: int, save_interval: int | None) -> bool:
@@ -61,7 +22,7 @@ def save_due(rollout_id: int, stop: int, save_interval: int | None) -> bool:
     return rollout_id == stop - 1 or bool(save_interval and (rollout_id + 1) % save_interval == 0)
 
 
-def run_loop(trainer: RLTrainer, rollouts: range, observers: Sequence[Observer] = ()) -> LoopOutcome:
+def run_loop(trainer: LoopTrainer, rollouts: range, observers: Sequence[Observer] = ()) -> LoopOutcome:
     """Run `rollouts` (resuming past what is checkpointed), then close the trainer. The trackers are
     closed as the end of the run when the range reaches --num-rollout or an observer stopped it."""
     config = trainer.config
@@ -92,3 +53,23 @@ def run_loop(trainer: RLTrainer, rollouts: range, observers: Sequence[Observer] 
         finally:
             stopped = outcome is not None and outcome.stop_reason is not None
             trainer.close(final=stopped or rollouts.stop >= config.rollout.num_rollout)
+
+
+def standard_observers(trainer, kill_engine: Callable[[], object] | None = None) -> list[Observer]:
+    """The observers of every run, in order: the --inject-fault hook (`kill_engine` kills engine 0), the
+    --on-red-flag stop and profile reactions, and the trainer's profiler (it opens and closes windows)."""
+    config = trainer.config
+    return [FaultInjector(config.orchestration.inject_fault, config.train.run_dir, kill_engine=kill_engine),
+            RedFlagStopper(config), RedFlagProfiler(config, trainer.profiler), trainer.profiler]
+
+
+def train_rollouts(trainer, rollouts: range, observers: Sequence[Observer] = (),
+                   kill_engine: Callable[[], object] | None = None) -> LoopOutcome:
+    """`run_loop` with the standard observers, then `observers`. Raises `RedFlagStop` (after the loop saved
+    and closed) when --on-red-flag stop ended the run, so that both drivers fail it the same way."""
+    standard = standard_observers(trainer, kill_engine)
+    outcome = run_loop(trainer, rollouts, [*standard, *observers])
+    for observer in standard:
+        if isinstance(observer, RedFlagStopper):
+            observer.raise_if_stopped(outcome)
+    return outcome

@@ -1,8 +1,9 @@
 """`python -m miles.train [flags]`: the whole GRPO loop in one process, no Prefect (Miles' train.py).
 
-With no flags it trains the tiny CPU policy on the arithmetic task: resolve and check the
-flags, connect Ray, start the engines and router on loopback, then `miles.loop.run_loop`
-over every rollout (the Prefect flow runs the same loop in chunks). RUN_DIR gets
+With no flags it trains the tiny CPU policy on the arithmetic task: `miles.prepare` (parse,
+resolve, check, make the tiny model once), connect Ray, start the engines and router on
+loopback, then the driver loop (`miles.loop`) over every rollout (the Prefect flow runs the
+same loop in chunks). RUN_DIR gets
 checkpoints, metrics.jsonl and the logs.
 """
 from __future__ import annotations
@@ -12,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miles.config import MilesConfig, parse_config
+from miles.config import MilesConfig
+from miles.config.resolve import require_resolved
 from miles.mlflow_ui.launch import is_server_uri, start_ui, ui_command
 from miles.record.names import map_metrics
 
@@ -30,14 +32,11 @@ class RunSummary:
 
 
 def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSummary:
-    """Resolve and check `config`, then run the driver loop over every rollout with `observers`
-    (see `miles.loop`); engines, router and a Ray started here are stopped at the end."""
-    from miles.config.resolve import resolve
-    from miles.preflight import preflight
+    """Run the driver loop over every rollout of a prepared `config` (`miles.prepare`) with the standard
+    observers plus `observers`; engines, router and a Ray started here are stopped at the end."""
     from miles.run.lock import RunDirLock
 
-    config = resolve(config)
-    preflight(config)  # a bad hook or data path fails here, before Ray, engines or ranks start
+    require_resolved(config, "train()")
     with RunDirLock(Path(config.train.run_dir)):  # a second trainer on this run dir fails here, naming the holder
         return _train_locked(config, use_router, observers)
 
@@ -45,11 +44,10 @@ def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSumm
 def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummary:
     import ray
 
-    from miles.run.faults import FaultInjector
-    from miles.cluster.local import start_inference
-    from miles.loop import run_loop
     from miles.cluster.connect import connect
-    from miles.trainer import RedFlagProfiler, RedFlagStopper, RLTrainer
+    from miles.cluster.local import start_inference
+    from miles.loop import train_rollouts
+    from miles.trainer import RLTrainer
 
     start = time.time()
     o = config.orchestration
@@ -57,12 +55,9 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
     services = None
     try:
         services = start_inference(config, use_router=use_router)
-        trainer = RLTrainer(config, services.rollout_url, services.engine_urls)
-        fault = FaultInjector(o.inject_fault, config.train.run_dir, kill_engine=lambda: services.kill_engine(0))
-        stopper = RedFlagStopper(config)
-        observers = [fault, stopper, RedFlagProfiler(config, trainer.profiler), trainer.profiler, *observers]
-        outcome = run_loop(trainer, range(config.rollout.num_rollout), observers)
-        stopper.raise_if_stopped(outcome)
+        trainer = RLTrainer.start(config, services.rollout_url, services.engine_urls)
+        outcome = train_rollouts(trainer, range(config.rollout.num_rollout), observers,
+                                 kill_engine=lambda: services.kill_engine(0))
         last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1
         return RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
                           outcome.base_eval, outcome.last_metrics, time.time() - start, outcome.stop_reason)
@@ -77,10 +72,10 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
 
 def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
-    from miles.config.resolve import resolve
     from miles.health import RedFlagStop
+    from miles.prepare import prepare
 
-    config = resolve(parse_config(argv, prog="python -m miles.train"))  # one run dir for the run and its MLflow UI
+    config = prepare(argv, prog="python -m miles.train")  # checked, and the tiny model made, before anything starts
     mlflow_uri = config.tracking.mlflow_tracking_uri
     if config.tracking.mlflow_ui:
         ui = start_ui(mlflow_uri, Path(config.train.run_dir))

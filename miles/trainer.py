@@ -1,14 +1,13 @@
 """One RL iteration: rollout -> reward -> log -> train -> weight sync -> eval -> record (`RLTrainer`).
 
-The driver loop around it (resume, base eval, iterate, save, close) is `miles.loop.run_loop`,
-used by both `python -m miles.train` and the Prefect training task.
+The driver loop around it (resume, base eval, iterate, save, close) is `miles.loop`, used by both
+`python -m miles.train` and the Prefect training task.
 """
 from __future__ import annotations
 
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -16,15 +15,13 @@ import httpx
 from transformers import AutoTokenizer
 
 from miles.run import checkpoint
-from miles.backends import check_backend
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, served_version
 from miles.cluster.names import RunNames
-from miles.config.resolve import resolve
+from miles.config.resolve import require_resolved
 from miles.record.tokens import write_tokens
-from miles.health import RED, HealthReport, HealthWatch, RedFlagStop, stop_message
-from miles.loop import Observer
+from miles.health import HealthWatch
 from miles.run.phases import timed
 from miles.profiling.driver import RunProfiler
 from miles.record.journal import JOURNAL_NAME, read_journal
@@ -39,30 +36,43 @@ from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.router.app import resolve_admin_token
 from miles.record.timeline import TIMELINE_NAME, TimelineWriter
+from miles.run.observer import IterationResult
 from miles.tracking import open_tracking
-
-
-@dataclass
-class IterationResult:
-    rollout_id: int
-    metrics: dict[str, float]  # every train/ rollout/ passrate/ perf/ (eval/) metric and the step counters
-    samples: list[Sample]
-    health: HealthReport  # the health watch's verdicts on this rollout
 
 
 class RLTrainer:
     """One run's training side: the data cursor, the reward, the tracker, the ranks and the weight sync.
-    `config` is resolved here (`miles.config.resolve`); the engines are known only by URL, and Ray
-    must be up (the driver connects it). With `names`, the ranks are named actors that outlive
-    this trainer (Prefect chunks attach to them); without, `close` stops them."""
 
-    def __init__(self, config, rollout_url: str, engine_urls: list[str], names: RunNames | None = None):
-        check_backend(config.train.train_backend)
-        self.config = config = resolve(config)
+    Build it with `RLTrainer.start`, which starts what a trainer runs beside it. `config` must be
+    prepared (`miles.prepare`); the engines are known only by URL, and Ray must be up (the driver
+    connects it). With `names`, the ranks are named actors that outlive this trainer (Prefect chunks
+    attach to them); without, `close` stops them."""
+
+    @classmethod
+    def start(cls, config, rollout_url: str, engine_urls: list[str], names: RunNames | None = None) -> "RLTrainer":
+        """Start the trainer's parts: the tracker (and its delivery process), the health watch, the training
+        ranks (a Ray actor group, found when `names` already exist), the weight sync and the run profiler
+        (its py-spy sampler runs only inside a profiling window)."""
+        require_resolved(config, "RLTrainer.start")
+        run_dir = Path(config.train.run_dir)
+        rollout_url, engine_urls = rollout_url.rstrip("/"), [u.rstrip("/") for u in engine_urls]
+        router_url = rollout_url if rollout_url not in engine_urls else None  # rollouts may go straight to one engine
+        token = resolve_admin_token(config.router)
+        tracker = open_tracking(config, run_dir)
+        health = HealthWatch(config, run_dir)
+        group = ActorGroup(config, config.rollout.hf_checkpoint, names)
+        sync = WeightSync(group, engine_urls, router_url, run_dir / "weights",
+                          in_memory=config.train.colocate, admin_token=token)
+        profiler = RunProfiler(config, run_dir, group.actors, engine_urls, router_url, token)
+        return cls(config, rollout_url, engine_urls, tracker=tracker, health=health, group=group, sync=sync,
+                   profiler=profiler)
+
+    def __init__(self, config, rollout_url: str, engine_urls: list[str], *, tracker, health, group, sync, profiler):
+        """Hold the started parts (see `start`) and read what an iteration needs: tokenizer, data, eval sets,
+        reward, generate hook."""
+        self.config = config
         self.run_dir = Path(config.train.run_dir)
-        self.rollout_url = rollout_url.rstrip("/")
-        self.engine_urls = [u.rstrip("/") for u in engine_urls]
-        router_url = self.rollout_url if self.rollout_url not in self.engine_urls else None
+        self.rollout_url, self.engine_urls = rollout_url, engine_urls
         self.args = config.as_namespace()
         r = config.rollout
         self.model_path = Path(r.hf_checkpoint)
@@ -74,15 +84,9 @@ class RLTrainer:
         self.params = RolloutSampling(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k,
                                      r.rollout_max_response_len)
         self.save_dir, self.load_dir = Path(config.train.save), Path(config.train.load)
-        self.tracker = open_tracking(config, self.run_dir)
-        self.health = HealthWatch(config, self.run_dir)
-        self.group = ActorGroup(config, str(self.model_path), names)
-        self.sync = WeightSync(self.group, self.engine_urls, router_url, self.run_dir / "weights",
-                               in_memory=config.train.colocate, admin_token=resolve_admin_token(config.router))
+        self.tracker, self.health, self.group, self.sync, self.profiler = tracker, health, group, sync, profiler
         self.weight_version = 0
         self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
-        self.profiler = RunProfiler(config, self.run_dir, self.group.actors, self.engine_urls, router_url,
-                                    resolve_admin_token(config.router))
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -265,37 +269,3 @@ def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> 
     if config.train.use_kl_loss:
         metrics["perf/ref_log_probs_time"] = summary.ref_log_probs_time
     return metrics
-
-
-class RedFlagProfiler(Observer):
-    """--on-red-flag profile as a loop observer: a red flag that starts opens a profiler window on the
-    next --health-profile-rollouts rollouts (the profiler, itself an observer, opens it before the next one)."""
-
-    def __init__(self, config, profiler):
-        self.on, self.rollouts = config.health.on_red_flag == "profile", config.health.health_profile_rollouts
-        self.profiler = profiler
-
-    def after_iteration(self, result: IterationResult) -> None:
-        if self.on and any(v.severity == RED for v in result.health.started):
-            start = result.rollout_id + 1
-            window = self.profiler.request_window(start, start + self.rollouts)
-            print(f"[health] profiling rollouts {window.start}..{window.end - 1} after the red flag", flush=True)
-
-
-class RedFlagStopper(Observer):
-    """--on-red-flag stop as a loop observer: a red flag asks the loop to stop (it checkpoints the rollout
-    and closes the trackers as the run's end); the driver then fails the run with `raise_if_stopped`."""
-
-    def __init__(self, config):
-        self.stop = config.health.on_red_flag == "stop"
-        self.reason: str | None = None
-
-    def after_iteration(self, result: IterationResult) -> str | None:
-        if self.stop and result.health.red:
-            self.reason = stop_message(result.health.red)
-        return self.reason
-
-    def raise_if_stopped(self, outcome) -> None:
-        """RedFlagStop naming the flags and the checkpoint the loop saved, if this observer stopped it."""
-        if self.reason is not None:
-            raise RedFlagStop(f"{self.reason}. Checkpoint: {outcome.checkpoint}")

@@ -1,17 +1,16 @@
-"""Training tasks: start the run's ranks, and run one chunk of the driver loop (`miles.loop.run_loop`)."""
+"""Training tasks: start the run's ranks, and run one chunk of the driver loop (`miles.loop.train_rollouts`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from uuid import UUID
 
 from prefect import task
-from prefect.artifacts import create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_table_artifact
 
 from miles.cluster.chunks import Chunk
 from miles.cluster.names import RunNames
 from miles.config import MilesConfig
-from miles.loop import Observer
+from miles.run.observer import Observer
 from miles.record.run_info import run_name
 from tasks.health import emit_finished, emit_health
 from tasks.logs import library_logs_to_prefect
@@ -38,17 +37,6 @@ class ChunkResult:
     stop_reason: str | None = None
 
 
-class ProgressArtifact(Observer):
-    """The flow's `grpo-progress` artifact, updated after every iteration."""
-
-    def __init__(self, progress_id: UUID | None, num_rollout: int):
-        self.progress_id, self.num_rollout = progress_id, num_rollout
-
-    def after_iteration(self, result) -> None:
-        if self.progress_id is not None:
-            update_progress_artifact(self.progress_id, 100.0 * (result.rollout_id + 1) / self.num_rollout)
-
-
 class HealthEvents(Observer):
     """The health watch's Prefect events: one per iteration (and per red flag that starts), and one when
     the run's last rollout is done or a red flag stops it (it closes the stall watch's window)."""
@@ -73,43 +61,36 @@ def start_training_ranks(config: MilesConfig, names: RunNames) -> int:
         return ActorGroup(config, config.rollout.hf_checkpoint, names).world_size
 
 
-def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices, progress_id: UUID | None) -> ChunkResult:
+def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> ChunkResult:
     """The driver loop over the chunk's rollouts, on the run's named ranks (they outlive the chunk;
-    the trackers are closed at its end, so the next chunk may run in another process)."""
+    the trackers are closed at its end, so the next chunk may run in another process). A red-flag
+    stop fails the task with the flag; the flow does not resubmit it."""
     from miles.cluster.service_actors import kill_engine
-    from miles.run.faults import FaultInjector
-    from miles.loop import run_loop
-    from miles.trainer import RedFlagProfiler, RedFlagStopper, RLTrainer
+    from miles.loop import train_rollouts
+    from miles.trainer import RLTrainer
 
     with library_logs_to_prefect():
-        trainer = RLTrainer(config, services.router_url, services.engine_urls, services.names)
-        stopper = RedFlagStopper(config)
-        observers = [FaultInjector(config.orchestration.inject_fault, config.train.run_dir,
-                                   kill_engine=lambda: kill_engine(services.names, 0)),
-                     HealthEvents(config), stopper, RedFlagProfiler(config, trainer.profiler), trainer.profiler,
-                     ProgressArtifact(progress_id, config.rollout.num_rollout)]
-        outcome = run_loop(trainer, chunk.rollouts, observers)
-        stopper.raise_if_stopped(outcome)  # the task fails with the flag; the flow does not resubmit it
+        trainer = RLTrainer.start(config, services.router_url, services.engine_urls, services.names)
+        outcome = train_rollouts(trainer, chunk.rollouts, [HealthEvents(config)],
+                                 kill_engine=lambda: kill_engine(services.names, 0))
     return ChunkResult(chunk.first, chunk.stop, outcome.resumed_at, len(outcome.rollout_ids), outcome.last_metrics,
                        outcome.stop_reason)
 
 
 @task(name="train_chunk", task_run_name="train_chunk[{chunk.first}-{chunk.stop}]", log_prints=True)
-def train_chunk(config: MilesConfig, chunk: Chunk, services: RunServices,
-                progress_id: UUID | None = None) -> ChunkResult:
+def train_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> ChunkResult:
     """Rollouts chunk.first .. chunk.stop-1; a resubmission resumes from the chunk's last checkpoint."""
-    return run_chunk(config, chunk, services, progress_id)
+    return run_chunk(config, chunk, services)
 
 
 @task(name="profile_window", task_run_name="profile_window[{chunk.first}-{chunk.stop}]", log_prints=True)
-def profile_window(config: MilesConfig, chunk: Chunk, services: RunServices,
-                   progress_id: UUID | None = None) -> ChunkResult:
+def profile_window(config: MilesConfig, chunk: Chunk, services: RunServices) -> ChunkResult:
     """Exactly the profiled rollouts (--profile-step-start .. --profile-step-end), as their own task:
     the trainer's profiler opens the window for these ids; the task keeps the window visible and
     retryable and leaves its summary (top operators, span totals, trace files) as a table artifact."""
     from miles.profiling.summary import read_summaries, summary_rows
 
-    result = run_chunk(config, chunk, services, progress_id)
+    result = run_chunk(config, chunk, services)
     run_dir = Path(config.train.run_dir)
     create_table_artifact(summary_rows(read_summaries(run_dir, chunk.first, chunk.stop)),
                           key=f"profile-window-{chunk.first}-{chunk.stop}",

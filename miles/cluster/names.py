@@ -33,3 +33,8 @@ class RunNames:
 
     def owns(self, name: str) -> bool:
         return name.startswith(self.prefix + "-")
+
+
+def run_names(config) -> RunNames:
+    """The names of a resolved run's Ray actors (they follow from its run dir)."""
+    return RunNames.for_run_dir(config.train.run_dir)

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from miles.config.fields import ConfigError, flag
 
+DEFAULT_EVAL_NAME = "arithmetic"  # the name of the tiny task's eval set when no --eval-prompt-data is given
+
 
 @dataclass(frozen=True)
 class RolloutConfig:

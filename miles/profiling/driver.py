@@ -17,7 +17,7 @@ from typing import Iterator
 import httpx
 import ray
 
-from miles.loop import Observer
+from miles.run.observer import Observer
 from miles.run.phases import add_phase_hook, remove_phase_hook
 from miles.profiling import pyspy
 from miles.profiling.ray_timeline import save_ray_timeline

@@ -34,6 +34,15 @@ class JournalLine:
         return cls(rollout_id=int(raw.pop("rollout_id")), time=float(raw.pop("time")), metrics=raw)
 
 
+def count_rollouts(run_dir: Path) -> int:
+    """Iterations in the run's journal (cheap: no line is parsed; the base eval's line is not one)."""
+    path = Path(run_dir) / JOURNAL_NAME
+    if not path.exists():
+        return 0
+    with path.open("rb") as f:
+        return sum(1 for line in f if not line.startswith(b'{"rollout_id": -1'))
+
+
 def read_journal(path: Path) -> list[JournalLine]:
     """Every complete line of a journal (a torn last line from a killed writer is skipped)."""
     if not path.exists():

@@ -19,7 +19,7 @@ def run_name(run_dir: str | Path) -> str:
 
 def is_tiny_default(path: str | None) -> bool:
     """No path, or one `resolve` filled in from the tiny defaults (they live in the miles cache)."""
-    from miles.tiny.warmstart import cache_root
+    from miles.config.cache import cache_root
 
     return not path or Path(path).resolve().is_relative_to(cache_root().resolve())
 

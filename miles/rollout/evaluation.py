@@ -8,7 +8,6 @@ from miles.rollout.generate import RolloutSampling, generate_groups
 from miles.rollout.metrics import pass_rates
 from miles.rollout.rewards import RewardModel
 
-DEFAULT_EVAL_NAME = "arithmetic"
 
 
 @dataclass(frozen=True)

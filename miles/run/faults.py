@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from miles.config import ConfigError
-from miles.loop import Observer
+from miles.run.observer import Observer
 
 KINDS = ("raise", "kill", "kill-engine")
 

@@ -1,26 +1,67 @@
-"""The tiny defaults a run falls back on: the addition task, or the multi-turn calculator task."""
+"""The tiny task a run falls back on (the addition task, or the multi-turn calculator task): its
+paths, named without touching the disk, and the step that makes its files once, into the cache."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
+from miles.config.cache import cache_root
+from miles.config.resolve import TaskDefaults
 
-def tiny_model(multi_turn: bool) -> Path:
-    """The cached warm-started checkpoint of the task (made first if missing)."""
+TASK_DIRS = {False: "tiny-task", True: "tiny-tool-task"}
+
+
+def uses_tool_task(config) -> bool:
+    """A custom generate function (multi-turn) falls back on the calculator task, else the addition task."""
+    return config.generate.custom_generate_function_path is not None
+
+
+def task_defaults(multi_turn: bool) -> TaskDefaults:
+    """The cached files of the tiny task (they may not exist yet: `make_task_files` makes them)."""
     if multi_turn:
-        from miles.tiny.tool_warmstart import ensure_tool_model
+        from miles.tiny.tool_warmstart import tool_model_dir as model_dir
+    else:
+        from miles.tiny.warmstart import base_model_dir as model_dir
+    data = cache_root() / TASK_DIRS[multi_turn]
+    return TaskDefaults(model=model_dir(), train_data=data / "train.jsonl", eval_data=data / "eval.jsonl")
 
-        return ensure_tool_model(progress=False)
-    from miles.tiny.warmstart import ensure_base_model
 
-    return ensure_base_model(progress=False)
+def make_task_data(config) -> None:
+    """Write the tiny task's train and eval files if the run uses them (milliseconds; deterministic)."""
+    multi_turn = uses_tool_task(config)
+    task = task_defaults(multi_turn)
+    if config.rollout.prompt_data == str(task.train_data) or str(task.eval_data) in config.rollout.eval_prompt_data:
+        if multi_turn:
+            from miles.tiny.tool_warmstart import tool_task_data as write
+        else:
+            from miles.tiny.warmstart import default_task_data as write
+        write()
 
 
-def tiny_task_data(multi_turn: bool) -> tuple[Path, Path]:
-    """(train JSONL, eval JSONL) of the task."""
-    if multi_turn:
-        from miles.tiny.tool_warmstart import tool_task_data
+def tiny_model_missing(config) -> Path | None:
+    """The tiny base model's directory when the run uses it and it is not made yet, else None."""
+    model = task_defaults(uses_tool_task(config)).model
+    if config.rollout.hf_checkpoint != str(model) or (model / "warmstart.json").exists():
+        return None
+    return model
 
-        return tool_task_data()
-    from miles.tiny.warmstart import default_task_data
 
-    return default_task_data()
+def make_tiny_model(config, progress: bool = True) -> Path | None:
+    """Make the tiny base model the run uses if it is missing (a supervised warm start, once per machine,
+    1-3 minutes on 2 cores), saying so; returns its directory when it was made here."""
+    target = tiny_model_missing(config)
+    if target is None:
+        return None
+    if uses_tool_task(config):
+        from miles.tiny.tool_warmstart import ensure_tool_model as ensure
+    else:
+        from miles.tiny.warmstart import ensure_base_model as ensure
+    print(f"[prepare] making the tiny base model (first run on this machine only, 1-3 min on 2 cores): {target}",
+          flush=True)
+    start = time.time()
+    path = ensure(progress=progress)
+    report = json.loads((path / "warmstart.json").read_text())
+    print(f"[prepare] base model made in {time.time() - start:.0f}s ({report['steps']} supervised steps); "
+          f"cached for the next runs", flush=True)
+    return path

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from miles.rollout.tool_calls import TOOL_CALL, TOOL_CALL_END
 from miles.tiny import tool_task
 from miles.tiny.model import build_tiny_model
 from miles.tiny.task import Problem
-from miles.tiny.warmstart import cache_root, ensure_cached
+from miles.config.cache import cache_root
+from miles.tiny.warmstart import ensure_cached
 
 RECIPE = dict(version=2, seed=0, lr=3e-3, batch_size=64, max_steps=1500, eval_every=100, tool_rows=0.5,
               call_share=0.3, target_tool_path=0.95, eval_prompts=256)
@@ -144,6 +146,8 @@ def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
             bar.update(job, advance=1, description=f"warm start (tool SFT) loss={loss.item():.3f}")
             if step % RECIPE["eval_every"] == 0:
                 report = evaluate_format(model, tokenizer, evals)
+                if progress and not sys.stdout.isatty():  # no bar off a terminal: a line per check
+                    print(f"[tiny] warm start step {step}/{RECIPE['max_steps']}: held-out tool path {report['tool_path_greedy_accuracy']:.2f} (target {RECIPE['target_tool_path']})", flush=True)
                 history.append(dict(step=step, **report))
                 if report["tool_path_greedy_accuracy"] >= RECIPE["target_tool_path"]:
                     break

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,16 +23,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from miles.config.cache import cache_root
 from miles.tiny.model import build_tiny_model
 from miles.tiny.task import Problem, split_problems, write_task_data
 
 RECIPE = dict(version=2, seed=0, lr=3e-3, batch_size=64, max_steps=5000, eval_every=250,
               label_smoothing=0.3, target_greedy=0.85, eval_prompts=256)
 TARGET_GREEDY = RECIPE["target_greedy"]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("MILES_CACHE_DIR", Path.home() / ".cache" / "miles"))
 
 
 def recipe_id() -> str:
@@ -149,6 +147,8 @@ def warm_start(out_dir: Path, progress: bool = True) -> dict:
             bar.update(job, advance=1, description=f"warm start (SFT) loss={loss.item():.3f} greedy={greedy:.2f}")
             if step % RECIPE["eval_every"] == 0:
                 greedy = eval_accuracy(model, tokenizer, evals, sample=False)
+                if progress and not sys.stdout.isatty():  # no bar off a terminal: a line per check
+                    print(f"[tiny] warm start step {step}/{RECIPE['max_steps']}: held-out greedy accuracy {greedy:.2f} (target {TARGET_GREEDY})", flush=True)
                 if greedy >= TARGET_GREEDY:
                     break
     sampled = eval_accuracy(model, tokenizer, evals, sample=True, seed=seed)

@@ -169,13 +169,14 @@ def test_save_then_load_on_fresh_ranks(groups, base_model, tmp_path):
 
 def test_training_loop_runs_on_megatron(ray_cluster, tmp_path):
     from miles.config import parse_config
+    from miles.prepare import prepare_config
     from miles.train import train
 
     run_dir = tmp_path / "run"
     cfg = parse_config(["--train-backend", "megatron", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
                         "--num-rollout", "3", "--micro-batch-size", "8", "--eval-interval", "none",
                         "--lr", "1e-3", "--run-dir", str(run_dir)])
-    summary = train(cfg)
+    summary = train(prepare_config(cfg))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout/step"] for r in rows] == [0, 1, 2]  # one journal line per iteration
     # same fp32 weights in the engine and in the Megatron ranks: Miles' CI allows 0.03, we require 1e-3

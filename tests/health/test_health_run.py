@@ -7,6 +7,7 @@ import re
 import pytest
 
 from miles.config import parse_config
+from miles.prepare import prepare_config
 from miles.health.cli import main as doctor
 from miles.health import RED, RedFlagStop, read_health_log
 from miles.train import train
@@ -25,7 +26,7 @@ def test_lr_far_too_high_is_flagged_and_stops_with_a_checkpoint(tmp_path, capsys
     config = parse_config(["--run-dir", str(run_dir), "--lr", "0.05", "--num-rollout", "8", "--eval-interval",
                            "none", "--on-red-flag", "stop"])
     with pytest.raises(RedFlagStop) as stopped:
-        train(config)
+        train(prepare_config(config))
     match = re.search(r"stopped by --on-red-flag stop: (\w+) at rollout (\d+)", str(stopped.value))
     assert match, str(stopped.value)
     signal, rollout = match.group(1), int(match.group(2))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from miles.config import parse_config
 from miles.health import RED, WARNING, HealthReport, Verdict
-from miles.trainer import IterationResult, RedFlagProfiler
+from miles.run.observer import IterationResult
+from miles.run.red_flags import RedFlagProfiler
 
 
 class RecordingProfiler:

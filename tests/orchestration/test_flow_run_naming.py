@@ -7,14 +7,14 @@ import asyncio
 from prefect import flow
 
 from flows.grpo import config_source, describe_flow_run
-from miles.config.resolve import resolve
+from miles.prepare import resolve_run
 from miles.config import parse_config
 
 
 @flow(name="grpo-naming-probe")
 def naming_probe(flags: list[str]) -> str:
     """The grpo flow's first step (resolve the config, name and describe the run), without training."""
-    config = resolve(parse_config(flags))
+    config = resolve_run(parse_config(flags))
     return describe_flow_run(config, None, flags)
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 from flows.prefect_server import PrefectServer
 from flows.where import print_finished, where_to_look
 from miles.config import parse_config
-from miles.config.resolve import resolve
+from miles.prepare import resolve_run
 from miles.mlflow_ui.launch import MlflowUi
 from tasks.finish import RunReport
 
 
 def test_the_link_to_a_local_store_comes_with_the_command_that_serves_it(tmp_path, capsys):
-    config = resolve(parse_config(["--use-mlflow", "--run-dir", str(tmp_path / "r")]))
+    config = resolve_run(parse_config(["--use-mlflow", "--run-dir", str(tmp_path / "r")]))
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
     command = (f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'r' / 'mlflow.db'} --host 127.0.0.1 --port 5000"
                " --app-name miles")
@@ -29,7 +29,7 @@ def test_the_link_to_a_local_store_comes_with_the_command_that_serves_it(tmp_pat
 
 
 def test_a_tracking_server_is_linked_as_it_is(tmp_path, capsys):
-    config = resolve(parse_config(["--use-mlflow", "--mlflow-tracking-uri", "http://mlflow:5000",
+    config = resolve_run(parse_config(["--use-mlflow", "--mlflow-tracking-uri", "http://mlflow:5000",
                                    "--run-dir", str(tmp_path)]))
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
     assert ("MLflow", "open http://mlflow:5000") in where_to_look(config, server)

@@ -17,10 +17,10 @@ TRAINER = """
 import json, sys, time
 from pathlib import Path
 from miles.config import parse_config
-from miles.config.resolve import resolve
+from miles.prepare import prepare_config
 from miles.cluster.local import start_inference
 
-services = start_inference(resolve(parse_config(["--run-dir", sys.argv[1]])))
+services = start_inference(prepare_config(parse_config(["--run-dir", sys.argv[1]])))
 print(json.dumps([services.rollout_url, *services.engine_urls]), flush=True)
 time.sleep(600)
 """

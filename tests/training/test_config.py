@@ -49,16 +49,17 @@ def test_megatron_backend_is_accepted():
 
 
 def test_custom_rm_path_is_checked_before_anything_starts(tmp_path):
-    from miles.config.resolve import resolve
-    from miles.preflight import preflight
+    from miles.prepare import prepare
 
-    config = resolve(parse_config(["--custom-rm-path", "nowhere_at_all.reward", "--run-dir", str(tmp_path)]))
+    def check(*flags):
+        return prepare([*flags, "--run-dir", str(tmp_path)], make_model=False)
+
     with pytest.raises(ConfigError, match="cannot import module 'nowhere_at_all'"):
-        preflight(config)
+        check("--custom-rm-path", "nowhere_at_all.reward")
     (tmp_path / "p.jsonl").write_text('{"question": "1+1="}\n')
     with pytest.raises(ConfigError, match="has no key 'prompt'"):
-        preflight(resolve(parse_config(["--prompt-data", str(tmp_path / "p.jsonl"), "--run-dir", str(tmp_path)])))
+        check("--prompt-data", str(tmp_path / "p.jsonl"))
     with pytest.raises(ConfigError, match="--custom-rollout-log-function-path"):
-        preflight(resolve(parse_config(["--custom-rollout-log-function-path", "os.nope", "--run-dir", str(tmp_path)])))
+        check("--custom-rollout-log-function-path", "os.nope")
     with pytest.raises(ConfigError, match="--inject-fault"):
-        preflight(resolve(parse_config(["--inject-fault", "explode@3", "--run-dir", str(tmp_path)])))
+        check("--inject-fault", "explode@3")

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from miles.config import parse_config
+from miles.prepare import prepare_config
 from miles.train import train
 
 # Measured on 2 cores: the default run (60 rollouts, ~4 min) lifts sampled eval pass@1 from
@@ -14,7 +15,7 @@ MIN_GAIN = 0.20
 @pytest.mark.slow
 def test_default_config_raises_eval_pass_at_1(tmp_path):
     config = parse_config(["--run-dir", str(tmp_path / "run"), "--actor-num-gpus-per-node", "2"])
-    summary = train(config)
+    summary = train(prepare_config(config))
     base, final = summary.base_eval["eval/arithmetic"], summary.final_metrics["eval/arithmetic"]
     assert final >= base + MIN_GAIN, f"eval pass@1 {base:.3f} -> {final:.3f}"
     assert summary.checkpoint is not None and (summary.checkpoint / "manifest.json").exists()

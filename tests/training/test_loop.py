@@ -59,6 +59,7 @@ def test_phases_are_named_and_hooked():
 @pytest.mark.slow
 def test_loop_logs_base_eval_saves_at_interval_and_stops_when_asked(tmp_path, ray_cluster):
     from miles.config import parse_config
+    from miles.prepare import prepare_config
     from miles.train import train
 
     run_dir = tmp_path / "run"
@@ -74,7 +75,7 @@ def test_loop_logs_base_eval_saves_at_interval_and_stops_when_asked(tmp_path, ra
     stopper = StopAfter(1)
     add_phase_hook(hook)
     try:
-        summary = train(config, observers=[stopper])
+        summary = train(prepare_config(config), observers=[stopper])
     finally:
         remove_phase_hook(hook)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from miles.config import parse_config
+from miles.prepare import prepare_config
 from miles.record.journal import read_journal
 from miles.train import train
 
@@ -21,7 +22,7 @@ SHORT = ["--num-rollout", "2", "--rollout-batch-size", "8", "--n-samples-per-pro
 def test_multi_turn_run_end_to_end(tmp_path, capsys):
     run_dir = tmp_path / "run"
     config = parse_config(["--config", str(CONFIG), *SHORT, "--run-dir", str(run_dir)])
-    summary = train(config)
+    summary = train(prepare_config(config))
     lines = read_journal(run_dir / "metrics.jsonl")
     assert [line.rollout_id for line in lines] == [-1, 0, 1]  # the eval before training, then the iterations
     metrics = [line.metrics for line in lines[1:]]

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from miles.cluster.names import RunNames
+from miles.prepare import prepare_config
 from miles.record.timeline import read_spans
 from miles.trainer import RLTrainer
 from tests.engines.conftest import wait_for
@@ -30,7 +31,7 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
     config = small_config("--use-kl-loss", "--kl-loss-coef", "0.01", "--entropy-coef", "0.001")
     # the router writes its lane into the run's timeline, as the router a run launches does
     router = start_router(config.router, worker_urls=[engine.url], timeline_path=tmp_path / "run" / "timeline.jsonl")
-    trainer = RLTrainer(config, router.url, [engine.url])
+    trainer = RLTrainer.start(prepare_config(config), router.url, [engine.url])
     try:
         assert trainer.resume() == 0
         first = trainer.run_iteration(0)
@@ -103,7 +104,8 @@ def check_router_lane(run_dir: Path) -> None:
 
 def run(config, run_dir, engine, rollout_ids, save_at=(), last=False):
     # Named ranks kept between runs (as Prefect chunks keep them): a resume must overwrite all their state.
-    trainer = RLTrainer(config.replace(run_dir=str(run_dir)), engine.url, [engine.url], RunNames("t-resume"))
+    trainer = RLTrainer.start(prepare_config(config.replace(run_dir=str(run_dir))), engine.url, [engine.url],
+                             RunNames("t-resume"))
     try:
         start = trainer.resume()
         rows = {}
@@ -148,12 +150,12 @@ def test_resume_is_exact_even_past_a_corrupt_checkpoint(small_config, ray_cluste
 
 def test_attach_to_named_actors_and_restart_from_base(small_config, ray_cluster, engine, tmp_path):
     config = small_config()
-    first = RLTrainer(config, engine.url, [engine.url], RunNames("t-attach"))
+    first = RLTrainer.start(prepare_config(config), engine.url, [engine.url], RunNames("t-attach"))
     first.resume()
     first.run_iteration(0)
     trained = first.group.call("weights_digest")
     # a retried task: a new trainer finds the same actors instead of starting twins
-    second = RLTrainer(config, engine.url, [engine.url], RunNames("t-attach"))
+    second = RLTrainer.start(prepare_config(config), engine.url, [engine.url], RunNames("t-attach"))
     try:
         assert second.group.attached and second.group.call("weights_digest") == trained
         assert second.resume() == 0  # no checkpoint: the actors go back to the base weights
