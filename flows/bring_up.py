@@ -10,6 +10,7 @@ from miles.cluster.local import timeline_args, timeline_flag
 from miles.cluster.names import run_names
 from miles.cluster.service_actors import engine_alive
 from miles.config import MilesConfig
+from miles.record.layout import RunLayout
 from miles.router.app import resolve_admin_token
 from tasks.options import with_run_retries
 from tasks.services import launch_engine, register_engine, start_router
@@ -33,7 +34,7 @@ def bring_up_services(config: MilesConfig) -> RunServices:
 
 
 def log_dir(config: MilesConfig) -> str:
-    return str(Path(config.train.run_dir) / "logs")
+    return str(RunLayout(config.train.run_dir).logs)
 
 
 def engine_args(config: MilesConfig) -> tuple[str, ...]:

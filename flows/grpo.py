@@ -30,7 +30,7 @@ from miles.config.secrets import export_secrets, secrets_to_env
 from miles.dashboard.cli import command as dashboard_command
 from miles.health import RedFlagStop
 from miles.prepare import prepare
-from miles.record.run_info import describe, run_name, task_name
+from miles.config.run_info import describe, run_name, task_name
 from miles.run.lock import RunDirLock
 from tasks.cluster import bring_up_cluster, shut_down_cluster
 from tasks.finish import RunReport, finish_run

@@ -7,6 +7,7 @@ from flows.prefect_server import PrefectServer
 from miles.config import MilesConfig
 from miles.dashboard.cli import command as dashboard_command
 from miles.mlflow_ui.launch import MlflowUi, is_server_uri, ui_command
+from miles.record.layout import RunLayout
 
 
 def mlflow_ui_command(config: MilesConfig) -> str:
@@ -18,7 +19,7 @@ def where_to_look(config: MilesConfig, server: PrefectServer, ui: MlflowUi | Non
     """`config` is resolved: every path in it is absolute."""
     run_dir = Path(config.train.run_dir)
     rows = [("Prefect UI", server.ui_url), ("run dir", str(run_dir)),
-            ("journal", str(run_dir / "metrics.jsonl")), ("dashboard", dashboard_command(run_dir))]
+            ("journal", str(RunLayout(run_dir).journal)), ("dashboard", dashboard_command(run_dir))]
     if config.tracking.use_mlflow:
         rows.append(("MLflow", f"{ui.url}  (mlflow ui, pid {ui.pid}; stop it with `kill {ui.pid}`)" if ui
                      else mlflow_ui_command(config)))

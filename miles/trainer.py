@@ -24,6 +24,7 @@ from miles.record.tokens import write_tokens
 from miles.health import HealthWatch
 from miles.run.phases import timed
 from miles.profiling.driver import RunProfiler
+from miles.record import layout
 from miles.record.journal import JOURNAL_NAME, read_journal
 from miles.record.samples import samples_due
 from miles.rollout.advantages import compute_advantages
@@ -61,7 +62,7 @@ class RLTrainer:
         tracker = open_tracking(config, run_dir)
         health = HealthWatch(config, run_dir)
         group = ActorGroup(config, config.rollout.hf_checkpoint, names)
-        sync = WeightSync(group, engine_urls, router_url, run_dir / "weights",
+        sync = WeightSync(group, engine_urls, router_url, run_dir / layout.WEIGHTS,
                           in_memory=config.train.colocate, admin_token=token)
         profiler = RunProfiler(config, run_dir, group.actors, engine_urls, router_url, token)
         return cls(config, rollout_url, engine_urls, tracker=tracker, health=health, group=group, sync=sync,
@@ -237,7 +238,7 @@ class RLTrainer:
             result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
                               seed=self.config.train.seed, step=0, generate_fn=self.generate_fn, args=self.args)
         self.tracker.log_base_eval(self.args, result.data, dict(result.metrics))
-        (self.run_dir / "base_eval.json").write_text(json.dumps(result.metrics, indent=2))
+        (self.run_dir / layout.BASE_EVAL).write_text(json.dumps(result.metrics, indent=2))
         return result.metrics
 
     # ---- shutdown ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 
 from miles.config import OrchestrationConfig
 from miles.cluster.connect import connect
-from miles.record.run_info import FLOW_RUN_URL_ENV
+from miles.config.run_info import FLOW_RUN_URL_ENV
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from miles.health import RED, Verdict, read_health_log
 from miles.mlflow_ui.launch import DEFAULT_PORT, is_server_uri, page_url
 from miles.profiling.window import trace_root
 from miles.record.journal import read_journal
+from miles.record.layout import RunLayout
 from tasks.logs import library_logs_to_prefect
 from tasks.training import RunServices
 
@@ -76,7 +77,7 @@ def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
     path = Path(run_dir)
     with library_logs_to_prefect():
         stop_named_group(services.names, config.world_size)
-    journal = read_journal(path / "metrics.jsonl")
+    journal = read_journal(RunLayout(path).journal)
     final = dict(journal[-1].metrics) if journal else {}
     create_table_artifact(key="grpo-final-metrics", table=[{"metric": k, "value": v} for k, v in sorted(final.items())],
                           description=f"final metrics of {run_dir}")

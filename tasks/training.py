@@ -11,7 +11,7 @@ from miles.cluster.chunks import Chunk
 from miles.cluster.names import RunNames
 from miles.config import MilesConfig
 from miles.run.observer import Observer
-from miles.record.run_info import run_name
+from miles.config.run_info import run_name
 from tasks.health import emit_finished, emit_health
 from tasks.logs import library_logs_to_prefect
 

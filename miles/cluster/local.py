@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miles.serving.process import ServiceProcess
+from miles.record.layout import RunLayout
 
 
 @dataclass
@@ -62,14 +63,14 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
     try:
         for i in range(config.rollout.rollout_num_engines):
             services.engines.append(launch_engine(config.rollout.hf_checkpoint, config.engine, host="127.0.0.1",
-                                                  log_path=run_dir / "logs" / f"engine-{i}.log",
+                                                  log_path=RunLayout(run_dir).log(f"engine-{i}.log"),
                                                   serve_args=timeline_args(config.engine.engine, run_dir)))
         services.rollout_url = services.engines[0].url
         if use_router:
             from miles.router.launch import launch_router
 
             services.router = launch_router(config.router, host="127.0.0.1", worker_urls=services.engine_urls,
-                                            log_path=run_dir / "logs" / "router.log",
+                                            log_path=RunLayout(run_dir).log("router.log"),
                                             serve_args=timeline_flag(run_dir))
             services.rollout_url = services.router.url
     except BaseException:

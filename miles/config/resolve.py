@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.config.rollout import DEFAULT_EVAL_NAME
+from miles.record import layout
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def resolve(config, task: TaskDefaults | None = None):
         prompt_data = str(task.train_data)
         eval_pairs = eval_pairs or [task.eval_name, str(task.eval_data)]
     model = _absolute(r.hf_checkpoint) or (str(task.model) if task is not None else None)
-    save = _absolute(t.save) or str(run_dir / "checkpoints")
+    save = _absolute(t.save) or str(run_dir / layout.CHECKPOINTS)
     # Miles' --rollout-num-gpus-per-engine is the tensor-parallel size of each SGLang engine
     tp_size = max(config.engine.sglang_tp_size, r.rollout_num_gpus_per_engine)
     return config.replace(
@@ -54,8 +55,8 @@ def resolve(config, task: TaskDefaults | None = None):
         prompt_data=prompt_data,
         eval_prompt_data=[v if i % 2 == 0 else _absolute(v) for i, v in enumerate(eval_pairs)],
         save=save, load=_absolute(t.load) or save,
-        mlflow_tracking_uri=tr.mlflow_tracking_uri or f"sqlite:///{run_dir / 'mlflow.db'}",
-        tensorboard_dir=_absolute(tr.tensorboard_dir) or str(run_dir / "tensorboard"),
+        mlflow_tracking_uri=tr.mlflow_tracking_uri or f"sqlite:///{run_dir / layout.MLFLOW_DB}",
+        tensorboard_dir=_absolute(tr.tensorboard_dir) or str(run_dir / layout.TENSORBOARD),
         wandb_dir=_absolute(tr.wandb_dir) or str(run_dir),
     )
 

@@ -16,15 +16,14 @@ from typing import Any
 
 import yaml
 
-from miles.record.tokens import TOKENS_DIR
-from miles.record.journal import JOURNAL_NAME
-from miles.record.samples import SAMPLES_DIR
-from miles.record.timeline import TIMELINE_NAME
-from miles.tracking.state import CONFIG_ARTIFACT
+from miles.record import layout
 
-HEALTH_NAME = "health.jsonl"  # the health watch's verdicts: {rollout_id, signal, severity, message, values}
-PROFILER_SUMMARIES = Path("profiler") / "summaries.jsonl"  # {target, rank, start, end, trace, top_ops, spans}
-BASE_EVAL = "base_eval.json"
+# what the dashboard reads (miles.record.layout names every file of RUN_DIR)
+JOURNAL_NAME, TIMELINE_NAME, SAMPLES_DIR, TOKENS_DIR = layout.JOURNAL, layout.TIMELINE, layout.SAMPLES, layout.TOKENS
+CONFIG_ARTIFACT = Path(layout.TRACKING_CONFIG)
+HEALTH_NAME = layout.HEALTH  # the health watch's verdicts: {rollout_id, signal, severity, message, values}
+PROFILER_SUMMARIES = Path(layout.PROFILER_SUMMARIES)  # {target, rank, start, end, trace, top_ops, spans}
+BASE_EVAL = layout.BASE_EVAL
 
 
 @dataclass

@@ -120,7 +120,7 @@ def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = 
     from pathlib import Path
 
     from miles.config import ConfigError
-    from miles.health.summary import format_table, summarize
+    from miles.health.verdicts import format_table, summarize
     from miles.health.history import from_mlflow, from_run_dir
 
     if Path(target).is_dir():

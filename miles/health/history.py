@@ -17,7 +17,7 @@ from miles.config.parse import build_section
 from miles.health.detectors import Rollout, RunFacts
 from miles.health.watch import rollouts_of
 from miles.record.journal import JOURNAL_NAME, JournalLine, read_journal
-from miles.tracking.state import CONFIG_ARTIFACT
+from miles.record.layout import TRACKING_CONFIG as CONFIG_ARTIFACT
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.record import layout
 from miles.record.journal import JournalLine
 from miles.record.names import step_key
 
-REPORT_NAME = "report.png"
+REPORT_NAME = layout.REPORT
 
 
 @dataclass(frozen=True)

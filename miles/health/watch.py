@@ -15,9 +15,10 @@ from typing import Any, Iterable
 from miles.config.health import HealthConfig
 from miles.health.detectors import DETECTORS, Rollout, RunFacts, judge
 from miles.health.signals import RED, Verdict, metric_name
+from miles.record import layout
 from miles.record.journal import JournalLine
 
-HEALTH_LOG = "health.jsonl"
+HEALTH_LOG = layout.HEALTH
 
 
 def run_facts(config: Any) -> RunFacts:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.mlflow_ui.app import APP_NAME, MODEL_TRAINING, WORKFLOW_TYPE_PARAM
+from miles.record.layout import RunLayout
 from miles.serving.process import free_port, log_tail, wait_healthy
 
 DEFAULT_PORT = 5000  # `mlflow ui`'s own default, so a printed link and a typed command agree
@@ -61,7 +62,7 @@ def start_ui(uri: str, run_dir: Path, timeout: float = START_TIMEOUT_S) -> Mlflo
     so it outlives the run for browsing; return once it answers /health."""
     check_app_installed()
     port = DEFAULT_PORT if _port_free(DEFAULT_PORT) else free_port()
-    log_path = Path(run_dir) / "logs" / "mlflow-ui.log"
+    log_path = RunLayout(run_dir).log("mlflow-ui.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
             "--port", str(port), "--workers", "1", "--app-name", APP_NAME]

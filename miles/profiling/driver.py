@@ -23,11 +23,12 @@ from miles.profiling import pyspy
 from miles.profiling.ray_timeline import save_ray_timeline
 from miles.profiling.summary import WindowSummary, append_summaries, format_table, summarize_trace
 from miles.profiling.window import ProfileWindow, profiler_dir, window_from_config
+from miles.record import layout
 
 log = logging.getLogger(__name__)
 _IDLE = nullcontext()
 TRAINER_SPANS = ("rollout", "update_weights", "checkpoint", "eval")  # log_probs, actor_train: inside the ranks
-REQUESTED = "requested_windows.jsonl"  # windows asked for while training (request_window), for later chunks
+REQUESTED = Path(layout.PROFILER_REQUESTED).name  # windows asked for while training (request_window), for later chunks
 
 
 def requested(run_dir: Path) -> list[tuple[int, int]]:

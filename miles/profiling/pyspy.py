@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from miles.profiling.window import profiler_dir
+from miles.record import layout
 
 log = logging.getLogger(__name__)
-PROCESSES = "processes.json"
+PROCESSES = Path(layout.PROFILER_PROCESSES).name
 DUMP_TIMEOUT_S = 30.0
 PTRACE_HINTS = ("Permission denied", "Operation not permitted", "ptrace")
 
@@ -24,7 +25,7 @@ class PySpyUnavailable(RuntimeError):
 
 
 def dump_dir(run_dir: Path) -> Path:
-    return profiler_dir(run_dir) / "py-spy"
+    return Path(run_dir) / layout.PY_SPY
 
 
 def write_processes(run_dir: Path, processes: dict[str, int]) -> Path:

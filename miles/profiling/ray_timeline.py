@@ -5,12 +5,12 @@ from pathlib import Path
 
 import ray
 
-from miles.profiling.window import profiler_dir
+from miles.record import layout
 
 
 def save_ray_timeline(run_dir: Path) -> Path:
     """Write `ray.timeline()` of the connected cluster to RUN_DIR/profiler/ray-timeline.json."""
-    path = profiler_dir(run_dir) / "ray-timeline.json"
+    path = Path(run_dir) / layout.RAY_TIMELINE
     path.parent.mkdir(parents=True, exist_ok=True)
     ray.timeline(filename=str(path))
     return path

@@ -4,21 +4,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.record import layout
+
 # The named spans of `train_overall`, in the order an iteration runs them.
 PHASES = ("rollout", "log_probs", "actor_train", "update_weights", "checkpoint", "eval")
-SUMMARIES = "summaries.jsonl"
+SUMMARIES = Path(layout.PROFILER_SUMMARIES).name
 
 
 def profiler_dir(run_dir: Path) -> Path:
     """RUN_DIR/profiler: summaries, py-spy dumps, the Ray timeline (and traces by default)."""
-    return Path(run_dir) / "profiler"
+    return Path(run_dir) / layout.PROFILER
 
 
 def trace_root(config, run_dir: Path) -> Path:
     """Where traces go: a --tensorboard-dir the user gave (the TensorBoard profile plugin reads it), else
     RUN_DIR/profiler (a resolved config carries RUN_DIR/tensorboard when none was given: not a choice)."""
     given = config.tracking.tensorboard_dir
-    default = (Path(run_dir) / "tensorboard").absolute()
+    default = (Path(run_dir) / layout.TENSORBOARD).absolute()
     if given and Path(given).expanduser().absolute() != default:
         return Path(given).expanduser().absolute()
     return profiler_dir(run_dir).absolute()

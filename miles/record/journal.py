@@ -13,8 +13,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-JOURNAL_NAME = "metrics.jsonl"
-REDONE_PATH = Path("tracking") / "redone.jsonl"  # lines of rollouts redone after a crash (see Journal)
+from miles.record import layout
+
+JOURNAL_NAME = layout.JOURNAL
+REDONE_PATH = Path(layout.REDONE)  # lines of rollouts redone after a crash (see Journal)
 BOOKKEEPING = ("rollout_id", "time")
 BASE_EVAL_ROLLOUT_ID = -1  # the line of the eval before training: it sorts before rollout 0
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SAMPLES_DIR = "samples"
+from miles.record import layout
+
+SAMPLES_DIR = layout.SAMPLES
 
 
 def samples_path(run_dir: Path, rollout_id: int) -> Path:

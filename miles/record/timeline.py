@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-TIMELINE_NAME = "timeline.jsonl"
+from miles.record import layout
+
+TIMELINE_NAME = layout.TIMELINE
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-TOKENS_DIR = "tokens"
+from miles.record import layout
+
+TOKENS_DIR = layout.TOKENS
 DIGITS = 4
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from miles.config import ConfigError
+from miles.record import layout
 from miles.run.observer import Observer
 
 KINDS = ("raise", "kill", "kill-engine")
@@ -43,7 +44,7 @@ class FaultInjector(Observer):
         fault = self.fault
         if fault is None or fault.rollout_id != rollout_id:
             return
-        marker = self.run_dir / "faults" / f"{fault.kind}@{fault.rollout_id}"
+        marker = self.run_dir / layout.FAULTS / f"{fault.kind}@{fault.rollout_id}"
         if marker.exists():
             return
         marker.parent.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 from miles.config import ConfigError
+from miles.record import layout
 
-LOCK_NAME = ".lock"
+LOCK_NAME = layout.LOCK
 
 
 class RunDirLock:

@@ -20,25 +20,26 @@ import yaml
 
 from miles.config.secrets import public_params, scrubber_for
 from miles.health.report import REPORT_NAME, write_report
+from miles.record import layout
 from miles.record.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
 from miles.record.names import map_metrics
 from miles.record.row import format_eval, format_row
 from miles.record.samples import samples_due, write_samples
-from miles.record.run_info import describe, run_name, run_tags
+from miles.config.run_info import describe, run_name, run_tags
 from miles.tracking.delivery_process import DeliveryProcess
 from miles.tracking.hooks import load_hooks
 from miles.tracking.sinks.base import SinkSpec
-from miles.tracking.sinks.mlflow_sink import default_tracking_uri
 from miles.tracking.sinks.wandb_sink import new_run_id, resolve_mode
 from miles.tracking.state import CONFIG_ARTIFACT, DeliveryState, TrainerFile, spooled
 
 log = logging.getLogger("miles.tracking")
-PROFILER_DIRS = ("profiler", "profiles", "traces")  # under RUN_DIR, uploaded when present
+PROFILER_DIRS = (layout.PROFILER,)  # under RUN_DIR, uploaded when present
 
 
 def build_specs(config: Any, run_dir: Path, extra: dict) -> dict[str, SinkSpec]:
-    """The spec of every tracker that is on. A run id comes from its flag, else the checkpoint's
-    `extra`, else the run dir's delivery state (same run dir, same runs)."""
+    """The spec of every tracker that is on (`config` is resolved: its tracker locations are set). A run
+    id comes from its flag, else the checkpoint's `extra`, else the run dir's delivery state (same run
+    dir, same runs)."""
     t, before = config.tracking, DeliveryState.load(run_dir).sinks
 
     def known(name: str) -> str | None:
@@ -47,19 +48,19 @@ def build_specs(config: Any, run_dir: Path, extra: dict) -> dict[str, SinkSpec]:
     specs: dict[str, SinkSpec] = {}
     if t.use_wandb:
         specs["wandb"] = SinkSpec("wandb", dict(
-            run_id=t.wandb_run_id or known("wandb") or new_run_id(), directory=str(t.wandb_dir or run_dir),
+            run_id=t.wandb_run_id or known("wandb") or new_run_id(), directory=str(t.wandb_dir),
             mode=resolve_mode(t.wandb_mode, t.wandb_key), project=t.wandb_project, group=t.wandb_group,
             entity=t.wandb_team, run_name=None))
     if t.use_mlflow:
-        uri = t.mlflow_tracking_uri or default_tracking_uri(run_dir)
+        uri = t.mlflow_tracking_uri
         local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
         specs["mlflow"] = SinkSpec("mlflow", dict(
             tracking_uri=uri, experiment=t.mlflow_experiment_name, run_id=t.mlflow_run_id or known("mlflow"),
-            run_name=t.mlflow_run_name or run_name(run_dir), artifact_dir=str(run_dir / "mlartifacts") if local else None,
+            run_name=t.mlflow_run_name or run_name(run_dir), artifact_dir=str(run_dir / layout.MLARTIFACTS) if local else None,
             tags=run_tags(config, run_dir), description=describe(config, run_dir),
             system_metrics=t.mlflow_system_metrics))
     if t.use_tensorboard:
-        specs["tensorboard"] = SinkSpec("tensorboard", dict(log_dir=str(t.tensorboard_dir or run_dir / "tensorboard")))
+        specs["tensorboard"] = SinkSpec("tensorboard", dict(log_dir=str(t.tensorboard_dir)))
     return specs
 
 

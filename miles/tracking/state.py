@@ -23,15 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from miles.record import layout
 from miles.record.journal import JOURNAL_NAME, read_journal
 from miles.tracking.sinks.base import SinkSpec
 
 log = logging.getLogger("miles.tracking")
-CONFIG_ARTIFACT = Path("tracking") / "config.yaml"  # the public (redacted) config: tracker params, an artifact
-TRAINER_PATH = Path("tracking") / "trainer.json"
-DELIVERY_PATH = Path("tracking") / "delivery.json"
-DELIVERY_LOCK_PATH = Path("tracking") / "delivery.lock"
-DELIVERY_LOG_PATH = Path("tracking") / "delivery.log"
+CONFIG_ARTIFACT = Path(layout.TRACKING_CONFIG)  # the public (redacted) config: tracker params, an artifact
+TRAINER_PATH = Path(layout.TRAINER_STATE)
+DELIVERY_PATH = Path(layout.DELIVERY_STATE)
+DELIVERY_LOCK_PATH = Path(layout.DELIVERY_LOCK)
+DELIVERY_LOG_PATH = Path(layout.DELIVERY_LOG)
 
 
 def _write_atomic(path: Path, data: dict) -> None:

@@ -32,10 +32,6 @@ MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LEN = 6000
 
 
-def default_tracking_uri(run_dir: Path) -> str:
-    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
-
-
 class MlflowSink:
     name = "mlflow"
 

@@ -1,4 +1,4 @@
-"""`miles doctor RUN_DIR`: replay a run's history through the live detectors and print one row per signal."""
+"""Verdicts of a run summed per signal, and the table `miles doctor RUN_DIR` prints (one row per signal)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

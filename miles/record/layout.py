@@ -1,0 +1,106 @@
+"""The run directory as a schema: every file and folder a run writes, named once, with who writes it.
+
+RUN_DIR is the protocol between the trainer, the tracker delivery process, the health watch, the
+dashboard, `miles doctor` and the flow: each reads what another wrote, often from another process
+or after a crash. So the names live here and nowhere else; writers and readers take them from this
+module (`RunLayout(run_dir).journal`, or the relative names below for code that joins them itself).
+The README's "Where the log files live" table is checked against `ENTRIES` by the tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file (or folder, `path` ending in "/") of RUN_DIR, relative to it."""
+
+    path: str
+    writer: str
+    what: str
+
+
+ENTRIES: dict[str, Entry] = dict([
+    ("journal", Entry("metrics.jsonl", "trainer", "one JSON line per iteration: the source of truth of every tracker")),
+    ("health", Entry("health.jsonl", "health watch", "one line per flag per rollout")),
+    ("timeline", Entry("timeline.jsonl", "trainer, ranks, engines, router", "the phase timeline (spans)")),
+    ("base_eval", Entry("base_eval.json", "trainer", "the eval of the starting weights")),
+    ("report", Entry("report.png", "tracker", "the run report's curves")),
+    ("samples", Entry("samples/", "tracker", "sample tables, rollout_NNNNNN.jsonl")),
+    ("tokens", Entry("tokens/", "trainer", "per-token data of the logged samples, rollout_NNNNNN.jsonl")),
+    ("tracking_config", Entry("tracking/config.yaml", "tracker", "the redacted config: tracker params")),
+    ("trainer_state", Entry("tracking/trainer.json", "tracker", "what the trainer asks of the delivery process")),
+    ("redone", Entry("tracking/redone.jsonl", "tracker", "journal lines of rollouts redone after a crash")),
+    ("delivery_state", Entry("tracking/delivery.json", "delivery process", "cursors and run ids per tracker")),
+    ("delivery_lock", Entry("tracking/delivery.lock", "delivery process", "one delivery process per run")),
+    ("delivery_log", Entry("tracking/delivery.log", "delivery process", "tracker failures, recoveries, run ids")),
+    ("logs", Entry("logs/", "engines, router, MLflow UI", "engine-<i>.log, router.log, mlflow-ui.log")),
+    ("profiler", Entry("profiler/", "profiler", "profiling windows' traces (unless --tensorboard-dir)")),
+    ("profiler_summaries", Entry("profiler/summaries.jsonl", "profiler", "one line per window, target and rank")),
+    ("profiler_requested", Entry("profiler/requested_windows.jsonl", "profiler", "windows asked for while training")),
+    ("profiler_processes", Entry("profiler/processes.json", "profiler", "the run's pids, for py-spy")),
+    ("py_spy", Entry("profiler/py-spy/", "profiler", "py-spy dumps, <time>/<process>-<pid>.txt")),
+    ("ray_timeline", Entry("profiler/ray-timeline.json", "profiler", "ray.timeline() of the run or chunk")),
+    ("checkpoints", Entry("checkpoints/", "trainer", "iter_NNNNNNN checkpoints (the default --save)")),
+    ("weights", Entry("weights/", "trainer", "weights staged for the engines (weight sync from disk)")),
+    ("faults", Entry("faults/", "--inject-fault", "markers of faults already fired")),
+    ("lock", Entry(".lock", "trainer", "one trainer per run dir")),
+    ("mlflow_db", Entry("mlflow.db", "MLflow sink", "the MLflow store (the default --mlflow-tracking-uri)")),
+    ("mlartifacts", Entry("mlartifacts/", "MLflow sink", "MLflow artifacts of a local store")),
+    ("tensorboard", Entry("tensorboard/", "TensorBoard sink", "event files (the default --tensorboard-dir)")),
+    ("wandb", Entry("wandb/", "wandb sink", "wandb's local run files (the default --wandb-dir is RUN_DIR)")),
+])
+
+
+def _name(key: str) -> str:
+    return ENTRIES[key].path.rstrip("/")
+
+
+# Relative names, for modules that join them to a run dir they hold.
+JOURNAL = _name("journal")
+HEALTH = _name("health")
+TIMELINE = _name("timeline")
+BASE_EVAL = _name("base_eval")
+REPORT = _name("report")
+SAMPLES = _name("samples")
+TOKENS = _name("tokens")
+TRACKING_CONFIG = _name("tracking_config")
+TRAINER_STATE = _name("trainer_state")
+REDONE = _name("redone")
+DELIVERY_STATE = _name("delivery_state")
+DELIVERY_LOCK = _name("delivery_lock")
+DELIVERY_LOG = _name("delivery_log")
+LOGS = _name("logs")
+PROFILER = _name("profiler")
+PROFILER_SUMMARIES = _name("profiler_summaries")
+PROFILER_REQUESTED = _name("profiler_requested")
+PROFILER_PROCESSES = _name("profiler_processes")
+PY_SPY = _name("py_spy")
+RAY_TIMELINE = _name("ray_timeline")
+CHECKPOINTS = _name("checkpoints")
+WEIGHTS = _name("weights")
+FAULTS = _name("faults")
+LOCK = _name("lock")
+MLFLOW_DB = _name("mlflow_db")
+MLARTIFACTS = _name("mlartifacts")
+TENSORBOARD = _name("tensorboard")
+WANDB = _name("wandb")
+
+
+class RunLayout:
+    """The paths of one run dir: `RunLayout(run_dir).journal` is RUN_DIR/metrics.jsonl, and so on for every
+    key of `ENTRIES`."""
+
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir)
+
+    def __getattr__(self, key: str) -> Path:
+        entry = ENTRIES.get(key)
+        if entry is None:
+            raise AttributeError(f"RUN_DIR has no entry {key!r}; see miles.record.layout.ENTRIES")
+        return self.root / entry.path.rstrip("/")
+
+    def log(self, name: str) -> Path:
+        """RUN_DIR/logs/<name> (engine-<i>.log, router.log, mlflow-ui.log)."""
+        return self.root / LOGS / name
