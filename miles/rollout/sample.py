@@ -42,10 +42,6 @@ class Sample:
     turns: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def prompt_length(self) -> int:
-        return len(self.tokens) - self.response_length
-
-    @property
     def response_ids(self) -> list[int]:
         return self.tokens[len(self.tokens) - self.response_length:]
 

@@ -9,12 +9,14 @@ from miles.tracking.hooks import validate_tracking_config
 
 def open_tracking(config: Any, run_dir: Path):
     """The run's `RunTracker` (journal and stdout always on; the trackers as configured). The trackers'
-    locations come from `config` resolved for `run_dir`: a no-op for a run's prepared config, and the
-    same defaults for a tracker opened on raw flags (as tools and tests do)."""
-    from miles.config.resolve import resolve
+    locations come from the run's prepared config; raw flags (as tools and tests pass) are resolved for
+    `run_dir` here, with the same defaults."""
+    from miles.config.resolve import is_resolved, resolve
     from miles.tracking.run_tracker import RunTracker  # the sinks' specs and the delivery process
 
-    return RunTracker(resolve(config.replace(run_dir=str(run_dir))), Path(run_dir))
+    if not (is_resolved(config) and Path(config.train.run_dir) == Path(run_dir).resolve()):
+        config = resolve(config.replace(run_dir=str(run_dir)))
+    return RunTracker(config, Path(run_dir))
 
 
 __all__ = ["open_tracking", "validate_tracking_config"]
