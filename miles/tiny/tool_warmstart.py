@@ -147,7 +147,8 @@ def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
             if step % RECIPE["eval_every"] == 0:
                 report = evaluate_format(model, tokenizer, evals)
                 if progress and not sys.stdout.isatty():  # no bar off a terminal: a line per check
-                    print(f"[tiny] warm start step {step}/{RECIPE['max_steps']}: held-out tool path {report['tool_path_greedy_accuracy']:.2f} (target {RECIPE['target_tool_path']})", flush=True)
+                    print(f"[tiny] warm start step {step}/{RECIPE['max_steps']}: held-out tool path "
+                          f"{report['tool_path_greedy_accuracy']:.2f} (target {RECIPE['target_tool_path']})", flush=True)
                 history.append(dict(step=step, **report))
                 if report["tool_path_greedy_accuracy"] >= RECIPE["target_tool_path"]:
                     break

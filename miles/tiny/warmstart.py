@@ -148,7 +148,8 @@ def warm_start(out_dir: Path, progress: bool = True) -> dict:
             if step % RECIPE["eval_every"] == 0:
                 greedy = eval_accuracy(model, tokenizer, evals, sample=False)
                 if progress and not sys.stdout.isatty():  # no bar off a terminal: a line per check
-                    print(f"[tiny] warm start step {step}/{RECIPE['max_steps']}: held-out greedy accuracy {greedy:.2f} (target {TARGET_GREEDY})", flush=True)
+                    print(f"[tiny] warm start step {step}/{RECIPE['max_steps']}: held-out greedy accuracy "
+                          f"{greedy:.2f} (target {TARGET_GREEDY})", flush=True)
                 if greedy >= TARGET_GREEDY:
                     break
     sampled = eval_accuracy(model, tokenizer, evals, sample=True, seed=seed)

@@ -47,4 +47,5 @@ def test_a_deployment_run_completes_through_a_worker(deployed, tmp_path):
     worker = subprocess.run([PREFECT, "worker", "start", "--pool", POOL, "--run-once"], env=env, cwd=PROJECT_DIR,
                             capture_output=True, text=True, timeout=900)
     assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
+    assert (tmp_path / "run" / "metrics.jsonl").is_file(), worker.stdout[-3000:] + worker.stderr[-3000:]
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
