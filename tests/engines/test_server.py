@@ -108,13 +108,16 @@ def test_metrics_use_sglang_names_and_count(client):
 
 def test_concurrent_requests_are_decoded_together(engine, client):
     before = client.get("/get_server_info").json()
-    bodies = [{"text": f"{i}+{i}=", "sampling_params": {"max_new_tokens": 3, "temperature": 1.0}}
+    # ignore_eos: all rows end at the same step, so the second 16 wait for the first to leave together
+    # (a row ending early at EOS would let a waiting request into its place at once)
+    bodies = [{"text": f"{i}+{i}=", "sampling_params": {"max_new_tokens": 3, "temperature": 1.0, "ignore_eos": True}}
               for i in range(2 * MAX_BATCH)]
     responses = post_while_paused(engine.url, "/generate", bodies)
     assert all(r.status_code == 200 for r in responses)
     after = client.get("/get_server_info").json()
-    assert after["max_batch_size_seen"] == MAX_BATCH  # 32 queued requests -> two full batches
+    assert after["max_batch_size_seen"] == MAX_BATCH  # 32 queued requests -> two full prefill groups
     assert after["num_batches"] - before["num_batches"] == 2
+    assert after["num_decode_steps"] - before["num_decode_steps"] == 4  # 2 per group: 3 tokens, 1 from prefill
 
 
 def test_queue_full_is_503_and_engine_recovers(engine, client):
