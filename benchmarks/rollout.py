@@ -7,7 +7,7 @@ tokens/s at 64 new tokens.
 Everything runs in one invocation, side by side: an engine (the default `EngineConfig`: max batch 64, one
 torch thread) and a router in front of it start as the default run starts them; the rollout is the default
 config's (`--rollout-batch-size` 32 prompts x `--n-samples-per-prompt` 8, at most 8 new tokens, T=1,
-`--sglang-server-concurrency` 64), sent by the trainer's own `generate_groups`, through the router and,
+`--sglang-server-concurrency` 64), sent by the trainer's own `generate_groups` (and its HTTP client for the req/s and tokens/s figures), through the router and,
 to see what the router adds, straight to the engine. The in-process limit is `model.generate` on the same
 left-padded prompts with a KV cache in this process (the engine idles meanwhile). Each figure is the median
 of --reps runs. Prints a table, then one JSON line with the figures and ratios.
@@ -31,6 +31,7 @@ from miles.config import EngineConfig, RolloutConfig, RouterConfig  # noqa: E402
 from miles.engines.launch import launch_engine  # noqa: E402
 from miles.rollout.data import read_prompts  # noqa: E402
 from miles.rollout.generate import RolloutSampling, encode_prompt, generate_groups  # noqa: E402
+from miles.rollout.http_client import json_poster  # noqa: E402
 from miles.router.launch import launch_router  # noqa: E402
 from miles.tiny.warmstart import default_task_data, ensure_base_model  # noqa: E402
 
@@ -78,19 +79,23 @@ def in_process_seconds(model, tokenizer, prompt_ids: list[list[int]], max_new_to
 
 
 async def concurrent_requests(url: str, bodies: list[dict], concurrency: int) -> tuple[float, int]:
-    """Send `bodies` to /generate with `concurrency` in flight (the rollout client's pool); seconds, tokens."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    """Send `bodies` to /generate with `concurrency` in flight over the rollout's own client; seconds, tokens."""
+    client = json_poster(url, 600.0, concurrency)
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        async def one(body):
-            async with gate:
-                r = await client.post(f"{url}/generate", json=body)
-            r.raise_for_status()
-            return r.json()["meta_info"]["completion_tokens"]
 
+    async def one(body):
+        async with gate:
+            status, raw = await client.post("/generate", body)
+        if status != 200:
+            raise RuntimeError(f"/generate answered {status}: {raw[:200]!r}")
+        return json.loads(raw)["meta_info"]["completion_tokens"]
+
+    try:
         start = time.perf_counter()
         tokens = await asyncio.gather(*(one(b) for b in bodies))
         return time.perf_counter() - start, sum(tokens)
+    finally:
+        await client.aclose()
 
 
 def median(xs: list[float]) -> float:

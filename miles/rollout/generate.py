@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import httpx
-
 from miles.rollout.data import Prompt
+from miles.rollout.http_client import HttpxPoster, LeanPoster, PostFailed, json_poster
 from miles.rollout.sample import FINISH_TO_STATUS, Sample, Status
 
 
@@ -54,17 +54,24 @@ class GenerateState:
     url: str
     tokenizer: Any
     args: Any
-    client: httpx.AsyncClient
+    client: LeanPoster | HttpxPoster  # pooled keep-alive connections to `url` (http_client.py)
     gate: asyncio.Semaphore
 
     async def generate(self, payload: dict[str, Any], routing_key: str | None = None) -> dict[str, Any]:
         """POST /generate; with `routing_key`, every request of that key goes to the same engine."""
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         async with self.gate:
-            response = await self.client.post(f"{self.url}/generate", json=payload, headers=headers)
-        if response.status_code != 200:
-            raise GenerateError(f"POST {self.url}/generate answered {response.status_code}: {response.text[:300]}")
-        return response.json()
+            try:
+                status, body = await self.client.post("/generate", payload, headers)
+            except PostFailed as exc:
+                raise GenerateError(f"{self.url}: {exc}") from None
+        if status != 200:
+            text = body[:300].decode("utf-8", "replace")
+            raise GenerateError(f"POST {self.url}/generate answered {status}: {text}")
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise GenerateError(f"POST {self.url}/generate answered 200 with a body that is not JSON: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -117,10 +124,12 @@ async def _finish(fn: Callable, state: GenerateState, sample: Sample, params: di
 
 async def _generate_all(url: str, jobs: list[tuple[dict, Sample]], tokenizer, args, fn: Callable,
                         concurrency: int, timeout: float, evaluation: bool) -> list[Sample]:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    client = json_poster(url, timeout, concurrency)
+    try:
         state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(concurrency))
         return list(await asyncio.gather(*(_finish(fn, state, base, params, evaluation) for params, base in jobs)))
+    finally:
+        await client.aclose()
 
 
 def encode_prompt(tokenizer, text: str, apply_chat_template: bool) -> list[int]:
