@@ -215,3 +215,23 @@ def test_unknown_fields_are_ignored(client):
     out = client.post("/generate", json={"text": "1+1=", "no_such_field": 1,
                                           "sampling_params": {"max_new_tokens": 1, "made_up": True}})
     assert out.status_code == 200
+
+
+def test_a_client_that_leaves_has_its_request_aborted(engine, client):
+    """A non-streamed /generate whose client disconnects is aborted (the watch on the client starts only
+    once the request has waited a while): paused, so the request is surely still queued when it leaves."""
+    import socket
+
+    body = json.dumps({"text": "1+1=", "rid": "leaver", "sampling_params": {"max_new_tokens": 4}}).encode()
+    head = (f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1:{engine.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    client.post("/pause_generation").raise_for_status()
+    try:
+        with socket.create_connection(("127.0.0.1", engine.port), timeout=60) as sock:
+            sock.sendall(head + body)
+            wait_for(lambda: queued(client) == 1, "the request in the queue")
+        wait_for(lambda: queued(client) == 0, "the queue emptied by the abort")
+    finally:
+        client.post("/continue_generation").raise_for_status()
+    # nothing of it was decoded: the abort took it out of the queue
+    assert client.post("/abort_request", json={"rid": "leaver"}).json()["aborted"] == 0
