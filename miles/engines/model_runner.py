@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 def pick_device(device: str) -> torch.device:
@@ -89,6 +90,9 @@ class ModelRunner:
         self.context_length = context_length or _model_context_length(self.config, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = _eos_ids(self.config, self.tokenizer)
+        # Rows can join a running batch only when every cache layer is a plain full-attention one
+        # (`StepState.merge` pads along time; a sliding-window layer keeps a window it cannot pad).
+        self.merges_batches = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.config).layers)
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, StepState]:

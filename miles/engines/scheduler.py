@@ -196,6 +196,8 @@ class Scheduler:
                 admitted: list[EngineRequest] = []
                 if not (self._paused or self._controls or controls):
                     room = self.max_batch_size - len(self._running)
+                    if self._running and not self.runner.merges_batches:
+                        room = 0  # this model's cache cannot take rows mid-decode: batches run to their end
                     admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
                     if admitted and self._running:
                         self._joined_running += len(admitted)

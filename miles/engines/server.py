@@ -96,7 +96,8 @@ class EngineServer:
         app = self.app
         admin = {"dependencies": [Depends(self.require_admin)]}
         # /generate is the rollout's hot path: a plain ASGI route (still inside the app's middleware) that
-        # skips FastAPI's per-request handler machinery, measured at about a third of a short request's time.
+        # skips FastAPI's per-request handler machinery (interleaved A/B, 64 in flight: 1,245-1,828 vs
+        # 867-1,336 short requests/s).
         app.router.routes.append(Route("/generate", AsgiEndpoint(self.generate), methods=["POST"]))
         for method in (app.get, app.post):
             method("/health")(self.health)

@@ -185,3 +185,17 @@ def test_a_prefill_that_breaks_fails_alone_and_spares_the_running_batch(schedule
     assert good.result().finish_reason.type == "length" and len(good.result().output_ids) == 5
     assert running.result().finish_reason.type == "length" and len(running.result().output_ids) == 20
     assert calls[1:] == [2, 1, 1]  # the group, then each of its requests alone
+
+
+def test_a_model_whose_cache_cannot_merge_runs_each_batch_to_its_end(scheduler, runner, monkeypatch):
+    """The fallback for sliding-window caches: a request arriving mid-decode waits for the batch to end,
+    and still samples what it samples alone."""
+    monkeypatch.setattr(runner, "merges_batches", False)
+    long_p, short_p = params(12, seed=21), params(4, seed=22)
+    short = Tracked(scheduler, "short", prompt(runner, "3+4="), short_p)
+    long = Tracked(scheduler, "long", prompt(runner, "12+13="), long_p).on_token(3, short.submit).submit()
+    seen: list[int] = []
+    short.done.add_done_callback(lambda _: seen.append(len(long.tokens)))
+    assert len(long.result().output_ids) == 12 and len(short.result().output_ids) == 4
+    assert seen == [12] and scheduler.stats().num_joined_running == 0
+    assert short.result().output_ids == alone(scheduler, "s2", short.request.prompt_ids, short_p).output_ids
