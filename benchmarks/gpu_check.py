@@ -48,7 +48,7 @@ def one_step(model, optimizer, device: torch.device) -> float:
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(loss)
+    return float(loss.detach())
 
 
 def training_step(model_dir: str, out: Path) -> dict:
