@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 def pick_device(device: str) -> torch.device:
@@ -22,7 +23,9 @@ def pick_device(device: str) -> torch.device:
 
 @dataclass
 class StepState:
-    """A running batch on the device: (B, T) attention mask, (B, 1) next positions, the KV cache."""
+    """A running batch on the device: (B, T) attention mask, (B, 1) next positions, the KV cache.
+
+    Rows join (`merge`) and leave (`keep_rows`) between decode steps: the continuous batch."""
 
     attention_mask: torch.Tensor
     next_positions: torch.Tensor
@@ -34,6 +37,41 @@ class StepState:
         self.next_positions = self.next_positions[index]
         for layer in self.cache.layers:
             layer.batch_select_indices(index)
+        self._drop_empty_columns()
+
+    def merge(self, other: "StepState") -> None:
+        """Append the rows of `other` (a batch prefilled just now) to this running batch.
+
+        Both are left-padded; the shorter one gets more left padding (masked out, zero K/V) so the
+        time axes line up. Positions are per row, so a row's logits do not depend on the padding."""
+        width = max(self.attention_mask.shape[1], other.attention_mask.shape[1])
+        self.attention_mask = torch.cat([_left_pad(self.attention_mask, width), _left_pad(other.attention_mask, width)])
+        self.next_positions = torch.cat([self.next_positions, other.next_positions])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            for name in ("keys", "values"):
+                a, b = getattr(mine, name), getattr(theirs, name)
+                setattr(mine, name, torch.cat([_left_pad(a, width, dim=2), _left_pad(b, width, dim=2)]))
+
+    def _drop_empty_columns(self) -> None:
+        """Once the longest rows have left, the leading columns are padding in every row: cut them, so
+        the cache and each step's attention stay as wide as the rows still running need."""
+        used = self.attention_mask.any(dim=0).nonzero()
+        start = int(used[0]) if len(used) else 0
+        if start == 0:
+            return
+        self.attention_mask = self.attention_mask[:, start:]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
+    """`t` with zeros prepended along `dim` up to `width`."""
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 class ModelRunner:
@@ -52,6 +90,9 @@ class ModelRunner:
         self.context_length = context_length or _model_context_length(self.config, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = _eos_ids(self.config, self.tokenizer)
+        # Rows can join a running batch only when every cache layer is a plain full-attention one
+        # (`StepState.merge` pads along time; a sliding-window layer keeps a window it cannot pad).
+        self.merges_batches = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.config).layers)
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, StepState]:
@@ -83,7 +124,7 @@ class ModelRunner:
 
     @torch.no_grad()
     def load_weights(self, named: dict[str, torch.Tensor]) -> None:
-        """Copy already-checked tensors into the live parameters (call only between batches)."""
+        """Copy already-checked tensors into the live parameters (call only while no request runs)."""
         live = self.model.state_dict()
         for name, tensor in named.items():
             live[name].copy_(tensor.to(device=live[name].device, dtype=live[name].dtype))

@@ -1,9 +1,12 @@
-"""The engine's scheduler thread: queue requests, decode them together in batches, hand back results.
+"""The engine's scheduler thread: queue requests, decode them together in one continuous batch, hand back results.
 
-Requests wait in a FIFO queue; the thread takes up to `max_batch_size` of them, runs them
-as one left-padded batch to completion (finished rows leave the batch and its KV cache
-at once), then takes the next batch. Work that must not overlap a batch (weight swaps)
-runs between batches, so every response comes from exactly one weight version.
+Requests wait in a FIFO queue. Before every decode step the thread admits waiting requests
+into the free rows of the running batch (up to `max_batch_size` rows): it prefills them as
+one left-padded group, samples their first token, and merges their KV cache into the
+running one, so they decode together with the rows already running from the next step on.
+A finished row leaves the batch and its cache at once. Work that must not overlap decoding
+(weight swaps, profiler start/stop) waits until the running batch is empty; while it waits
+no request is admitted, so every response comes from exactly one weight version.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Callable
 import torch
 
 from miles.engines.metrics import EngineMetrics
-from miles.engines.model_runner import ModelRunner
+from miles.engines.model_runner import ModelRunner, StepState
 from miles.engines.sglang_request import FinishReason, GenerationResult, RequestError, SamplingParams
 from miles.engines.sampling import RowSampler, choose
 from miles.record.timeline import TimelineWriter
@@ -56,17 +59,20 @@ class EngineRequest:
     output_logprobs: list[float] = field(default_factory=list)
     abort_requested: bool = False
     first_token_at: float | None = None
-    weight_version: str = "default"  # of the batch decoding it
+    weight_version: str = "default"  # of the weights it was admitted under (constant while it runs)
     finished: bool = False
+    sampler: RowSampler | None = None  # its own params and random generator, made when it is admitted
 
 
 @dataclass(frozen=True)
 class SchedulerStats:
     num_running_reqs: int
     num_queue_reqs: int
-    num_batches: int
-    max_batch_size_seen: int
-    mean_batch_size: float
+    num_batches: int            # prefill groups admitted into the running batch
+    max_batch_size_seen: int    # most rows one decode step (or one prefill group) held
+    mean_batch_size: float      # mean rows per decode step
+    num_decode_steps: int
+    num_joined_running: int     # requests admitted while other requests were mid-decode
     paused: bool
 
 
@@ -78,18 +84,28 @@ class QueueFull(RequestError):
 IDLE_GAP_S = 0.05  # idle time that ends a stretch of decoding (one timeline span)
 
 
+@dataclass
+class RunningBatch:
+    """The rows decoding now, in the order of their KV-cache rows, and the token each feeds next."""
+
+    rows: list[EngineRequest]
+    state: StepState
+    next_tokens: list[int]
+
+
 class Scheduler:
     def __init__(self, runner: ModelRunner, metrics: EngineMetrics, max_batch_size: int, max_queued: int,
                  weight_version: str = "default", timeline: TimelineWriter | None = None):
         self.runner = runner
         self.timeline = timeline or TimelineWriter(None)  # one span per busy stretch, when the run asked for it
-        self._busy: dict[str, float] | None = None  # the stretch of back-to-back batches going on
+        self._busy: dict[str, float] | None = None  # the stretch of back-to-back steps going on
         self.metrics = metrics
         self.max_batch_size = max_batch_size
         self.max_queued = max_queued
         self.weight_version = weight_version
         self._waiting: collections.deque[EngineRequest] = collections.deque()
-        self._running: list[EngineRequest] = []
+        self._running: list[EngineRequest] = []  # read by abort() and stats() under the lock
+        self._batch: RunningBatch | None = None  # the scheduler thread's own
         self._controls: collections.deque[tuple[Callable[[], object], Future]] = collections.deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -98,7 +114,9 @@ class Scheduler:
         self._seeds = random.Random()  # seeds the generators of requests that bring no seed
         self._stop_tokenizer = type(runner.tokenizer).from_pretrained(runner.model_path)  # own copy: not shared
         self._num_batches = 0
-        self._batched_requests = 0
+        self._num_steps = 0
+        self._stepped_rows = 0
+        self._joined_running = 0
         self._max_seen = 0
 
     # ---- called from the server's threads -------------------------------------------------------------
@@ -131,13 +149,14 @@ class Scheduler:
                     self._finish(req, FinishReason("abort", message="aborted by /abort_request"))
                     found += 1
             for req in self._running:
-                if rid is None or req.rid == rid:
-                    req.abort_requested = True
+                if (rid is None or req.rid == rid) and not req.finished:
+                    req.abort_requested = True  # it leaves the batch at its next token
                     found += 1
             self.metrics.num_queue_reqs.set(len(self._waiting))
             return found
 
     def call_between_batches(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the scheduler thread once no request is running; none is admitted until it ran."""
         future: Future = Future()
         with self._cond:
             self._controls.append((fn, future))
@@ -145,21 +164,22 @@ class Scheduler:
         return future
 
     def set_paused(self, paused: bool) -> None:
+        """Paused: no waiting request is admitted; the running ones decode to their end."""
         with self._cond:
             self._paused = paused
             self._cond.notify_all()
 
     def stats(self) -> SchedulerStats:
         with self._cond:
-            mean = self._batched_requests / self._num_batches if self._num_batches else 0.0
+            mean = self._stepped_rows / self._num_steps if self._num_steps else 0.0
             return SchedulerStats(len(self._running), len(self._waiting), self._num_batches, self._max_seen,
-                                  round(mean, 3), self._paused)
+                                  round(mean, 3), self._num_steps, self._joined_running, self._paused)
 
     # ---- the scheduler thread -------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stop or self._controls or (self._waiting and not self._paused)):
+                while not (self._stop or self._running or self._controls or (self._waiting and not self._paused)):
                     if self._busy is None:
                         self._cond.wait()
                         continue
@@ -170,20 +190,27 @@ class Scheduler:
                         self._write_busy_span()  # idle for a while: the stretch of decoding is over
                 if self._stop:
                     break
-                controls = list(self._controls)
-                self._controls.clear()
-                batch = [] if self._paused else [self._waiting.popleft()
-                                                 for _ in range(min(self.max_batch_size, len(self._waiting)))]
-                self._running = batch
+                controls: list = []
+                if self._controls and not self._running:
+                    controls, self._controls = list(self._controls), collections.deque()
+                admitted: list[EngineRequest] = []
+                if not (self._paused or self._controls or controls):
+                    room = self.max_batch_size - len(self._running)
+                    if self._running and not self.runner.merges_batches:
+                        room = 0  # this model's cache cannot take rows mid-decode: batches run to their end
+                    admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                    if admitted and self._running:
+                        self._joined_running += len(admitted)
+                    self._running = self._running + admitted
                 self.metrics.num_queue_reqs.set(len(self._waiting))
-                self.metrics.num_running_reqs.set(len(batch))
+                self.metrics.num_running_reqs.set(len(self._running))
             for fn, future in controls:
                 self._run_control(fn, future)
-            if batch:
-                self._run_batch_safely(batch)
+            if admitted or self._batch is not None:
+                self._run_step(admitted)
             with self._cond:
-                self._running = []
-                self.metrics.num_running_reqs.set(0)
+                self._running = list(self._batch.rows) if self._batch is not None else []
+                self.metrics.num_running_reqs.set(len(self._running))
         if self._busy is not None:
             self._write_busy_span()
         self._drain()
@@ -195,71 +222,111 @@ class Scheduler:
         except BaseException as exc:  # handed to the caller, who answers the HTTP request
             future.set_exception(exc)
 
-    def _run_batch_safely(self, batch: list[EngineRequest]) -> None:
-        try:
-            self._run_batch(batch)
-        except Exception as exc:  # the loop must survive; each request learns why it ended
-            log.exception("batch of %d requests failed", len(batch))
-            unstarted = [r for r in batch if not r.finished and not r.output_ids]
-            for req in batch:
-                if not req.finished and req.output_ids:  # tokens already went out: cannot start over
-                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
-            if len(batch) == 1:
-                for req in unstarted:
-                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
-                return
-            for req in unstarted:  # one at a time, so only the request that breaks fails
-                self._run_batch_safely([req])
-
-    def _run_batch(self, batch: list[EngineRequest]) -> None:
-        self._num_batches += 1
-        self._batched_requests += len(batch)
-        self._max_seen = max(self._max_seen, len(batch))
-        self.metrics.batch_size.observe(len(batch))
+    def _run_step(self, admitted: list[EngineRequest]) -> None:
+        """Admit `admitted` into the running batch, then decode one token for every row."""
         started, wall_start = time.perf_counter(), time.time()
-        version = self.weight_version
-        live = [r for r in batch if not self._finished_before_start(r, version)]
-        if not live:
-            return
-        for req in live:
-            req.weight_version = version
-        samplers = {id(r): RowSampler(r.params, self._generator(r.params.seed)) for r in live}
-        self.metrics.prompt_tokens.inc(sum(len(r.prompt_ids) for r in live))
-        logits, state = self.runner.prefill([r.prompt_ids for r in live])
-        generated = 0
-        while live:
-            rows = [samplers[id(r)] for r in live]
-            for req, row in zip(live, rows):
-                row.banned = self._banned(req)
-            chosen = choose(logits, rows)
-            keep, next_tokens = [], []
-            for i, (req, token, logprob) in enumerate(zip(live, chosen.token_ids, chosen.logprobs)):
-                generated += 1
-                reason = self._append(req, token, logprob)
-                if reason is None:
-                    keep.append(i)
-                    next_tokens.append(token)
-                else:
-                    self._finish(req, reason, version)
-            self.metrics.generation_tokens.inc(len(live))
-            if not keep:
-                break
-            if len(keep) < len(live):
-                state.keep_rows(keep)
-                live = [live[i] for i in keep]
-            logits = self.runner.decode(next_tokens, state)
+        generated = self._admit_safely(admitted) if admitted else 0
+        if self._batch is not None:
+            generated += self._decode_safely()
         elapsed = time.perf_counter() - started
-        self.metrics.gen_throughput.set(generated / elapsed if elapsed > 0 else 0.0)
         if self._busy is not None and wall_start - self._busy["end"] > IDLE_GAP_S:
             self._write_busy_span()  # the engine idled in between (e.g. paused): a new stretch
         busy = self._busy or {"start": wall_start, "batches": 0, "requests": 0, "tokens": 0}
-        busy.update(end=wall_start + elapsed, batches=busy["batches"] + 1, requests=busy["requests"] + len(batch),
-                    tokens=busy["tokens"] + generated)
+        busy.update(end=wall_start + elapsed, batches=busy["batches"] + bool(admitted),
+                    requests=busy["requests"] + len(admitted), tokens=busy["tokens"] + generated)
         self._busy = busy
 
+    # ---- admission: prefill a group, sample its first tokens, merge it into the running batch -------------
+    def _admit_safely(self, group: list[EngineRequest]) -> int:
+        """Admit `group`; if its prefill breaks, retry its requests one at a time, so only the request that
+        breaks fails (the running batch is not touched). Returns the tokens generated."""
+        try:
+            return self._admit(group)
+        except Exception as exc:  # the loop must survive; each request learns why it ended
+            log.exception("prefill of %d requests failed", len(group))
+            unstarted = [r for r in group if not r.finished and not r.output_ids]
+            for req in group:
+                if not req.finished and req.output_ids:  # tokens already went out: cannot start over
+                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+            if len(group) == 1:
+                for req in unstarted:
+                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+                return 0
+            return sum(self._admit_safely([req]) for req in unstarted)
+
+    def _admit(self, group: list[EngineRequest]) -> int:
+        version = self.weight_version
+        live = [r for r in group if not self._finished_before_start(r, version)]
+        if not live:
+            return 0
+        self._num_batches += 1
+        self._max_seen = max(self._max_seen, len(live))
+        for req in live:
+            req.weight_version = version
+            req.sampler = RowSampler(req.params, self._generator(req.params.seed))
+        self.metrics.prompt_tokens.inc(sum(len(r.prompt_ids) for r in live))
+        logits, state = self.runner.prefill([r.prompt_ids for r in live])
+        joined = RunningBatch(live, state, [])
+        self._sample_and_retire(joined, logits)
+        if joined.rows:
+            if self._batch is None:
+                self._batch = joined
+            else:
+                self._batch.state.merge(joined.state)
+                self._batch.rows += joined.rows
+                self._batch.next_tokens += joined.next_tokens
+        return len(live)
+
+    # ---- decoding: one token for every running row ------------------------------------------------------
+    def _decode_safely(self) -> int:
+        batch = self._batch
+        try:
+            return self._decode(batch)
+        except Exception as exc:  # every row has sent tokens already: none can start over
+            log.exception("decode step of %d requests failed", len(batch.rows))
+            for req in batch.rows:
+                if not req.finished:
+                    self._finish(req, FinishReason("abort", message=f"engine error: {exc!r}"))
+            self._batch = None
+            return 0
+
+    def _decode(self, batch: RunningBatch) -> int:
+        rows = len(batch.rows)
+        self._num_steps += 1
+        self._stepped_rows += rows
+        self._max_seen = max(self._max_seen, rows)
+        self.metrics.batch_size.observe(rows)
+        started = time.perf_counter()
+        logits = self.runner.decode(batch.next_tokens, batch.state)
+        self._sample_and_retire(batch, logits)
+        if not batch.rows:
+            self._batch = None
+        elapsed = time.perf_counter() - started
+        self.metrics.gen_throughput.set(rows / elapsed if elapsed > 0 else 0.0)
+        return rows
+
+    def _sample_and_retire(self, batch: RunningBatch, logits: torch.Tensor) -> None:
+        """Choose each row's next token from `logits` (one row each); finished rows leave the batch."""
+        for req in batch.rows:
+            req.sampler.banned = self._banned(req)
+        chosen = choose(logits, [r.sampler for r in batch.rows])
+        keep, next_tokens = [], []
+        for i, (req, token, logprob) in enumerate(zip(batch.rows, chosen.token_ids, chosen.logprobs)):
+            reason = self._append(req, token, logprob)
+            if reason is None:
+                keep.append(i)
+                next_tokens.append(token)
+            else:
+                self._finish(req, reason, req.weight_version)
+        self.metrics.generation_tokens.inc(len(batch.rows))
+        if len(keep) < len(batch.rows) and keep:
+            batch.state.keep_rows(keep)
+        batch.rows = [batch.rows[i] for i in keep]
+        batch.next_tokens = next_tokens
+
     def _write_busy_span(self) -> None:
-        """One timeline span for batches decoded with gaps under IDLE_GAP_S (written once the engine idled
-        that long, so a rollout's hundreds of small batches cost a few writes)."""
+        """One timeline span for steps run with gaps under IDLE_GAP_S (written once the engine idled
+        that long, so a rollout's thousands of steps cost a few writes)."""
         b, self._busy = self._busy, None
         self.timeline.add("decode", b["start"], b["end"], batches=int(b["batches"]), requests=int(b["requests"]),
                           tokens=int(b["tokens"]))

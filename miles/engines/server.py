@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Route
 
 from miles.serving import auth
 from miles.config.engine import EngineConfig
@@ -94,7 +95,10 @@ class EngineServer:
     def _add_routes(self) -> None:
         app = self.app
         admin = {"dependencies": [Depends(self.require_admin)]}
-        app.post("/generate")(self.generate)
+        # /generate is the rollout's hot path: a plain ASGI route (still inside the app's middleware) that
+        # skips FastAPI's per-request handler machinery (interleaved A/B, 64 in flight: 1,245-1,828 vs
+        # 867-1,336 short requests/s).
+        app.router.routes.append(Route("/generate", AsgiEndpoint(self.generate), methods=["POST"]))
         for method in (app.get, app.post):
             method("/health")(self.health)
             method("/health_generate")(self.health_generate)
@@ -114,7 +118,10 @@ class EngineServer:
 
     async def generate(self, request: Request):
         call = parse_generate(await read_json(request))
-        prompts = await self.frontend.off_loop(lambda: [self.frontend.prompt_ids(item.text, item.input_ids) for item in call.items])
+        check = lambda: [self.frontend.prompt_ids(item.text, item.input_ids) for item in call.items]  # noqa: E731
+        # Only text needs the tokenizer thread; token ids are checked here (a thread hop costs more).
+        tokenize = any(item.text is not None for item in call.items)
+        prompts = await self.frontend.off_loop(check) if tokenize else check()
         if call.stream:
             return self._stream_generate(call.items[0], prompts[0])
         for ids, item in zip(prompts, call.items):
@@ -124,7 +131,7 @@ class EngineServer:
         if results is None:
             return Response(status_code=499)  # nobody reads it; the requests were aborted
         bodies = [self.render_generate(item, r) for item, r in zip(call.items, results)]
-        return bodies if call.is_batch else bodies[0]
+        return JSONResponse(bodies if call.is_batch else bodies[0])  # as is: FastAPI's jsonable_encoder is costly
 
     def _stream_generate(self, item: GenerateItem, prompt_ids: list[int]) -> StreamingResponse:
         channel = self.frontend.submit(prompt_ids, item.params, item.rid, stream=True)
@@ -275,19 +282,38 @@ class EngineServer:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
 
+WATCH_AFTER_S = 0.05  # a request answered sooner never starts a disconnect watch (as the router's proxy)
+
+
 async def until_disconnect(request: Request, work):
-    """Await `work`; if the client disconnects first, cancel it (its requests are aborted) and return None."""
+    """Await `work`; if the client disconnects first, cancel it (its requests are aborted) and return None.
+
+    The watch on the client starts only once `work` has taken WATCH_AFTER_S: two tasks and an
+    asyncio.wait per request were a tenth of a short request's time, and most answers come sooner.
+    A client that left earlier is noticed then (its disconnect waits in `receive`)."""
     work = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(wait_disconnect(request))
+    loop = asyncio.get_running_loop()
+    watch: list[asyncio.Task] = []
+    gone = False
+
+    async def watch_client():
+        nonlocal gone
+        await wait_disconnect(request)
+        gone = True
+        work.cancel()
+
+    timer = loop.call_later(WATCH_AFTER_S, lambda: watch.append(loop.create_task(watch_client())))
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise  # this handler itself was cancelled (shutdown), not the client gone
+        await asyncio.gather(work, return_exceptions=True)
+        return None
     finally:
-        gone.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    await asyncio.gather(work, return_exceptions=True)
-    return None
+        timer.cancel()
+        for task in watch:
+            task.cancel()
 
 
 async def wait_disconnect(request: Request) -> None:
@@ -296,6 +322,20 @@ async def wait_disconnect(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class AsgiEndpoint:
+    """A `handler(request) -> Response` as a bare ASGI app; a RequestError becomes its JSON error answer."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            response = await self.handler(Request(scope, receive))
+        except RequestError as exc:
+            response = JSONResponse(exc.body(), status_code=exc.status)
+        await response(scope, receive, send)
 
 
 def weight_failure(message: str) -> JSONResponse:

@@ -1,5 +1,6 @@
-"""Sampling through SGLang's native `/generate`: one request per sample (or the turns of a
-`--custom-generate-function-path` function, given a `GenerateFnInput`), a bounded number in flight.
+"""Sampling through SGLang's native `/generate`: one batched request per prompt for the built-in
+single-turn generate (or one call per sample of a `--custom-generate-function-path` function, given a
+`GenerateFnInput`), a bounded number of samples in flight.
 
 Each sample gets its own seed derived from (seed, rollout_id, index), so a rollout is
 the same whichever engine serves it and however requests interleave. The rollout side
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import httpx
-
 from miles.rollout.data import Prompt
+from miles.rollout.http_client import HttpxPoster, LeanPoster, PostFailed, json_poster
 from miles.rollout.sample import FINISH_TO_STATUS, Sample, Status
 
 
@@ -54,17 +55,24 @@ class GenerateState:
     url: str
     tokenizer: Any
     args: Any
-    client: httpx.AsyncClient
+    client: LeanPoster | HttpxPoster  # pooled keep-alive connections to `url` (http_client.py)
     gate: asyncio.Semaphore
 
     async def generate(self, payload: dict[str, Any], routing_key: str | None = None) -> dict[str, Any]:
         """POST /generate; with `routing_key`, every request of that key goes to the same engine."""
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         async with self.gate:
-            response = await self.client.post(f"{self.url}/generate", json=payload, headers=headers)
-        if response.status_code != 200:
-            raise GenerateError(f"POST {self.url}/generate answered {response.status_code}: {response.text[:300]}")
-        return response.json()
+            try:
+                status, body = await self.client.post("/generate", payload, headers)
+            except PostFailed as exc:
+                raise GenerateError(f"{self.url}: {exc}") from None
+        if status != 200:
+            text = body[:300].decode("utf-8", "replace")
+            raise GenerateError(f"POST {self.url}/generate answered {status}: {text}")
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise GenerateError(f"POST {self.url}/generate answered 200 with a body that is not JSON: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -99,13 +107,30 @@ async def generate(input: GenerateFnInput) -> Sample:
     prompt_ids = list(sample.tokens)
     reply = await input.state.generate({"input_ids": prompt_ids, "sampling_params": input.sampling_params,
                                         "return_logprob": True})
+    return _apply_reply(sample, prompt_ids, reply, input.state.tokenizer)
+
+
+def _apply_reply(sample: Sample, prompt_ids: list[int], reply: dict[str, Any], tokenizer) -> Sample:
     response_ids, log_probs, finish, sample.weight_version = read_reply(reply)
     sample.tokens = prompt_ids + response_ids
     sample.response_length = len(response_ids)
     sample.rollout_log_probs = log_probs
-    sample.response = input.state.tokenizer.decode(response_ids, skip_special_tokens=True)
+    sample.response = tokenizer.decode(response_ids, skip_special_tokens=True)
     sample.status = FINISH_TO_STATUS.get(finish, Status.COMPLETED)
     return sample
+
+
+async def generate_group(state: GenerateState, samples: list[Sample], params: list[dict]) -> list[Sample]:
+    """The built-in single-turn path for the samples of one prompt: one batched /generate (SGLang's list
+    form: one input_ids and one sampling_params entry per sample, each with its own seed), so a rollout
+    sends a request per prompt instead of per sample. Each sample gets exactly the tokens its own request
+    would (per-request seeds do not depend on batching)."""
+    prompts = [list(s.tokens) for s in samples]
+    reply = await state.generate({"input_ids": prompts, "sampling_params": params, "return_logprob": True})
+    if not isinstance(reply, list) or len(reply) != len(samples):
+        raise GenerateError(f"a batched /generate of {len(samples)} prompts answered "
+                            f"{len(reply) if isinstance(reply, list) else type(reply).__name__} items")
+    return [_apply_reply(s, ids, r, state.tokenizer) for s, ids, r in zip(samples, prompts, reply)]
 
 
 async def _finish(fn: Callable, state: GenerateState, sample: Sample, params: dict, evaluation: bool) -> Sample:
@@ -117,10 +142,23 @@ async def _finish(fn: Callable, state: GenerateState, sample: Sample, params: di
 
 async def _generate_all(url: str, jobs: list[tuple[dict, Sample]], tokenizer, args, fn: Callable,
                         concurrency: int, timeout: float, evaluation: bool) -> list[Sample]:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(concurrency))
-        return list(await asyncio.gather(*(_finish(fn, state, base, params, evaluation) for params, base in jobs)))
+    client = json_poster(url, timeout, concurrency)
+    try:
+        if fn is not generate:  # a custom function: one call per sample, as Miles makes them
+            state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(concurrency))
+            return list(await asyncio.gather(*(_finish(fn, state, base, params, evaluation)
+                                               for params, base in jobs)))
+        groups: dict[int, list[tuple[dict, Sample]]] = {}
+        for params, base in jobs:
+            groups.setdefault(base.group_index, []).append((params, base))
+        # at most `concurrency` samples in flight, as with one request per sample
+        largest = max((len(g) for g in groups.values()), default=1)
+        state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(max(1, concurrency // largest)))
+        done = await asyncio.gather(*(generate_group(state, [b for _, b in g], [p for p, _ in g])
+                                      for g in groups.values()))
+        return sorted((s for group in done for s in group), key=lambda s: s.index)
+    finally:
+        await client.aclose()
 
 
 def encode_prompt(tokenizer, text: str, apply_chat_template: bool) -> list[int]:
@@ -134,7 +172,7 @@ def generate_groups(url: str, prompts: list[Prompt], n_samples: int, tokenizer, 
                     seed: int, stream: str, rollout_id: int, concurrency: int, apply_chat_template: bool = False,
                     timeout: float = 600.0, generate_fn: Callable | None = None, args: Any = None) -> list[Sample]:
     """`n_samples` samples for each prompt, in prompt-major order (group g = prompt g), each finished
-    by `generate_fn` (default: the single-turn `generate`)."""
+    by `generate_fn` (default: the single-turn `generate`, sent as one batched request per prompt)."""
     jobs = []
     for g, prompt in enumerate(prompts):
         ids = encode_prompt(tokenizer, prompt.prompt, apply_chat_template)

@@ -108,13 +108,16 @@ def test_metrics_use_sglang_names_and_count(client):
 
 def test_concurrent_requests_are_decoded_together(engine, client):
     before = client.get("/get_server_info").json()
-    bodies = [{"text": f"{i}+{i}=", "sampling_params": {"max_new_tokens": 3, "temperature": 1.0}}
+    # ignore_eos: all rows end at the same step, so the second 16 wait for the first to leave together
+    # (a row ending early at EOS would let a waiting request into its place at once)
+    bodies = [{"text": f"{i}+{i}=", "sampling_params": {"max_new_tokens": 3, "temperature": 1.0, "ignore_eos": True}}
               for i in range(2 * MAX_BATCH)]
     responses = post_while_paused(engine.url, "/generate", bodies)
     assert all(r.status_code == 200 for r in responses)
     after = client.get("/get_server_info").json()
-    assert after["max_batch_size_seen"] == MAX_BATCH  # 32 queued requests -> two full batches
+    assert after["max_batch_size_seen"] == MAX_BATCH  # 32 queued requests -> two full prefill groups
     assert after["num_batches"] - before["num_batches"] == 2
+    assert after["num_decode_steps"] - before["num_decode_steps"] == 4  # 2 per group: 3 tokens, 1 from prefill
 
 
 def test_queue_full_is_503_and_engine_recovers(engine, client):
@@ -212,3 +215,23 @@ def test_unknown_fields_are_ignored(client):
     out = client.post("/generate", json={"text": "1+1=", "no_such_field": 1,
                                           "sampling_params": {"max_new_tokens": 1, "made_up": True}})
     assert out.status_code == 200
+
+
+def test_a_client_that_leaves_has_its_request_aborted(engine, client):
+    """A non-streamed /generate whose client disconnects is aborted (the watch on the client starts only
+    once the request has waited a while): paused, so the request is surely still queued when it leaves."""
+    import socket
+
+    body = json.dumps({"text": "1+1=", "rid": "leaver", "sampling_params": {"max_new_tokens": 4}}).encode()
+    head = (f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1:{engine.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    client.post("/pause_generation").raise_for_status()
+    try:
+        with socket.create_connection(("127.0.0.1", engine.port), timeout=60) as sock:
+            sock.sendall(head + body)
+            wait_for(lambda: queued(client) == 1, "the request in the queue")
+        wait_for(lambda: queued(client) == 0, "the queue emptied by the abort")
+    finally:
+        client.post("/continue_generation").raise_for_status()
+    # nothing of it was decoded: the abort took it out of the queue
+    assert client.post("/abort_request", json={"rid": "leaver"}).json()["aborted"] == 0

@@ -80,3 +80,25 @@ def test_text_trimming_and_streaming_deltas(base_model):
     assert deltas == ["", "x", "y"]  # "a" is held back: it may begin the stop string "ab"
     assert stream.finish(tok.encode("xyab"), FinishReason("stop", matched="ab")) == ""
     assert stream.sent == "xy"
+
+
+def test_whole_distribution_rows_follow_the_softmax_and_never_draw_a_banned_token():
+    """The batched inverse-CDF draw (rows with top_p 1 and no top_k) samples softmax(logits / T); a banned
+    token (EOS before min_new_tokens) is never drawn. Seeded, so the counts are the same every run."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -3.0]])
+    for temperature in (1.0, 0.7):
+        generator = torch.Generator().manual_seed(3)
+        counts = torch.zeros(5)
+        free, banned = RowSampler(SamplingParams(temperature=temperature), generator), \
+            RowSampler(SamplingParams(temperature=temperature), torch.Generator().manual_seed(4), banned=(0, 2))
+        banned_counts = torch.zeros(5)
+        for _ in range(20_000):
+            a, b = choose(logits, [free, banned]).token_ids
+            counts[a] += 1
+            banned_counts[b] += 1
+        expected = torch.softmax(logits[0] / temperature, -1)
+        assert torch.allclose(counts / counts.sum(), expected, atol=0.01)
+        assert banned_counts[0] == banned_counts[2] == 0
+        rest = expected.clone()
+        rest[[0, 2]] = 0
+        assert torch.allclose(banned_counts / banned_counts.sum(), rest / rest.sum(), atol=0.015)

@@ -34,7 +34,7 @@ def test_one_bad_request_fails_alone_among_concurrent_ones(engine, bad):
 
 def test_a_row_that_fails_inside_the_batch_is_retried_alone(engine):
     """Requests that pass validation but break decoding only take themselves down (the scheduler retries
-    the rest of the batch row by row). Driven in process: no valid request breaks decoding on purpose."""
+    the rest of the admitted group row by row). Driven in process: no valid request breaks decoding on purpose."""
     from miles.engines.sglang_request import SamplingParams
     from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler
 
@@ -46,18 +46,19 @@ def test_a_row_that_fails_inside_the_batch_is_retried_alone(engine):
     scheduler = Scheduler.__new__(Scheduler)
     ran: list[list[str]] = []
 
-    def run_batch(batch):
+    def admit(batch):  # the prefill of an admitted group
         ran.append([r.rid for r in batch])
         if any(r.rid == "poison" for r in batch):
             raise RuntimeError("boom")
         for r in batch:
             scheduler._finish(r, __import__("miles.engines.sglang_request", fromlist=["FinishReason"]).FinishReason("stop"))
-    scheduler._run_batch = run_batch
+        return len(batch)
+    scheduler._admit = admit
     scheduler.metrics = type("M", (), {"record_finish": lambda *a: None})()
     scheduler.weight_version = "v"
     batch = [EngineRequest(rid=rid, prompt_ids=[1], params=SamplingParams(), sink=lambda e, rid=rid: events.update(
         {rid: e})) for rid in ("a", "poison", "b")]
-    Scheduler._run_batch_safely(scheduler, batch)
+    Scheduler._admit_safely(scheduler, batch)
     assert ran == [["a", "poison", "b"], ["a"], ["poison"], ["b"]]
     assert {rid: e.result.finish_reason.type for rid, e in events.items()} == {"a": "stop", "poison": "abort",
                                                                                 "b": "stop"}
