@@ -181,7 +181,7 @@ def run_load(url: str, connections: int, seconds: float) -> LoadResult:
 
 def loadgen_main(url: str, connections: int, seconds: float) -> None:
     """The fallback load generator: `connections` keep-alive loops on the router's own lean client."""
-    from miles.router.upstream import Endpoint, UpstreamPool
+    from miles.serving.upstream import Endpoint, UpstreamPool
 
     async def run() -> LoadResult:
         endpoint, pool = Endpoint.from_url(url), UpstreamPool()

@@ -3,7 +3,7 @@
 A rollout sends hundreds of small /generate requests; httpx's AsyncClient spends about 5 ms of
 interpreter time on each (measured: 175-186 short requests/s at 64 in flight against an engine that
 answers 1,170-1,230/s to this client), which made the client, not the engine, the rollout's limit.
-Plain-http URLs therefore go through the router's own lean connection pool (`miles.router.upstream`:
+Plain-http URLs therefore go through the lean connection pool the router uses (`miles.serving.upstream`:
 one asyncio protocol per connection feeding httptools); https URLs, which that pool does not speak,
 keep httpx.
 """
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from miles.router.upstream import Endpoint, UpstreamError, UpstreamPool
+from miles.serving.upstream import Endpoint, UpstreamError, UpstreamPool
 
 
 class PostFailed(Exception):

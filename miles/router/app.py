@@ -24,8 +24,8 @@ from miles.router.liveness import HealthChecker
 from miles.router.proxy import Proxy, send_json
 from miles.router.stats import RouterStats, StatsSnapshot
 from miles.router.timeline import LANE, RouterTimeline
-from miles.router.upstream import UpstreamPool
-from miles.router.upstream import Endpoint
+from miles.serving.upstream import UpstreamPool
+from miles.serving.upstream import Endpoint
 from miles.router.workers import WorkerError, WorkerPool
 from miles.record.timeline import TimelineWriter
 

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from miles.router.timeline import RouterTimeline
-from miles.router.upstream import UpstreamError, UpstreamPool
+from miles.serving.upstream import UpstreamError, UpstreamPool
 from miles.router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from miles.router.stats import RouterStats
-from miles.router.upstream import Connection, UpstreamError, UpstreamPool
+from miles.serving.upstream import Connection, UpstreamError, UpstreamPool
 from miles.router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 from urllib.parse import urlsplit
 
-from miles.router.upstream import Endpoint
+from miles.serving.upstream import Endpoint
 
 POLICIES = ("least-inflight", "round-robin", "power-of-two")
 # Prometheus buckets for the per-worker request duration (seconds).

@@ -14,7 +14,8 @@ PACKAGE = ROOT / "miles"
 FLOORS = [
     {"miles", "miles.record"},                                      # what a run writes; the version
     {"miles.config"},                                               # flags, resolve, secrets, run names
-    {"miles.serving", "miles.rollout"},                             # what servers share; rollout functions
+    {"miles.serving"},                                              # what servers (and their clients) share
+    {"miles.rollout"},                                              # rollout functions, the /generate client
     {"miles.tiny"},                                                 # the tiny task and model
     {"miles.engines", "miles.router", "miles.health"},              # inference servers; training signals
     {"miles.cluster", "miles.tracking", "miles.mlflow_ui", "miles.run"},  # Ray and services; trackers; loop support

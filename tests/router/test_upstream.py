@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from miles.router.upstream import Endpoint, UpstreamError, UpstreamPool
+from miles.serving.upstream import Endpoint, UpstreamError, UpstreamPool
 
 
 class RawServer:
