@@ -78,7 +78,9 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     from miles.engines.model_runner import ModelRunner
     from miles.engines.server import EngineServer
+    from miles import auth
     from miles.http_limits import BodyLimit, guarded_protocol
+    from miles.origin_guard import OriginGuard
     from miles.timeline import TimelineWriter
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -92,6 +94,8 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
     print(f"miles engine: serving {model_dir} on http://{serve.host}:{serve.port} ({runner.device}, "
           f"max batch {engine.engine_max_batch_size})", file=sys.stderr, flush=True)
     app = BodyLimit(server.app, int(engine.engine_max_body_mb * 2**20), exempt=frozenset({"/update_weights_from_tensor"}))
+    # web pages the user opens must not reach the admin endpoints (origin_guard.py)
+    app = OriginGuard(app, serve.host, state_changing_get=lambda path: not auth.is_open_engine_path(path))
     uvicorn.run(app, host=serve.host, port=serve.port, log_level=serve.log_level,
                 http=guarded_protocol(int(engine.engine_max_header_kb * 1024), engine.engine_header_timeout))
     return 0

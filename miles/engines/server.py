@@ -113,7 +113,7 @@ class EngineServer:
             method("/stop_profile", **admin)(self.stop_profile)
 
     async def generate(self, request: Request):
-        call = parse_generate(await read_json(request))
+        call = await read_json(request, lambda body: parse_generate(body, self.runner.context_length))
         prompts = await self.frontend.off_loop(lambda: [self.frontend.prompt_ids(item.text, item.input_ids) for item in call.items])
         if call.stream:
             return self._stream_generate(call.items[0], prompts[0])

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from miles import auth
+from miles import auth, origin_guard
 from miles.config import RouterConfig
 from miles.router import metrics
 from miles.router.health import HealthChecker
@@ -34,6 +34,11 @@ TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/list_workers", "/workers", "/router_health", "/metrics",
                          "/router_stats", "/update_weight_version"})
 is_loopback = auth.is_loopback
+
+
+def is_state_changing_get(path: str) -> bool:
+    """GETs that change state: /router_stats resets the counters, engine admin paths pass through."""
+    return path == "/router_stats" or (path not in ADMIN_PATHS and not auth.is_open_engine_path(path))
 
 
 class AdminError(Exception):
@@ -101,6 +106,12 @@ class Router:
         self.admin = self._admin_app()
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            reason = origin_guard.refusal(auth.scope_headers(scope), scope["method"], scope["path"],
+                                          self._check_host(), is_state_changing_get)
+            if reason is not None:
+                await send_json(send, 403, {"error": reason})
+                return
         if scope["type"] == "http" and scope["path"] not in ADMIN_PATHS:
             # Engine endpoints that change state (weights, pause, abort, ...) are admin too.
             if self._admin_token and not auth.is_open_engine_path(scope["path"]):
@@ -112,6 +123,11 @@ class Router:
             await self.forward(scope, receive, send)
         else:
             await self.admin(scope, receive, send)
+
+    def _check_host(self) -> bool:
+        # bound only to loopback: requests must name a loopback host (DNS rebinding); an unbound router
+        # (a test driving the ASGI app directly) counts as loopback, the default
+        return all(origin_guard.is_loopback_name(host.strip("[]")) for host, _port in self.listening)
 
     @asynccontextmanager
     async def lifespan(self, _app):
