@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from fastapi import Request
@@ -12,6 +13,9 @@ from miles.engines.sglang_request import RequestError
 # Bodies past this are decoded (and checked) on a worker thread, not on the event loop: a 15 MB list of
 # token ids takes about a second to decode and two more to check, and /health must answer meanwhile.
 LARGE_BODY_BYTES = 256 * 1024
+# One thread for them all: each decode competes with the event loop for the GIL, and four at once
+# measured /health up to 1.1 s (one at a time: see the README's E8 figures); big bodies queue here.
+_large_body_thread = ThreadPoolExecutor(1, thread_name_prefix="engine-decode")
 
 
 def _int(text: str) -> int:
@@ -51,7 +55,7 @@ async def read_json(request: Request, then: Callable[[Any], Any] | None = None) 
         value = decode_json(raw, share_gil=True)
         return then(value) if then else value
 
-    return await asyncio.to_thread(work)
+    return await asyncio.get_running_loop().run_in_executor(_large_body_thread, work)
 
 
 def sse(payload: Any) -> str:
