@@ -18,6 +18,7 @@ Refusals are 403 with a JSON body naming the header.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 from typing import Callable
@@ -35,6 +36,7 @@ def host_name(host_header: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+@functools.lru_cache(maxsize=256)  # the router asks on every proxied request, nearly always the same name
 def is_loopback_name(name: str) -> bool:
     name = name.rstrip(".") if name.endswith("localhost.") else name
     if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: *.localhost never leaves the machine
@@ -76,6 +78,15 @@ def same_origin(origin: str, host: str | None) -> bool:
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.strip().lower()
 
 
+_GUARD_HEADERS = (b"host", b"origin", b"sec-fetch-site")
+
+
+def guard_headers(scope) -> dict[str, str]:
+    """The three headers `refusal` reads, from an ASGI scope (names there are lower case); the router
+    calls this on every proxied request, so it builds no dict of the others."""
+    return {name.decode(): value.decode("latin-1") for name, value in scope["headers"] if name in _GUARD_HEADERS}
+
+
 class OriginGuard:
     """ASGI middleware applying `refusal` to every HTTP request before `app` sees it."""
 
@@ -86,8 +97,7 @@ class OriginGuard:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
-            reason = refusal(headers, scope["method"], scope["path"], self.check_host, self.state_changing_get)
+            reason = refusal(guard_headers(scope), scope["method"], scope["path"], self.check_host, self.state_changing_get)
             if reason is not None:
                 body = json.dumps({"error": reason}).encode()
                 await send({"type": "http.response.start", "status": 403,

@@ -99,6 +99,7 @@ class Router:
         self.timeline = RouterTimeline(TimelineWriter(timeline_path, lane=LANE), self.stats)
         self.forward = self.timeline.wrap(self.proxy) if self.timeline.enabled else self.proxy
         self.listening: list[tuple[str, int]] = []  # (host, port) this router serves on, set once bound
+        self._host_rule: tuple[int, bool] | None = None  # (len(listening), whether Host must be loopback)
         self.health = HealthChecker(self.pool, self.upstream, config.rollout_health_check_interval,
                                     config.rollout_health_check_timeout, self.timeline)
         for url in worker_urls:
@@ -107,7 +108,7 @@ class Router:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            reason = origin_guard.refusal(auth.scope_headers(scope), scope["method"], scope["path"],
+            reason = origin_guard.refusal(origin_guard.guard_headers(scope), scope["method"], scope["path"],
                                           self._check_host(), is_state_changing_get)
             if reason is not None:
                 await send_json(send, 403, {"error": reason})
@@ -126,8 +127,11 @@ class Router:
 
     def _check_host(self) -> bool:
         # bound only to loopback: requests must name a loopback host (DNS rebinding); an unbound router
-        # (a test driving the ASGI app directly) counts as loopback, the default
-        return all(origin_guard.is_loopback_name(host.strip("[]")) for host, _port in self.listening)
+        # (a test driving the ASGI app directly) counts as loopback, the default. Cached per bind list.
+        if self._host_rule is None or self._host_rule[0] != len(self.listening):
+            value = all(origin_guard.is_loopback_name(host.strip("[]")) for host, _port in self.listening)
+            self._host_rule = (len(self.listening), value)
+        return self._host_rule[1]
 
     @asynccontextmanager
     async def lifespan(self, _app):
