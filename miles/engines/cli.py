@@ -76,9 +76,9 @@ def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
 def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
     import uvicorn
 
+    from miles import auth
     from miles.engines.model_runner import ModelRunner
     from miles.engines.server import EngineServer
-    from miles import auth
     from miles.http_limits import BodyLimit, guarded_protocol
     from miles.origin_guard import OriginGuard
     from miles.timeline import TimelineWriter
