@@ -75,7 +75,7 @@ def _convert_scalar(name: str, tp: Any, raw: Any) -> Any:
             raise ConfigError(name, f"expected an integer, got {raw!r}")
         try:
             return int(raw) if not isinstance(raw, str) else int(raw.strip(), 0)
-        except ValueError:
+        except (TypeError, ValueError, OverflowError):  # a YAML list or mapping, an infinite float
             raise ConfigError(name, f"expected an integer, got {raw!r}") from None
     if tp is float:
         if isinstance(raw, bool):

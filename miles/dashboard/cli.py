@@ -8,6 +8,8 @@ from pathlib import Path
 from miles.config import ConfigError
 
 DEFAULT_PORT = 8300
+MAX_HEAD_BYTES = 64 * 1024  # request line + headers (431 past it), as the engine's and router's defaults
+HEAD_TIMEOUT_S = 10.0  # a request's head must arrive within this (408 after); an idle connection counts too
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from miles.dashboard.app import build_app, check_bind, resolve_token
+    from miles.serving.limits import guarded_protocol
+    from miles.serving.origin_guard import OriginGuard
 
     args = parse_args(argv)
     token = resolve_token(args.dashboard_token)
@@ -51,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     # The one line a parent process reads to learn the port (with --port 0); the token is never printed.
     print(f"miles dashboard on http://{host}:{sock.getsockname()[1]}/ for {args.run_dir}"
           + (" (following)" if args.follow else ""), flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    # Host check against DNS rebinding (a page rebinding its name to 127.0.0.1 could read the samples)
+    guarded = OriginGuard(app, args.host)
+    server = uvicorn.Server(uvicorn.Config(guarded, log_level="warning", access_log=False,
+                                           http=guarded_protocol(MAX_HEAD_BYTES, HEAD_TIMEOUT_S)))
     server.run(sockets=[sock])
     return 0
 

@@ -8,7 +8,9 @@ live run rereads only what changed.
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,21 +40,73 @@ class Lines:
         return {"present": self.present, "lines": len(self.rows), "skipped": self.skipped}
 
 
-def parse_lines(data: bytes) -> Lines:
+def parse_lines(data: bytes, check=None) -> Lines:
+    """The object lines of a JSON-lines file; `check(row)` returns the row to keep (possibly cleaned)
+    or None for a row of the wrong shape, counted as skipped like one that does not parse."""
     out = Lines(present=True)
     for raw in data[: data.rfind(b"\n") + 1].splitlines():
         if not raw.strip():
             continue
         try:
             row = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # ValueError covers UnicodeDecodeError
             out.skipped += 1
             continue
-        if isinstance(row, dict):
-            out.rows.append(row)
-        else:
+        kept = row if isinstance(row, dict) and check is None else (check(row) if isinstance(row, dict) else None)
+        if kept is None:
             out.skipped += 1
+        else:
+            out.rows.append(kept)
     return out
+
+
+# Shapes the views rely on, per file (the writers always produce them; a hand-edited or foreign line
+# may not). A value of the wrong type in a field the views compute with skips the line.
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+def journal_row(row: dict) -> dict | None:
+    """A journal line: an integer rollout id; values that are not numbers are left out."""
+    if not _is_int(row.get("rollout_id")):
+        return None
+    return {k: v for k, v in row.items() if k == "rollout_id" or _is_number(v)}
+
+
+def timeline_row(row: dict) -> dict | None:
+    """A span: finite start and end, a rollout id that is an integer or absent."""
+    rollout_id = row.get("rollout_id")
+    if not (_is_finite(row.get("start")) and _is_finite(row.get("end"))) or not (rollout_id is None or _is_int(rollout_id)):
+        return None
+    return row
+
+
+def health_row(row: dict) -> dict | None:
+    """A verdict: a rollout id that is an integer or absent."""
+    rollout_id = row.get("rollout_id")
+    return row if rollout_id is None or _is_int(rollout_id) else None
+
+
+def sample_row(row: dict) -> dict | None:
+    """A sample: group and index integers (or absent), reward a number or null, length an integer or
+    absent; prompt and response shown as text whatever they hold (null: empty)."""
+    if not all(row.get(k) is None or _is_int(row[k]) for k in ("group_index", "index", "response_length")):
+        return None
+    if not all(row.get(k) is None or _is_number(row[k]) for k in ("reward", "raw_reward")):
+        return None
+    for key in ("prompt", "response"):
+        value = row.get(key)
+        if not isinstance(value, str):
+            row = {**row, key: "" if value is None else json.dumps(value)}
+    return row
 
 
 class RunFiles:
@@ -68,28 +122,33 @@ class RunFiles:
             st = os.stat(path)
         except OSError:
             return None
+        if not stat.S_ISREG(st.st_mode):
+            return None  # a directory or a FIFO where a file should be: missing (opening a FIFO would block)
         key = (st.st_size, st.st_mtime_ns)
         with self._lock:
             hit = self._cache.get(path)
         if hit and hit[0] == key:
             return hit[1]
-        with open(path, "rb") as f:  # read-only, whatever the caller does
-            value = parse(f.read())
+        try:
+            with open(path, "rb") as f:  # read-only, whatever the caller does
+                value = parse(f.read())
+        except OSError:  # unreadable (permissions), or gone since the stat
+            return None
         with self._lock:
             self._cache[path] = (key, value)
         return value
 
-    def lines(self, relative: Path | str) -> Lines:
-        return self._cached(self.run_dir / relative, parse_lines) or Lines()
+    def lines(self, relative: Path | str, check=None) -> Lines:
+        return self._cached(self.run_dir / relative, lambda data: parse_lines(data, check)) or Lines()
 
     def journal(self) -> Lines:
-        return self.lines(JOURNAL_NAME)
+        return self.lines(JOURNAL_NAME, journal_row)
 
     def timeline(self) -> Lines:
-        return self.lines(TIMELINE_NAME)
+        return self.lines(TIMELINE_NAME, timeline_row)
 
     def health(self) -> Lines:
-        return self.lines(HEALTH_NAME)
+        return self.lines(HEALTH_NAME, health_row)
 
     def profiler(self) -> Lines:
         return self.lines(PROFILER_SUMMARIES)
@@ -99,7 +158,7 @@ class RunFiles:
         def parse(data: bytes) -> dict[str, Any]:
             try:
                 loaded = yaml.safe_load(data)
-            except yaml.YAMLError:
+            except (yaml.YAMLError, RecursionError):
                 return {}
             return loaded if isinstance(loaded, dict) else {}
         return self._cached(self.run_dir / CONFIG_ARTIFACT, parse) or {}
@@ -108,7 +167,7 @@ class RunFiles:
         def parse(data: bytes) -> dict[str, Any]:
             try:
                 loaded = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return {}
             return loaded if isinstance(loaded, dict) else {}
         return self._cached(self.run_dir / BASE_EVAL, parse) or {}
@@ -121,7 +180,7 @@ class RunFiles:
         return _rollout_ids(self.run_dir / TOKENS_DIR)
 
     def samples(self, rollout_id: int) -> Lines:
-        return self.lines(Path(SAMPLES_DIR) / f"rollout_{rollout_id:06d}.jsonl")
+        return self.lines(Path(SAMPLES_DIR) / f"rollout_{rollout_id:06d}.jsonl", sample_row)
 
     def tokens(self, rollout_id: int) -> Lines:
         return self.lines(Path(TOKENS_DIR) / f"rollout_{rollout_id:06d}.jsonl")

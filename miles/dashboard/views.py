@@ -169,7 +169,8 @@ def turns_of(sample: dict[str, Any]) -> int:
     """Assistant turns of a multi-turn trajectory; 1 for a single-turn sample."""
     if isinstance(sample.get("num_turns"), int):
         return max(1, sample["num_turns"])
-    messages = sample.get("messages") or []
+    messages = sample.get("messages")
+    messages = messages if isinstance(messages, list) else []
     return max(1, sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant"))
 
 

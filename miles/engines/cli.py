@@ -76,10 +76,12 @@ def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
 def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
     import uvicorn
 
+    from miles.serving import auth
     from miles.engines.model_runner import ModelRunner
     from miles.engines.server import EngineServer
-    from miles.serving.limits import BodyLimit, guarded_protocol
     from miles.record.timeline import TimelineWriter
+    from miles.serving.limits import BodyLimit, guarded_protocol
+    from miles.serving.origin_guard import OriginGuard
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = _model_dir(serve)
@@ -92,6 +94,8 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
     print(f"miles engine: serving {model_dir} on http://{serve.host}:{serve.port} ({runner.device}, "
           f"max batch {engine.engine_max_batch_size})", file=sys.stderr, flush=True)
     app = BodyLimit(server.app, int(engine.engine_max_body_mb * 2**20), exempt=frozenset({"/update_weights_from_tensor"}))
+    # web pages the user opens must not reach the admin endpoints (origin_guard.py)
+    app = OriginGuard(app, serve.host, state_changing_get=lambda path: not auth.is_open_engine_path(path))
     uvicorn.run(app, host=serve.host, port=serve.port, log_level=serve.log_level,
                 http=guarded_protocol(int(engine.engine_max_header_kb * 1024), engine.engine_header_timeout))
     return 0

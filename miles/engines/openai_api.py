@@ -58,6 +58,20 @@ def _object(body: Any) -> dict:
     return body
 
 
+def _text_parts(parts: list, index: int) -> str:
+    """The text of a message's OpenAI content parts (other part types carry nothing this engine reads)."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise RequestError(f"messages[{index}].content[{j}] must be an object like {{\"type\": \"text\", "
+                               f"\"text\": ...}}", param="messages")
+        if part.get("type") == "text":
+            if not isinstance(part.get("text"), str):
+                raise RequestError(f"messages[{index}].content[{j}].text must be a string", param="messages")
+            texts.append(part["text"])
+    return "".join(texts)
+
+
 def _int_field(body: dict, name: str, default: int | None, minimum: int) -> int | None:
     value = body.get(name)
     if value is None:
@@ -102,6 +116,9 @@ class OpenAIRoutes:
         if stream and (n > 1 or len(prompts) > 1):
             raise RequestError("streaming supports one prompt and n=1", param="n")
         options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise RequestError(f"stream_options must be an object like {{\"include_usage\": true}}, got "
+                               f"{options!r:.200}", param="stream_options")
         logprobs = body.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, (bool, int)):
             raise RequestError(f"logprobs must be a boolean or an integer, got {logprobs!r}", param="logprobs")
@@ -134,7 +151,7 @@ class OpenAIRoutes:
                 raise RequestError(f"messages[{i}] must be an object with a string `role`", param="messages")
             content = m.get("content")
             if isinstance(content, list):  # OpenAI content parts: keep the text ones
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+                content = _text_parts(content, i)
             if not isinstance(content, str):
                 if content is None and m.get("tool_calls"):
                     content = ""

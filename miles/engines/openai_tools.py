@@ -31,22 +31,42 @@ def assistant_text(message: dict, content: str, parser: ToolCallParser | None) -
     calls = message.get("tool_calls") or []
     if not calls:
         return content
+    if not isinstance(calls, list):
+        raise RequestError(f"tool_calls must be a list of {{type, function: {{name, arguments}}}} objects, got "
+                           f"{_short(calls)}", param="messages")
     if parser is None:
         raise RequestError("messages carry tool_calls but the request has no tools", param="messages")
     for call in calls:
-        function = call.get("function") or {} if isinstance(call, dict) else {}
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise RequestError(f"bad tool call in messages: {_short(call)} (give \"function\": {{\"name\": ..., "
+                               f"\"arguments\": ...}})", param="messages")
         arguments = function.get("arguments") or {}
         try:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError as exc:
+            raise RequestError(f"bad tool call in messages: arguments of {function['name']!r} are not JSON "
+                               f"({exc})", param="messages") from None
+        if not isinstance(arguments, dict):
+            raise RequestError(f"bad tool call in messages: arguments of {function['name']!r} must be a JSON "
+                               f"object, got {_short(arguments)}", param="messages")
+        try:
             content += parser.render_call(ToolCall(function["name"], arguments))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RequestError(f"bad tool call in messages: {call!r} ({exc})", param="messages") from None
+        except ValueError as exc:
+            raise RequestError(f"bad tool call in messages: {_short(call)} ({exc})", param="messages") from None
     return content
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def stop_at_call_end(sampling: dict) -> None:
     """Stop the turn when the model closes a tool call (its result is the client's to supply)."""
     stop = sampling.get("stop") or []
+    if not isinstance(stop, (str, list)):
+        raise RequestError(f"stop must be a string or a list of strings, got {_short(stop)}", param="stop")
     stop = [stop] if isinstance(stop, str) else list(stop)
     sampling["stop"] = stop + [TOOL_CALL_END]
     sampling["no_stop_trim"] = True  # the parser needs the closing marker

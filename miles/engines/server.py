@@ -117,7 +117,7 @@ class EngineServer:
             method("/stop_profile", **admin)(self.stop_profile)
 
     async def generate(self, request: Request):
-        call = parse_generate(await read_json(request))
+        call = await read_json(request, lambda body: parse_generate(body, self.runner.context_length))
         check = lambda: [self.frontend.prompt_ids(item.text, item.input_ids) for item in call.items]  # noqa: E731
         # Only text needs the tokenizer thread; token ids are checked here (a thread hop costs more).
         tokenize = any(item.text is not None for item in call.items)

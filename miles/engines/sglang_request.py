@@ -110,14 +110,33 @@ def _boolean(name: str, value: Any) -> bool:
     return value
 
 
+# Every stop string is looked for after every token of its request, in the scheduler's thread, so
+# their number and length bound the time one request can add to every step of its batch.
+MAX_STOP_STRINGS = 256
+MAX_STOP_CHARS = 4096
+
+
 def _stop_strings(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
+    if isinstance(items, list) and len(items) > MAX_STOP_STRINGS:
+        raise RequestError(f"sampling_params.stop holds {len(items)} strings; at most {MAX_STOP_STRINGS} are "
+                           f"accepted", param="stop")
     if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
-        raise RequestError(f"sampling_params.stop must be a non-empty string or a list of them, got {value!r}",
-                           param="stop")
+        raise RequestError(f"sampling_params.stop must be a non-empty string or a list of them, got "
+                           f"{_short(value)}", param="stop")
+    longest = max(len(s) for s in items) if items else 0
+    if longest > MAX_STOP_CHARS:
+        raise RequestError(f"sampling_params.stop holds a string of {longest} characters; at most "
+                           f"{MAX_STOP_CHARS} are accepted", param="stop")
     return tuple(items)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """repr of a value, cut short: error messages must not echo a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _token_ids(name: str, value: Any) -> tuple[int, ...]:
@@ -184,7 +203,7 @@ def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list[Any]:
     return [value] * n
 
 
-def _prompts(body: dict) -> tuple[list[str | list[int]], bool]:
+def _prompts(body: dict, max_prompt_ids: int | None = None) -> tuple[list[str | list[int]], bool]:
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
         raise RequestError("give exactly one of `text` or `input_ids`", param="text")
@@ -194,6 +213,13 @@ def _prompts(body: dict) -> tuple[list[str | list[int]], bool]:
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
             return list(text), True
         raise RequestError(f"text must be a string or a non-empty list of strings, got {text!r}", param="text")
+    if max_prompt_ids is not None and isinstance(ids, list) and ids:
+        # length before the per-id checks: millions of ids are refused without looking at each one
+        rows = ids if isinstance(ids[0], list) else [ids]
+        longest = max(len(r) if isinstance(r, list) else 0 for r in rows)
+        if longest > max_prompt_ids:
+            raise RequestError(f"The input ({longest} tokens) is longer than the model's context length "
+                               f"({max_prompt_ids} tokens).", param="input_ids")
     if isinstance(ids, list) and ids and all(_is_id(t) for t in ids):
         return [list(ids)], False
     if isinstance(ids, list) and ids and all(isinstance(r, list) and r and all(_is_id(t) for t in r) for r in ids):
@@ -206,11 +232,12 @@ def _is_id(t: Any) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and t >= 0
 
 
-def parse_generate(body: Any) -> GenerateCall:
-    """A /generate body (already JSON-decoded) as typed items, or RequestError."""
+def parse_generate(body: Any, max_prompt_ids: int | None = None) -> GenerateCall:
+    """A /generate body (already JSON-decoded) as typed items, or RequestError. `max_prompt_ids`: the
+    context length; a longer `input_ids` prompt is refused before its ids are checked one by one."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    prompts, is_batch = _prompts(body)
+    prompts, is_batch = _prompts(body, max_prompt_ids)
     n = len(prompts)
     params = [parse_sampling_params(p) for p in _per_item(body.get("sampling_params"), n, "sampling_params",
                                                           is_batch)]

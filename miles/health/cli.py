@@ -115,23 +115,33 @@ def split_health_flags(argv: list[str]) -> tuple[dict, list[str]]:
     return given, rest
 
 
+EXIT_RED_FLAG = 1
+EXIT_UNREADABLE = 3  # the run's files cannot be read as a run's: no verdict at all (2 is a usage error)
+
+
 def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = None) -> int:
-    """Replay RUN_DIR's journal (or an MLflow run's history) through the health detectors; 1 on a red flag."""
+    """Replay RUN_DIR's journal (or an MLflow run's history) through the health detectors; 1 on a red flag,
+    3 (one line on stderr) when the run cannot be read."""
     from pathlib import Path
 
     from miles.config import ConfigError
+    from miles.health.history import UnreadableRun, from_mlflow, from_run_dir
     from miles.health.verdicts import format_table, summarize
-    from miles.health.history import from_mlflow, from_run_dir
 
-    if Path(target).is_dir():
-        history = from_run_dir(Path(target))
-    elif mlflow_uri:
-        history = from_mlflow(target, mlflow_uri)
-    else:
-        raise ConfigError("RUN_DIR", f"{target} is not a directory (an MLflow run id needs --mlflow-tracking-uri)")
-    rows = summarize(history, overrides)
+    try:
+        if Path(target).is_dir():
+            history = from_run_dir(Path(target))
+        elif mlflow_uri:
+            history = from_mlflow(target, mlflow_uri)
+        else:
+            raise ConfigError("RUN_DIR", f"{target} is not a directory (an MLflow run id needs "
+                                         f"--mlflow-tracking-uri)")
+        rows = summarize(history, overrides)
+    except UnreadableRun as exc:
+        print(f"miles doctor: cannot read the run: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
     print(format_table(history, rows))
-    return 1 if any(r.verdict == "RED" for r in rows) else 0
+    return EXIT_RED_FLAG if any(r.verdict == "RED" for r in rows) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

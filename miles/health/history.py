@@ -20,6 +20,11 @@ from miles.record.journal import JOURNAL_NAME, JournalLine, read_journal
 from miles.record.layout import TRACKING_CONFIG as CONFIG_ARTIFACT
 
 
+class UnreadableRun(Exception):
+    """A run directory whose files cannot be read as a run's (`miles doctor` exits 3, not 1: a red
+    flag is a finding about a run, this is none)."""
+
+
 @dataclass(frozen=True)
 class RunHistory:
     source: str
@@ -28,7 +33,11 @@ class RunHistory:
 
     def health_config(self, overrides: dict[str, Any] | None = None) -> HealthConfig:
         known = {k: v for k, v in self.params.items() if k.startswith(("health_", "on_red_flag"))}
-        return build_section(HealthConfig, {**known, **(overrides or {})})
+        try:
+            build_section(HealthConfig, known)
+        except ConfigError as exc:
+            raise UnreadableRun(f"{self.source}: the run's health settings are not valid: {exc}") from None
+        return build_section(HealthConfig, {**known, **(overrides or {})})  # a bad override: the doctor's flag
 
     def run_facts(self) -> RunFacts:
         p = self.params
@@ -37,7 +46,11 @@ class RunHistory:
             value = p.get(name, default)
             if kind is bool:
                 return str(value).strip().lower() in ("1", "true", "yes", "on")
-            return kind(value)
+            try:
+                return kind(value)
+            except (TypeError, ValueError, OverflowError):
+                raise UnreadableRun(f"{self.source}: the run's {name} is {value!r:.80}, not a "
+                                    f"{kind.__name__}") from None
 
         return RunFacts(clip_grad=get("clip_grad", 1.0, float),
                         groups_per_rollout=get("rollout_batch_size", 32, int),
@@ -45,12 +58,35 @@ class RunHistory:
 
 
 def from_run_dir(run_dir: Path) -> RunHistory:
+    """The run's journal and config; UnreadableRun naming the file when either is not what a run writes
+    (a line that is not a journal line is skipped, as every reader of the journal does)."""
     journal = Path(run_dir) / JOURNAL_NAME
     if not journal.exists():
         raise ConfigError("RUN_DIR", f"{run_dir} has no {JOURNAL_NAME} (not a run directory?)")
-    config = Path(run_dir) / CONFIG_ARTIFACT
-    params = yaml.safe_load(config.read_text()) or {} if config.exists() else {}
-    return RunHistory(str(run_dir), rollouts_of(read_journal(journal)), params)
+    try:
+        lines = read_journal(journal)  # refuses a FIFO or a directory before opening it
+    except (OSError, ValueError) as exc:
+        raise UnreadableRun(f"cannot read {journal}: {exc}") from None
+    return RunHistory(str(run_dir), rollouts_of(lines), read_run_config(Path(run_dir) / CONFIG_ARTIFACT))
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """The run's flat public config (`tracking/config.yaml`), {} when there is none."""
+    if not path.exists():
+        return {}
+    try:
+        if not path.is_file():
+            raise UnreadableRun(f"cannot read {path}: not a regular file")
+        params = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UnreadableRun(f"cannot read {path}: not UTF-8 text") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise UnreadableRun(f"cannot read {path}: {' '.join(str(exc).split())[:300]}") from None
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise UnreadableRun(f"cannot read {path}: a YAML {type(params).__name__}, not a mapping of settings")
+    return params
 
 
 def from_mlflow(run_id: str, tracking_uri: str) -> RunHistory:

@@ -10,6 +10,7 @@ Lines are never rewritten, so a line's index is a stable identity (wandb's step)
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +33,34 @@ class JournalLine:
 
     @classmethod
     def from_json(cls, text: str) -> "JournalLine":
-        raw = json.loads(text)
-        return cls(rollout_id=int(raw.pop("rollout_id")), time=float(raw.pop("time")), metrics=raw)
+        """One line, or BadLine: a line that is not an object with an integer `rollout_id` and a finite
+        `time`. Metric values that are not numbers (a hand-edited or foreign line) are dropped, so that
+        one of them cannot stop a tracker that must take numbers; NaN and Infinity are kept."""
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError) as exc:  # ValueError covers JSONDecodeError and UnicodeDecodeError
+            raise BadLine(f"not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise BadLine(f"a JSON {type(raw).__name__}, not an object")
+        rollout_id, time = raw.pop("rollout_id", None), raw.pop("time", None)
+        if isinstance(rollout_id, float) and rollout_id.is_integer():
+            rollout_id = int(rollout_id)
+        if not isinstance(rollout_id, int) or isinstance(rollout_id, bool) or abs(rollout_id) > 2**53:
+            raise BadLine(f"rollout_id is {rollout_id!r:.50}, not an integer")
+        if not isinstance(time, (int, float)) or isinstance(time, bool) or not math.isfinite(float(time)):
+            raise BadLine(f"time is {time!r:.50}, not a finite number")
+        metrics = {k: v for k, v in raw.items() if _is_number(v)}
+        return cls(rollout_id=rollout_id, time=float(time), metrics=metrics)
+
+
+class BadLine(ValueError):
+    """A journal line that cannot be read as one (skipped by every reader alike, so line indices agree)."""
+
+
+def _is_number(value) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, float) or abs(value) < 2**1023  # an int too large for a float is no metric
 
 
 def count_rollouts(run_dir: Path) -> int:
@@ -46,14 +73,18 @@ def count_rollouts(run_dir: Path) -> int:
 
 
 def read_journal(path: Path) -> list[JournalLine]:
-    """Every complete line of a journal (a torn last line from a killed writer is skipped)."""
+    """Every complete line of a journal (a torn last line from a killed writer, and any other line that
+    is not a journal line, is skipped). `path` must be a regular file when it exists (ValueError else:
+    opening a FIFO would block)."""
     if not path.exists():
         return []
+    if not path.is_file():
+        raise ValueError(f"{path} is not a regular file")
     lines = []
-    for text in path.read_text().splitlines():
+    for text in path.read_bytes().splitlines():
         try:
             lines.append(JournalLine.from_json(text))
-        except (json.JSONDecodeError, KeyError):
+        except BadLine:
             continue
     return lines
 
@@ -112,8 +143,8 @@ class JournalFollower:
             end = data.rfind(b"\n") + 1
             for text in data[:end].splitlines():
                 try:
-                    self.lines.append(JournalLine.from_json(text.decode()))
-                except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
-                    pass  # a torn line a killed writer left (read_journal skips it too)
+                    self.lines.append(JournalLine.from_json(text))
+                except BadLine:
+                    pass  # a torn line a killed writer left, or another non-line (read_journal skips it too)
             self._offset += end
         return self.lines

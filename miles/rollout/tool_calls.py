@@ -44,10 +44,31 @@ def tool_names(specs: list[dict]) -> dict[str, dict]:
     out = {}
     for spec in specs:
         function = spec.get("function", spec) if isinstance(spec, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ValueError(f"a tool spec must be {{'type': 'function', 'function': {{'name': ...}}}}, got {spec!r}")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f"a tool spec must be {{'type': 'function', 'function': {{'name': ...}}}}, got "
+                             f"{_short(spec)}")
+        _check_parameters(function)
         out[function["name"]] = function
     return out
+
+
+def _check_parameters(function: dict) -> None:
+    """The parts of a JSON-schema `parameters` the parsers read (`_first_parameter`) have their shapes."""
+    name, params = function["name"], function.get("parameters")
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise ValueError(f"tool {name!r}: parameters must be a JSON schema object, got {_short(params)}")
+    required, properties = params.get("required"), params.get("properties")
+    if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise ValueError(f"tool {name!r}: parameters.required must be a list of names, got {_short(required)}")
+    if properties is not None and not isinstance(properties, dict):
+        raise ValueError(f"tool {name!r}: parameters.properties must be an object, got {_short(properties)}")
+
+
+def _short(value, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _first_parameter(function: dict) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from miles.serving import auth
+from miles.serving import auth, origin_guard
 from miles.config import RouterConfig
 from miles.router import metrics
 from miles.router.liveness import HealthChecker
@@ -34,6 +34,11 @@ TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/list_workers", "/workers", "/router_health", "/metrics",
                          "/router_stats", "/update_weight_version"})
 is_loopback = auth.is_loopback
+
+
+def is_state_changing_get(path: str) -> bool:
+    """GETs that change state: /router_stats resets the counters, engine admin paths pass through."""
+    return path == "/router_stats" or (path not in ADMIN_PATHS and not auth.is_open_engine_path(path))
 
 
 class AdminError(Exception):
@@ -94,6 +99,7 @@ class Router:
         self.timeline = RouterTimeline(TimelineWriter(timeline_path, lane=LANE), self.stats)
         self.forward = self.timeline.wrap(self.proxy) if self.timeline.enabled else self.proxy
         self.listening: list[tuple[str, int]] = []  # (host, port) this router serves on, set once bound
+        self._host_rule: tuple[int, bool] | None = None  # (len(listening), whether Host must be loopback)
         self.health = HealthChecker(self.pool, self.upstream, config.rollout_health_check_interval,
                                     config.rollout_health_check_timeout, self.timeline)
         for url in worker_urls:
@@ -101,6 +107,12 @@ class Router:
         self.admin = self._admin_app()
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            reason = origin_guard.refusal(origin_guard.guard_headers(scope), scope["method"], scope["path"],
+                                          self._check_host(), is_state_changing_get)
+            if reason is not None:
+                await send_json(send, 403, {"error": reason})
+                return
         if scope["type"] == "http" and scope["path"] not in ADMIN_PATHS:
             # Engine endpoints that change state (weights, pause, abort, ...) are admin too.
             if self._admin_token and not auth.is_open_engine_path(scope["path"]):
@@ -112,6 +124,14 @@ class Router:
             await self.forward(scope, receive, send)
         else:
             await self.admin(scope, receive, send)
+
+    def _check_host(self) -> bool:
+        # bound only to loopback: requests must name a loopback host (DNS rebinding); an unbound router
+        # (a test driving the ASGI app directly) counts as loopback, the default. Cached per bind list.
+        if self._host_rule is None or self._host_rule[0] != len(self.listening):
+            value = all(origin_guard.is_loopback_name(host.strip("[]")) for host, _port in self.listening)
+            self._host_rule = (len(self.listening), value)
+        return self._host_rule[1]
 
     @asynccontextmanager
     async def lifespan(self, _app):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from miles.config.secrets import Scrubber, env_scrubber
 from miles.tracking.delivery import DeliveryBusy, follow, replay
-from miles.tracking.state import DELIVERY_LOG_PATH, TRAINER_PATH, is_run_dir, log_spooled, recorded_lines
+from miles.tracking.state import DELIVERY_LOG_PATH, TRAINER_PATH, StateError, is_run_dir, log_spooled, recorded_lines
 
 log = logging.getLogger("miles.tracking")
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             status, undelivered = follow(run_dir, args.session, scrubber, args.retry_interval)
         else:
             status, undelivered = "replayed", replay(run_dir, args.timeout, args.retry_interval, scrubber)
-    except DeliveryBusy as exc:
+    except (DeliveryBusy, StateError) as exc:
         print(f"miles replay-spool: error: {exc}", file=sys.stderr)
         return 2
     except Exception:

@@ -23,8 +23,8 @@ from miles.config.secrets import Scrubber, env_scrubber
 from miles.record.journal import JOURNAL_NAME, JournalFollower
 from miles.record.samples import samples_path
 from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink
-from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DeliveryState, SinkState, TrainerFile, pending,
-                                  recorded_lines, try_delivery_lock)
+from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DELIVERY_PATH, DeliveryState, SinkState,
+                                  StateError, TrainerFile, pending, recorded_lines, try_delivery_lock)
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
@@ -60,8 +60,7 @@ class DeliveryLoop:
         self.run_dir, self.scrubber, self.retry_interval, self.session = run_dir, scrubber, retry_interval, session
         self.trainer, self.state = TrainerFile.load(run_dir), DeliveryState.load(run_dir)
         self.journal = JournalFollower(run_dir / JOURNAL_NAME)
-        config = run_dir / CONFIG_ARTIFACT
-        params = yaml.safe_load(config.read_text()) if config.exists() else {}
+        params = read_params(run_dir / CONFIG_ARTIFACT)
         self.slots = [Slot(name, build_sink(spec, params), self.state.sinks.setdefault(name, SinkState(spec)))
                       for name, spec in specs.items()]
 
@@ -141,7 +140,7 @@ class DeliveryLoop:
         artifacts when `final`, finish every tracker run; returns what is still spooled per tracker.
         Not `final`: the run goes on in a later process (the next chunk), which reopens the same runs."""
         deadline = time.monotonic() + timeout
-        files = [f for f in map(Path, self.trainer.artifacts) if f.exists()] if final else []
+        files = self.artifact_files() if final else []
         for slot in self.slots:
             while not self.catch_up(slot, force=True) and time.monotonic() < deadline:
                 time.sleep(min(self.retry_interval, max(0.0, deadline - time.monotonic())))
@@ -158,6 +157,34 @@ class DeliveryLoop:
 
     def pending(self) -> dict[str, int]:
         return pending(len(self.journal.read()), {s.name: s.state for s in self.slots})
+
+    def artifact_files(self) -> list[Path]:
+        """The trainer's artifacts that exist and lie inside the run dir (symlinks resolved): trainer.json
+        is a file in the run dir, and whoever can write it must not get other files of this user uploaded."""
+        root = self.run_dir.resolve()
+        files = []
+        for name in self.trainer.artifacts:
+            path = Path(name) if Path(name).is_absolute() else self.run_dir / name
+            resolved = path.resolve()
+            if not resolved.is_relative_to(root):
+                log.warning("tracking: not uploading %s: trainer.json names it, but it is outside the run dir %s",
+                            name, root)
+            elif resolved.exists():
+                files.append(path)
+        return files
+
+
+def read_params(path: Path) -> dict:
+    """The run's public config (a tracker's params), {} when there is none; StateError when unreadable."""
+    if not path.exists():
+        return {}
+    try:
+        params = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise StateError(f"cannot read {path}: {' '.join(str(exc).split())[:300]}") from None
+    if params is not None and not isinstance(params, dict):
+        raise StateError(f"{path} holds a YAML {type(params).__name__}, not a mapping of settings")
+    return params or {}
 
 
 def acquire_lock(run_dir: Path, wait_s: float):
@@ -176,6 +203,11 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber:
     still undelivered per tracker (empty: all done)."""
     with acquire_lock(run_dir, 0.0):
         sinks, lines = DeliveryState.load(run_dir).sinks, recorded_lines(run_dir)
+        for name, sink in sinks.items():
+            if sink.cursor > lines:  # lines recorded later would count as delivered and never be
+                raise StateError(f"{run_dir / DELIVERY_PATH}: {name} is said to hold {sink.cursor} journal lines, "
+                                 f"but the journal has {lines}; this state is not this journal's (restore it, or "
+                                 f"remove {name}'s entry to deliver every line to a new {name} run)")
         # the delivery state's spec has the run id its tracker opened; one never opened, the trainer's
         specs = {**TrainerFile.load(run_dir).trackers, **{name: s.spec for name, s in sinks.items()}}
         todo = {name: spec for name, spec in specs.items() if spec.kind in SINK_CLASSES and

@@ -42,8 +42,38 @@ def _write_atomic(path: Path, data: dict) -> None:
     tmp.replace(path)  # atomic: a kill leaves the old or the new state, never half
 
 
+class StateError(ValueError):
+    """trainer.json or delivery.json is not what their writers write (torn by hand, edited, foreign);
+    `miles replay-spool` says so in one line instead of guessing."""
+
+
 def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise StateError(f"{path} is not valid JSON ({exc}); it was cut short or edited") from None
+    except OSError as exc:
+        raise StateError(f"cannot read {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise StateError(f"{path} holds a JSON {type(raw).__name__}, not an object")
+    return raw
+
+
+def _spec(path: Path, name: str, raw: Any) -> SinkSpec:
+    if not (isinstance(raw, dict) and set(raw) == {"kind", "options"} and isinstance(raw["kind"], str)
+            and isinstance(raw["options"], dict)):
+        raise StateError(f"{path}: tracker {name!r} has no valid spec ({{\"kind\": ..., \"options\": {{...}}}}), "
+                         f"got {raw!r:.200}")
+    return SinkSpec(raw["kind"], raw["options"])
+
+
+def _mapping(path: Path, raw: dict, key: str) -> dict:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise StateError(f"{path}: {key} must be an object, got {value!r:.200}")
+    return value
 
 
 def try_delivery_lock(run_dir: Path) -> IO | None:
@@ -88,8 +118,14 @@ class TrainerFile:
         # The delivery process rereads this file at every poll, with the path it keeps: building
         # Paths in that loop (pathlib interns every part) measured as its largest idle CPU cost.
         raw = _read(path)
-        return cls(path=path, artifacts=raw.get("artifacts", []), trainer=raw.get("trainer"),
-                   close=raw.get("close"), trackers={n: SinkSpec(**s) for n, s in raw.get("trackers", {}).items()})
+        artifacts, trainer, close = raw.get("artifacts") or [], raw.get("trainer"), raw.get("close")
+        if not (isinstance(artifacts, list) and all(isinstance(a, str) for a in artifacts)):
+            raise StateError(f"{path}: artifacts must be a list of paths, got {artifacts!r:.200}")
+        for key, value in (("trainer", trainer), ("close", close)):
+            if value is not None and not isinstance(value, dict):
+                raise StateError(f"{path}: {key} must be an object or null, got {value!r:.200}")
+        return cls(path=path, artifacts=artifacts, trainer=trainer, close=close,
+                   trackers={n: _spec(path, n, s) for n, s in _mapping(path, raw, "trackers").items()})
 
     def save(self) -> None:
         _write_atomic(self.path, {"artifacts": self.artifacts, "trainer": self.trainer, "close": self.close,
@@ -97,7 +133,7 @@ class TrainerFile:
 
     def trainer_alive(self) -> bool:
         t = self.trainer
-        return t is not None and process_start(t["pid"]) == t.get("start")
+        return t is not None and isinstance(t.get("pid"), int) and process_start(t["pid"]) == t.get("start")
 
     def claim(self, session: str) -> None:
         """This process is the run's trainer now (its delivery follows it until it closes or dies)."""
@@ -120,10 +156,21 @@ class DeliveryState:
 
     @classmethod
     def load(cls, run_dir: Path) -> "DeliveryState":
-        raw = _read(Path(run_dir) / DELIVERY_PATH)
-        sinks = {name: SinkState(SinkSpec(**s["spec"]), s["cursor"], s.get("uploaded", False), s.get("session"))
-                 for name, s in raw.get("sinks", {}).items()}
-        return cls(path=Path(run_dir) / DELIVERY_PATH, sinks=sinks)
+        path = Path(run_dir) / DELIVERY_PATH
+        raw = _read(path)
+        sinks = {}
+        for name, s in _mapping(path, raw, "sinks").items():
+            if not isinstance(s, dict):
+                raise StateError(f"{path}: tracker {name!r} must be an object, got {s!r:.200}")
+            cursor = s.get("cursor")
+            if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
+                raise StateError(f"{path}: {name}'s cursor (journal lines it holds) must be an integer >= 0, "
+                                 f"got {cursor!r:.50}")
+            uploaded, session = s.get("uploaded", False), s.get("session")
+            if not isinstance(uploaded, bool) or not (session is None or isinstance(session, str)):
+                raise StateError(f"{path}: {name}'s uploaded must be true/false and its session a string")
+            sinks[name] = SinkState(_spec(path, name, s.get("spec")), cursor, uploaded, session)
+        return cls(path=path, sinks=sinks)
 
     def save(self) -> None:
         _write_atomic(self.path, {"sinks": {name: dataclasses.asdict(s) for name, s in self.sinks.items()}})
@@ -134,7 +181,10 @@ def is_run_dir(run_dir: Path) -> bool:
 
 
 def recorded_lines(run_dir: Path) -> int:
-    return len(read_journal(Path(run_dir) / JOURNAL_NAME))
+    try:
+        return len(read_journal(Path(run_dir) / JOURNAL_NAME))
+    except (OSError, ValueError) as exc:  # not a regular file, unreadable
+        raise StateError(f"cannot read the journal: {exc}") from None
 
 
 def pending(recorded: int, sinks: dict[str, SinkState]) -> dict[str, int]:

@@ -55,8 +55,9 @@ def _leave_once_decoding(engine_url: str, url: str, body: dict, stream: bool) ->
     payload = json.dumps({**body, "stream": stream}).encode()
     host_port = url.removeprefix("http://")
     with socket.create_connection(tuple(host_port.rsplit(":", 1)[0:1]) + (int(host_port.rsplit(":", 1)[1]),)) as s:
-        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                  % (len(payload), payload))
+        # a loopback Host, as real clients send (the servers refuse other names: DNS rebinding)
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  % (host_port.encode(), len(payload), payload))
         if stream:
             s.recv(1)
         else:  # no byte comes back before the end: ask the engine

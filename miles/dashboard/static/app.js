@@ -26,6 +26,8 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// Any value as text (a hand-edited sample may hold null or a number where text belongs).
+const asText = (v) => (v === null || v === undefined) ? "" : (typeof v === "string" ? v : JSON.stringify(v));
 const fmt = (v) => (v === null || v === undefined) ? "–" : (typeof v === "number" ? Number(v.toPrecision(4)) : v);
 
 function notice(run) {
@@ -208,9 +210,9 @@ async function showRollouts(view) {
   for (const s of data.samples) {
     const row = el("tr", {class: "sample-row", "data-index": s.index},
       el("td", {}, String(s.index)), el("td", {}, String(s.group_index ?? "–")), el("td", {}, String(fmt(s.reward))),
-      el("td", {}, String(s.response_length)), el("td", {}, s.status), el("td", {}, String(s.turns)),
+      el("td", {}, String(s.response_length)), el("td", {}, asText(s.status)), el("td", {}, String(s.turns)),
       el("td", {class: s.zero_std ? "zero" : ""}, s.zero_std ? "zero std" : ""),
-      el("td", {class: "text"}, s.prompt.slice(-120)), el("td", {class: "text"}, s.response.slice(0, 160)));
+      el("td", {class: "text"}, asText(s.prompt).slice(-120)), el("td", {class: "text"}, asText(s.response).slice(0, 160)));
     row.onclick = () => { location.hash = `#sample/${rid}/${s.index}`; };
     table.append(row);
   }
@@ -282,7 +284,7 @@ async function showSample(view) {
     el("span", {}, `${spec.invert ? spec.high : spec.low} `, el("span", {class: "scale"}),
        ` ${spec.invert ? spec.low : spec.high}${spec.invert ? " (darker: less likely)" : ""}`),
     el("span", {}, "dimmed: observation tokens (loss mask 0)")));
-  const box = el("div", {class: "tokens", id: "token-strip"}, el("span", {class: "prompt"}, s.prompt));
+  const box = el("div", {class: "tokens", id: "token-strip"}, el("span", {class: "prompt"}, asText(s.prompt)));
   const t = d.tokens;
   t.ids.forEach((id, i) => {
     const masked = t.loss_mask && t.loss_mask[i] === 0;

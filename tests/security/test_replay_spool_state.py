@@ -1,0 +1,143 @@
+"""Probes DD1/DD2: `miles replay-spool` on corrupted tracking state, odd journal values, and a trainer.json
+that names files outside the run dir.
+
+Corrupt state is one line and exit 2 (never a traceback); a cursor past the journal's end is refused
+(lines recorded later would count as delivered); a journal value that is not a number does not keep a
+tracker's spool blocked; only files inside the run dir are uploaded.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from miles.tracking.state import DeliveryState
+
+from tests.tracking.tracking_helpers import REPO, run_synthetic, subprocess_env
+
+TRACKERS = ["--use-mlflow", "--use-tensorboard"]
+
+
+def replay_spool(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", "replay-spool", str(run_dir), "--timeout", "5", *args],
+                          cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished 3-rollout run with MLflow (SQLite) and TensorBoard, every line delivered."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    run_dir.mkdir()
+    run_synthetic(run_dir, "--rollouts", "3", *TRACKERS)
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    """A copy whose state files name the copy (the probe's `cp -r` + `sed`)."""
+    target = tmp_path / "run"
+    shutil.copytree(finished_run, target)
+    for name in ("trainer.json", "delivery.json"):
+        path = target / "tracking" / name
+        path.write_text(path.read_text().replace(str(finished_run), str(target)))
+    return target
+
+
+def edit_delivery(run_dir: Path, change) -> None:
+    path = run_dir / "tracking" / "delivery.json"
+    state = json.loads(path.read_text())
+    change(state)
+    path.write_text(json.dumps(state))
+
+
+def _set(field, value):
+    def change(state):
+        for sink in state["sinks"].values():
+            sink[field] = value
+    return change
+
+
+CORRUPT = {
+    "delivery.json empty": ("delivery.json", lambda text: ""),
+    "delivery.json truncated": ("delivery.json", lambda text: text[: len(text) // 2]),
+    "delivery.json binary": ("delivery.json", lambda text: "\udcff\udcfe"),
+    "delivery.json a list": ("delivery.json", lambda text: "[1, 2]"),
+    "sinks a list": ("delivery.json", lambda text: '{"sinks": [1]}'),
+    "a sink without spec": ("delivery.json", lambda text: '{"sinks": {"mlflow": {"cursor": 1}}}'),
+    "trainer.json truncated": ("trainer.json", lambda text: text[: len(text) // 2]),
+    "trainer.json artifacts a string": ("trainer.json", lambda text: json.dumps({**json.loads(text),
+                                                                                 "artifacts": "/etc/passwd"})),
+    "a tracker spec with an extra key": ("trainer.json", lambda text: json.dumps({**json.loads(text), "trackers": {
+        "mlflow": {"kind": "mlflow", "options": {}, "extra": 1}}})),
+}
+
+
+@pytest.mark.parametrize("name,corrupt", CORRUPT.values(), ids=CORRUPT.keys())
+def test_corrupt_state_is_one_line_and_exit_2(run_copy, name, corrupt):
+    path = run_copy / "tracking" / name
+    path.write_bytes(corrupt(path.read_text()).encode("utf-8", "surrogateescape"))
+    done = replay_spool(run_copy)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("miles replay-spool: error:") and name in line
+
+
+@pytest.mark.parametrize("cursor", ["3", -5, 1.5, None, True])
+def test_a_cursor_of_the_wrong_kind_is_refused(run_copy, cursor):
+    edit_delivery(run_copy, _set("cursor", cursor))
+    done = replay_spool(run_copy)
+    assert done.returncode == 2 and "cursor" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_cursor_past_the_journal_end_is_refused(run_copy):
+    edit_delivery(run_copy, _set("cursor", 10**9))
+    done = replay_spool(run_copy)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "1000000000" in done.stderr and "the journal has 3" in done.stderr
+
+
+def test_a_journal_line_with_a_bad_rollout_id_does_not_stop_delivery(run_copy):
+    with (run_copy / "metrics.jsonl").open("a") as f:
+        f.write('{"rollout_id": "x", "time": 9.0, "train/loss": 1.0}\n')
+    done = replay_spool(run_copy)
+    assert done.returncode == 0 and "holds all 3 journal lines" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_string_value_does_not_block_a_tracker(finished_run, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_synthetic(run_dir, "--rollouts", "3", *TRACKERS)
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"rollout_id": 3, "time": 9.0, "train/loss": "high", "rollout/step": 3.0,
+                            "train/grad_norm": 0.5}) + "\n")
+    for _ in range(2):  # delivered, then nothing left on the second replay
+        done = replay_spool(run_dir)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "holds all 4 journal lines" in done.stdout
+    assert {s.cursor for s in DeliveryState.load(run_dir).sinks.values()} == {4}
+
+
+def test_only_files_inside_the_run_dir_are_uploaded(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_synthetic(run_dir, "--rollouts", "2", *TRACKERS)
+    secret = tmp_path / "outside-secret.txt"
+    secret.write_text("probe-outside-secret-7731\n")
+    (run_dir / "link-out").symlink_to(secret)
+    trainer_path = run_dir / "tracking" / "trainer.json"
+    trainer = json.loads(trainer_path.read_text())
+    trainer["artifacts"] += [str(secret), str(run_dir / "link-out"), str(run_dir / ".." / secret.name)]
+    trainer_path.write_text(json.dumps(trainer))
+    edit_delivery(run_dir, _set("uploaded", False))  # so the replay uploads again
+    done = replay_spool(run_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.count("outside the run dir") == 3, done.stderr
+    uploaded = [p for p in (run_dir / "mlartifacts").rglob("*") if p.is_file()]
+    assert any(p.name == "metrics.jsonl" for p in uploaded)  # the run's own artifacts still go up
+    assert not any(p.name in ("outside-secret.txt", "link-out") for p in uploaded)
+    assert all(b"probe-outside-secret-7731" not in p.read_bytes() for p in uploaded)
