@@ -21,7 +21,7 @@ STOP_GRACE_S = 15.0
 LOG_TAIL_CHARS = 4000
 # Run from the directory that holds the `miles` package, so `python -m miles...` resolves to
 # this checkout even when the caller's working directory is elsewhere.
-REPO_ROOT = str(Path(__file__).resolve().parents[1])
+REPO_ROOT = str(Path(__file__).resolve().parents[2])  # the checkout (services start there)
 # Secrets in this process's environment that services get only when their launcher passes them.
 SERVICE_SECRET_ENV = frozenset({"WANDB_API_KEY", "MILES_ROUTER_ADMIN_TOKEN", "MILES_ENGINE_ADMIN_TOKEN"})
 
