@@ -3,7 +3,7 @@
 A span is one process's phase: the trainer's `rollout`, `train`, `update_weights`, `eval`,
 `checkpoint`, `log_tokens`; a training rank's `log_probs`, `actor_train`, `token_stats`; an
 engine's `decode` stretches (batches back to back); the router's `proxy` bursts and admin events
-(`miles.router.timeline`). Writing one is a single `write` of one
+(`miles.router.lane`). Writing one is a single `write` of one
 short line to a file opened for appending, so writers in several processes never
 interleave their lines and a reader sees whole lines or a torn last one.
 """

@@ -23,7 +23,7 @@ from miles.router import metrics
 from miles.router.liveness import HealthChecker
 from miles.router.proxy import Proxy, send_json
 from miles.router.stats import RouterStats, StatsSnapshot
-from miles.router.timeline import LANE, RouterTimeline
+from miles.router.lane import LANE, RouterTimeline
 from miles.serving.upstream import UpstreamPool
 from miles.serving.upstream import Endpoint
 from miles.router.workers import WorkerError, WorkerPool

@@ -10,7 +10,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from miles.router.timeline import RouterTimeline
+from miles.router.lane import RouterTimeline
 from miles.serving.upstream import UpstreamError, UpstreamPool
 from miles.router.workers import Worker, WorkerPool
 

@@ -28,7 +28,7 @@ FLOORS = [
 STORY = {"train", "prepare", "loop", "trainer", "preflight"}
 # Names several packages use for the same role in each (its CLI, its app, its server process, ...).
 ROLE_NAMES = {"__init__", "cli", "app", "launch", "server", "actor", "base", "metrics", "names", "weights",
-              "logprobs", "model", "timeline"}
+              "logprobs", "model"}
 
 
 def modules() -> dict[str, Path]:

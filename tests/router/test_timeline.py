@@ -13,7 +13,7 @@ import httpx
 from miles.config import RouterConfig
 from miles.router.launch import launch_router
 from miles.router.stats import RouterStats
-from miles.router.timeline import IDLE_GAP_S, MAX_BURST_S, RouterTimeline
+from miles.router.lane import IDLE_GAP_S, MAX_BURST_S, RouterTimeline
 from miles.record.timeline import TimelineWriter, read_spans
 
 from .conftest import wait_for
