@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from miles.config.cache import cache_root
 from miles.serving.process import free_port, log_tail, wait_healthy
 
 DEFAULT_PORT = 4200
@@ -43,8 +44,7 @@ class PrefectServer:
 
 
 def default_state_dir() -> Path:
-    root = Path(os.environ.get("MILES_CACHE_DIR", Path.home() / ".cache" / "miles"))
-    return Path(os.environ.get("MILES_PREFECT_HOME", root / "prefect"))
+    return Path(os.environ.get("MILES_PREFECT_HOME", cache_root() / "prefect"))
 
 
 def is_healthy(api_url: str, timeout: float = 2.0) -> bool:

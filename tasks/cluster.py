@@ -8,6 +8,7 @@ import ray
 from prefect import get_run_logger, task
 
 from miles.config import OrchestrationConfig
+from miles.config.cache import CACHE_ENV
 from miles.cluster.connect import connect
 from miles.config.run_info import FLOW_RUN_URL_ENV
 
@@ -26,7 +27,7 @@ def worker_env(api_url: str, flow_run_url: str | None = None) -> dict[str, str]:
     """What every Ray worker must see: the flow's one Prefect API, our cache dir, the flow run's link
     (for the tracker runs' tags)."""
     env = {"PREFECT_API_URL": api_url, **({FLOW_RUN_URL_ENV: flow_run_url} if flow_run_url else {})}
-    for name in ("MILES_CACHE_DIR",):
+    for name in (CACHE_ENV,):
         if os.environ.get(name):
             env[name] = os.environ[name]
     return env

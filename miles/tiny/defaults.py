@@ -6,10 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from miles.config.cache import cache_root
 from miles.config.resolve import TaskDefaults
-
-TASK_DIRS = {False: "tiny-task", True: "tiny-tool-task"}
 
 
 def uses_tool_task(config) -> bool:
@@ -20,10 +17,10 @@ def uses_tool_task(config) -> bool:
 def task_defaults(multi_turn: bool) -> TaskDefaults:
     """The cached files of the tiny task (they may not exist yet: `make_task_files` makes them)."""
     if multi_turn:
-        from miles.tiny.tool_warmstart import tool_model_dir as model_dir
+        from miles.tiny.tool_warmstart import tool_model_dir as model_dir, tool_task_dir as data_dir
     else:
-        from miles.tiny.warmstart import base_model_dir as model_dir
-    data = cache_root() / TASK_DIRS[multi_turn]
+        from miles.tiny.warmstart import base_model_dir as model_dir, task_data_dir as data_dir
+    data = data_dir()
     return TaskDefaults(model=model_dir(), train_data=data / "train.jsonl", eval_data=data / "eval.jsonl")
 
 

@@ -41,9 +41,13 @@ def tool_model_dir() -> Path:
     return cache_root() / f"tiny-tool-base-{recipe_id()}"
 
 
+def tool_task_dir() -> Path:
+    return cache_root() / "tiny-tool-task"
+
+
 def tool_task_data() -> tuple[Path, Path]:
     """The multiplication train and eval JSONL files (written on first use)."""
-    return tool_task.write_task_data(cache_root() / "tiny-tool-task", seed=RECIPE["seed"])
+    return tool_task.write_task_data(tool_task_dir(), seed=RECIPE["seed"])
 
 
 def ensure_tool_model(progress: bool = True) -> Path:
