@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "engine": ("miles.engines.cli:main", "serve a checkpoint over SGLang's HTTP API (embedded engine or SGLang)"),
     "router": ("miles.router.cli:main", "run the router in front of the engines"),
     "base-model": ("miles.tiny.cli:main", "make the tiny warm-started base checkpoint if missing; print its dir"),
+    "pretrained": ("miles.pretrained.cli:main", "make a named real checkpoint (smollm2-135m-instruct) if missing; print its dir"),
     "doctor": ("miles.health.cli:main", "a run's health verdicts (RUN_DIR); --env: the installation and services"),
     "replay-spool": ("miles.tracking.cli:main", "deliver tracker points spooled during an outage (--follow: a run's live delivery)"),
     "py-spy": ("miles.profiling.cli:main", "one py-spy dump of every process of a live run (RUN_DIR)"),

@@ -2,7 +2,8 @@
 
     parse the flags -> resolve every default (paths only, nothing made) -> write the tiny task's
     data if the run uses it (milliseconds) -> preflight (every check that needs no cluster) ->
-    make the tiny base model if the run uses it and it is missing (minutes, once per machine)
+    make the base model if the run uses the tiny one or a catalog one (`--hf-checkpoint
+    smollm2-135m-instruct`) and it is missing (minutes, once per machine)
 
 A bad flag, hook or data path fails before anything starts. The flow makes the model in a task
 of its own instead (`make_model=False` here), so the wait shows in the Prefect UI.
@@ -12,21 +13,35 @@ from __future__ import annotations
 from miles.config import MilesConfig, parse_config
 from miles.config.resolve import resolve
 from miles.preflight import preflight
-from miles.tiny.defaults import make_task_data, make_tiny_model, task_defaults, uses_tool_task
+from miles.pretrained import fallback as pretrained
+from miles.tiny import defaults as tiny
 
 
 def resolve_run(config: MilesConfig) -> MilesConfig:
-    """`resolve` with the tiny task as the fallback model and data: pure, makes no file."""
-    return resolve(config, task_defaults(uses_tool_task(config)))
+    """`resolve` with a fallback model and data: a catalog checkpoint's directory and chat task when
+    --hf-checkpoint names one, else the tiny task. Pure: makes no file."""
+    config, task = pretrained.with_named_checkpoint(config)
+    return resolve(config, task or tiny.task_defaults(tiny.uses_tool_task(config)))
+
+
+def base_model_missing(config: MilesConfig):
+    """The directory of the base model the run must make first (tiny or catalog), or None."""
+    return tiny.tiny_model_missing(config) or pretrained.model_missing(config)
+
+
+def make_base_model(config: MilesConfig) -> None:
+    tiny.make_tiny_model(config)
+    pretrained.make_model(config)
 
 
 def prepare_config(config: MilesConfig, make_model: bool = True) -> MilesConfig:
     """`prepare` for flags already parsed."""
     config = resolve_run(config)
-    make_task_data(config)
+    tiny.make_task_data(config)
+    pretrained.make_task_data(config)
     preflight(config)
     if make_model:
-        make_tiny_model(config)
+        make_base_model(config)
     return config
 
 

@@ -1,17 +1,17 @@
-"""The tiny base model as a task of the flow: made once per machine (1-3 min on 2 cores), cached after."""
+"""The base model (the tiny one, or a catalog checkpoint) as a task of the flow: made once per machine, cached after."""
 from __future__ import annotations
 
 from prefect import get_run_logger, task
 
 from miles.config import MilesConfig
-from miles.tiny.defaults import make_tiny_model, tiny_model_missing
+from miles.prepare import base_model_missing, make_base_model as make_model
 
 
 @task(name="make_base_model")
 def make_base_model(config: MilesConfig) -> str:
-    """The run's model directory, made first when the run uses the tiny model and it is missing."""
-    if tiny_model_missing(config) is None:
+    """The run's model directory, made first when the run uses the tiny or a catalog model and it is missing."""
+    if base_model_missing(config) is None:
         get_run_logger().info(f"model {config.rollout.hf_checkpoint} is ready")
     else:
-        make_tiny_model(config)
+        make_model(config)
     return config.rollout.hf_checkpoint

@@ -89,7 +89,7 @@ class ModelRunner:
         self.config = self.model.config
         self.context_length = context_length or _model_context_length(self.config, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.eos_ids = _eos_ids(self.config, self.tokenizer)
+        self.eos_ids = _eos_ids(self.config, self.tokenizer, model_path)
         # Rows can join a running batch only when every cache layer is a plain full-attention one
         # (`StepState.merge` pads along time; a sliding-window layer keeps a window it cannot pad).
         self.merges_batches = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.config).layers)
@@ -138,8 +138,19 @@ def _model_context_length(config, tokenizer) -> int:
     return int(tokenizer.model_max_length)
 
 
-def _eos_ids(config, tokenizer) -> tuple[int, ...]:
-    eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
-    ids = eos if isinstance(eos, list) else [eos]
-    return tuple(int(i) for i in ids if i is not None)
+def _eos_ids(config, tokenizer, model_path) -> tuple[int, ...]:
+    """Every id that ends a response: the model config's, the generation config's (as SGLang reads it:
+    chat checkpoints list their end-of-turn token there) and the tokenizer's, in that order, once each."""
+    from transformers import GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json
+        generation = None
+    ids: list[int] = []
+    for eos in (config.eos_token_id, generation, tokenizer.eos_token_id):
+        for i in eos if isinstance(eos, (list, tuple)) else [eos]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)
 

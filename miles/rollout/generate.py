@@ -163,8 +163,11 @@ async def _generate_all(url: str, jobs: list[tuple[dict, Sample]], tokenizer, ar
 
 def encode_prompt(tokenizer, text: str, apply_chat_template: bool) -> list[int]:
     if apply_chat_template:
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                                  add_generation_prompt=True))
+        # Render the template to text and encode that, as SGLang's chat path does: the template already
+        # holds the special tokens, and `apply_chat_template(tokenize=True)` returns a list or a
+        # BatchEncoding depending on the tokenizer class and transformers version.
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

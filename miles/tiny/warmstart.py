@@ -60,18 +60,20 @@ def _lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def ensure_cached(target: Path, make, progress: bool = True) -> Path:
+def ensure_cached(target: Path, make, progress: bool = True, marker: str = "warmstart.json") -> Path:
     """`target`, made first by `make(tmp_dir, progress) -> report` if missing; one maker at a time
-    (a file lock), and atomic: a half-made model is never found under the real name."""
-    if (target / "warmstart.json").exists():
+    (a file lock), and atomic: a half-made model is never found under the real name (the report is
+    written as `marker`, last)."""
+    if (target / marker).exists():
         return target
     with _lock(cache_root() / f".{target.name}.lock"):
-        if (target / "warmstart.json").exists():
+        if (target / marker).exists():
             return target
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         report = make(tmp, progress)
-        (tmp / "warmstart.json").write_text(json.dumps(report, indent=2))
+        (tmp / marker).write_text(json.dumps(report, indent=2))
+        shutil.rmtree(target, ignore_errors=True)  # a dir without its marker is a half-made one
         tmp.rename(target)
     return target
 

@@ -1,11 +1,12 @@
-"""HF (Qwen3 layout) <-> Megatron-core GPTModel (local layer spec) tensor names and layouts, both ways, exact.
+"""HF (Qwen3 and Llama layouts) <-> Megatron-core GPTModel (local layer spec) tensor names and layouts, both ways, exact.
 
 Works on any name -> tensor dict shaped like the weights: the weights themselves, and the
 optimizer's per-parameter moments (exp_avg, exp_avg_sq), so checkpoints stay in HF names.
 Two groups of HF tensors become fused Megatron tensors:
 - q/k/v_proj -> linear_qkv, interleaved per query group: rows [q heads of group g, k_g, v_g] for g in groups;
 - gate_proj, up_proj -> linear_fc1, concatenated (Megatron's GLU applies silu to the first half).
-Everything else is a rename. With tied embeddings Megatron has no output_layer; the HF side
+Everything else is a rename; Qwen3 has per-head q/k RMSNorms that Llama has not (`Layout.qk_norm`).
+With tied embeddings Megatron has no output_layer; the HF side
 gets `lm_head.weight` = the embedding (as HF's own `state_dict()` does).
 """
 from __future__ import annotations
@@ -43,13 +44,31 @@ class Layout:
     num_kv_heads: int
     head_dim: int
     tied: bool
+    qk_norm: bool = True
 
     @classmethod
     def of(cls, hf_config) -> "Layout":
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         return cls(hf_config.num_hidden_layers, heads, hf_config.num_key_value_heads, head_dim,
-                   bool(getattr(hf_config, "tie_word_embeddings", False)))
+                   bool(getattr(hf_config, "tie_word_embeddings", False)), qk_norm(hf_config))
+
+    def renames(self) -> dict[str, str]:
+        """The per-layer renames this layout has (no q/k norms without qk_norm)."""
+        return {m: h for m, h in LAYER_RENAMES.items() if self.qk_norm or m not in QK_NORMS}
+
+
+QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+# model_type -> whether attention normalises q and k per head; the architectures the conversion covers.
+QK_NORM_BY_MODEL = {"qwen3": True, "llama": False}
+
+
+def qk_norm(hf_config) -> bool:
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in QK_NORM_BY_MODEL:
+        raise ValueError(f"--train-backend megatron converts {' and '.join(sorted(QK_NORM_BY_MODEL))} checkpoints; "
+                         f"this one is {model_type!r}")
+    return QK_NORM_BY_MODEL[model_type]
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout) -> torch.Tensor:
@@ -76,7 +95,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], lay: Layout) -> dict[str, torch.
         out[OUTPUT[0]] = hf[OUTPUT[1]]
     for i in range(lay.num_layers):
         m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for m_name, h_name in LAYER_RENAMES.items():
+        for m_name, h_name in lay.renames().items():
             out[m + m_name] = hf[h + h_name]
         out[m + QKV] = _fuse_qkv(*(hf[h + part] for part in QKV_PARTS), lay)
         out[m + FC1] = torch.cat([hf[h + part] for part in FC1_PARTS], dim=0)
@@ -89,7 +108,7 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], lay: Layout) -> dict[str, torch.
     out[OUTPUT[1]] = mg[EMBED[0]] if lay.tied else mg[OUTPUT[0]]
     for i in range(lay.num_layers):
         m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for m_name, h_name in LAYER_RENAMES.items():
+        for m_name, h_name in lay.renames().items():
             out[h + h_name] = mg[m + m_name]
         for part, tensor in zip(QKV_PARTS, _split_qkv(mg[m + QKV], lay)):
             out[h + part] = tensor
@@ -110,7 +129,7 @@ def megatron_source(hf_name: str, lay: Layout) -> str:
         return m + QKV
     if local in FC1_PARTS:
         return m + FC1
-    for m_name, h_name in LAYER_RENAMES.items():
+    for m_name, h_name in lay.renames().items():
         if local == h_name:
             return m + m_name
     raise KeyError(f"no Megatron parameter for HF tensor {hf_name!r}")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from miles.backends.megatron import shim
+from miles.backends.megatron.convert import qk_norm
 
 
 @contextlib.contextmanager
@@ -45,10 +46,13 @@ def rope_theta(hf_config) -> float:
 
 
 def check_supported(hf_config) -> None:
-    """The conversion and the config below cover Qwen3-style dense models; say what else is not."""
+    """The conversion and the config below cover Qwen3- and Llama-style dense models; say what else is not."""
+    qk_norm(hf_config)  # raises for other architectures
     problems = []
     if getattr(hf_config, "attention_bias", False):
         problems.append("attention_bias=True")
+    if getattr(hf_config, "mlp_bias", False):
+        problems.append("mlp_bias=True")
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={hf_config.hidden_act!r}")
     if getattr(hf_config, "use_sliding_window", False):
@@ -56,7 +60,7 @@ def check_supported(hf_config) -> None:
     if getattr(hf_config, "num_experts", 0):
         problems.append("mixture of experts")
     if problems:
-        raise ValueError(f"--train-backend megatron supports Qwen3-style dense models; this checkpoint "
+        raise ValueError(f"--train-backend megatron supports Qwen3- and Llama-style dense models; this checkpoint "
                          f"({hf_config.model_type}) has {', '.join(problems)}")
 
 
@@ -73,7 +77,7 @@ def transformer_config(hf_config):
         kv_channels=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
         normalization="RMSNorm",
         layernorm_epsilon=hf_config.rms_norm_eps,
-        qk_layernorm=True,
+        qk_layernorm=qk_norm(hf_config),
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
@@ -92,7 +96,7 @@ def build_gpt(hf_config, device: torch.device):
     _, GPTModel, local_spec, _ = _megatron()
     config = transformer_config(hf_config)
     with _quiet():
-        spec = local_spec(qk_layernorm=True, normalization="RMSNorm")
+        spec = local_spec(qk_layernorm=qk_norm(hf_config), normalization="RMSNorm")
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
