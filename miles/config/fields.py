@@ -23,17 +23,19 @@ def flag(
     *,
     choices: tuple | None = None,
     existing_path: bool = False,
+    or_names: tuple[str, ...] = (),
     secret: bool = False,
     minimum: float | None = None,
     maximum: float | None = None,
     aliases: tuple[str, ...] = (),
 ) -> Any:
-    """A config field. `existing_path` fields must name something on disk (when set);
+    """A config field. `existing_path` fields must name something on disk (when set), or one of `or_names`;
     `secret` fields are never printed, logged or stored by trackers."""
     meta = dict(
         help=help,
         choices=choices,
         existing_path=existing_path,
+        or_names=or_names,
         secret=secret,
         minimum=minimum,
         maximum=maximum,

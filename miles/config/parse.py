@@ -109,8 +109,11 @@ def check_field(field: dataclasses.Field, value: Any) -> None:
             raise ConfigError(name, f"must be >= {meta['minimum']}, got {v}")
         if meta.get("maximum") is not None and v > meta["maximum"]:
             raise ConfigError(name, f"must be <= {meta['maximum']}, got {v}")
-        if meta.get("existing_path") and not Path(os.path.expanduser(str(v))).exists():
-            raise ConfigError(name, f"path does not exist: {v}")
+        if meta.get("existing_path") and v not in meta.get("or_names", ()) \
+                and not Path(os.path.expanduser(str(v))).exists():
+            names = meta.get("or_names", ())
+            also = f" (nor one of the names: {', '.join(names)})" if names else ""
+            raise ConfigError(name, f"path does not exist: {v}{also}")
 
 
 def build_parser(sections: Iterable[type], prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:

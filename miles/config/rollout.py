@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from miles.config.checkpoints import CATALOG
 from miles.config.fields import ConfigError, flag
 
 DEFAULT_EVAL_NAME = "arithmetic"  # the name of the tiny task's eval set when no --eval-prompt-data is given
@@ -12,8 +13,9 @@ DEFAULT_EVAL_NAME = "arithmetic"  # the name of the tiny task's eval set when no
 class RolloutConfig:
     """Data, sampling, rewards and evaluation."""
 
-    hf_checkpoint: str | None = flag(None, "HF checkpoint to train (default: the tiny base model, made if missing)",
-                                     existing_path=True)
+    hf_checkpoint: str | None = flag(None, "HF checkpoint to train: a directory, or a catalog name "
+                                     f"({', '.join(CATALOG)}: made once into the miles cache) (default: the tiny "
+                                     "base model, made if missing)", existing_path=True, or_names=tuple(CATALOG))
     prompt_data: str | None = flag(None, "JSONL training prompts (default: the generated arithmetic set)",
                                    existing_path=True)
     input_key: str = flag("prompt", "JSONL key of the prompt")

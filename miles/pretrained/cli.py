@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from miles.pretrained.catalog import CATALOG, checkpoint_dir, is_made
+from miles.config.checkpoints import CATALOG, checkpoint_dir, is_made
 
 
 def main(argv: list[str] | None = None) -> int:

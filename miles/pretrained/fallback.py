@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from miles.config.resolve import TaskDefaults
-from miles.pretrained.catalog import CATALOG, Pretrained, checkpoint_dir, is_made, named, task_dir
+from miles.config.checkpoints import CATALOG, Pretrained, checkpoint_dir, is_made, named, task_dir
 
 EVAL_NAME = "arith"
 

@@ -16,7 +16,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from miles.pretrained.catalog import MADE, Pretrained, checkpoint_dir
+from miles.config.checkpoints import MADE, Pretrained, checkpoint_dir
 from miles.tiny.warmstart import ensure_cached
 
 

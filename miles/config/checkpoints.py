@@ -1,4 +1,6 @@
-"""The named checkpoints: where each comes from and where it is kept. Pure: nothing here touches the disk."""
+"""Real checkpoints a run can name instead of a path (`--hf-checkpoint smollm2-135m-instruct`): where each
+comes from and where the miles cache keeps it once made (`miles.pretrained` makes it). Pure: nothing here
+touches the disk but `is_made`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
