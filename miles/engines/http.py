@@ -14,7 +14,7 @@ from miles.engines.sglang_request import RequestError
 # token ids takes about a second to decode and two more to check, and /health must answer meanwhile.
 LARGE_BODY_BYTES = 256 * 1024
 # One thread for them all: each decode competes with the event loop for the GIL, and four at once
-# measured /health up to 1.1 s (one at a time: see the README's E8 figures); big bodies queue here.
+# measured /health up to 1.1 s (one at a time: see the E8 probe's figures); big bodies queue here.
 _large_body_thread = ThreadPoolExecutor(1, thread_name_prefix="engine-decode")
 
 

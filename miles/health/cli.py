@@ -72,7 +72,8 @@ def check_base_model() -> Check:
 
     path = base_model_dir()
     made = (path / "warmstart.json").exists()
-    return Check("tiny base model", True, str(path) if made else "not made yet (made on first run, ~30 s)",
+    return Check("tiny base model", True,
+                 str(path) if made else "not made yet (made once on the first run, about 1.5 min on 2 cores)",
                  required=False)
 
 

@@ -4,7 +4,7 @@ RUN_DIR is the protocol between the trainer, the tracker delivery process, the h
 dashboard, `miles doctor` and the flow: each reads what another wrote, often from another process
 or after a crash. So the names live here and nowhere else; writers and readers take them from this
 module (`RunLayout(run_dir).journal`, or the relative names below for code that joins them itself).
-The README's "Where the log files live" table is checked against `ENTRIES` by the tests.
+The "Where the log files live" table of docs/user-guide/monitoring.md is checked against `ENTRIES` by the tests.
 """
 from __future__ import annotations
 

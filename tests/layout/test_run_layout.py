@@ -1,5 +1,5 @@
-"""The run directory's schema (`miles.record.layout`) is the only place its names are spelled, the README's
-table documents every entry, and the start of a run (`miles.prepare`) makes files only where it says."""
+"""The run directory's schema (`miles.record.layout`) is the only place its names are spelled, the docs'
+table (docs/user-guide/monitoring.md) documents every entry, and the start of a run (`miles.prepare`) makes files only where it says."""
 from __future__ import annotations
 
 import ast
@@ -12,11 +12,12 @@ from miles.config import parse_config
 from miles.record.layout import ENTRIES, RunLayout
 
 ROOT = Path(__file__).resolve().parents[2]
+LOG_FILES_PAGE = ROOT / "docs" / "user-guide" / "monitoring.md"  # its "Where the log files live" table
 
 
-def readme_paths() -> set[str]:
-    text = (ROOT / "README.md").read_text()
-    table = text.split("### Where the log files live", 1)[1].split("\n### ", 1)[0]
+def documented_paths() -> set[str]:
+    text = LOG_FILES_PAGE.read_text()
+    table = text.split("## Where the log files live", 1)[1].split("\n## ", 1)[0]
     return set(re.findall(r"`RUN_DIR/([^`\s]*)`", table))
 
 
@@ -27,11 +28,11 @@ def entry_of(path: str) -> str | None:
     return max(hits, key=len) if hits else None
 
 
-def test_the_readme_table_documents_every_entry_and_nothing_else():
-    documented = readme_paths()
-    assert {p for p in documented if entry_of(p) is None} == set(), "README names a file the layout does not"
+def test_the_docs_table_documents_every_entry_and_nothing_else():
+    documented = documented_paths()
+    assert {p for p in documented if entry_of(p) is None} == set(), "docs/user-guide/monitoring.md names a file the layout does not"
     assert {e.path for e in ENTRIES.values()} - {entry_of(p) for p in documented} == set(), \
-        "an entry of miles.record.layout is missing from README's 'Where the log files live'"
+        "an entry of miles.record.layout is missing from 'Where the log files live' in docs/user-guide/monitoring.md"
 
 
 def test_no_run_dir_file_name_is_spelled_outside_the_layout():

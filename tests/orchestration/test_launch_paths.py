@@ -1,4 +1,4 @@
-"""Every launch path of the README against a real `ray start --head` with token auth: `ray job submit`
+"""Every launch path of docs/user-guide/orchestration.md against a real `ray start --head` with token auth: `ray job submit`
 of both entry points through the head's job server (rows in `ray job logs`), `--ray-address` of both
 with the token where Ray keeps it and a second node joined, and a wrong token named as such."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from tests.orchestration.ray_head import REPO, RayHead, start_head
 
-# The README's recipes, verbatim; the tests swap in their own ports and add tiny sizes and a run dir.
+# The recipes of docs/user-guide/orchestration.md, verbatim; the tests swap in their own ports and add tiny sizes and a run dir.
 README_JOB_SUBMIT = [
     "ray job submit --address=http://127.0.0.1:8265 -- python -m miles.train --num-rollout 3",
     "ray job submit --address=http://127.0.0.1:8265 -- miles train --num-rollout 3",
@@ -47,10 +47,10 @@ def journal_rollouts(run_dir: Path) -> list[int]:
     return [json.loads(line)["rollout_id"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_the_readme_shows_the_recipes_these_tests_run():
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_show_the_recipes_these_tests_run():
+    page = (REPO / "docs" / "user-guide" / "orchestration.md").read_text()
     for command in README_JOB_SUBMIT + README_MULTI_NODE:
-        assert command in readme, command
+        assert command in page, command
 
 
 @pytest.mark.slow
