@@ -24,6 +24,7 @@ def smollm2():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two runs of a 135M model; minutes on a quiet 2-core machine, more when loaded
 @pytest.mark.parametrize("backend", ["fsdp", "megatron"])
 def test_smollm2_trains_syncs_and_resumes(backend, smollm2, tmp_path, ray_cluster):
     from miles.config import parse_config
