@@ -57,7 +57,7 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
-def format_table(c: Comparison, title: str | None = None) -> str:
+def format_table(c: Comparison, title: str | None = None, prompts: bool = True) -> str:
     names = ", ".join(b.name for b in c.baselines)
     lines = [title or f"compare {c.run.source} with {len(c.baselines)} baseline(s): {names}"]
     lines += [f"note: {n}" for n in c.notes]
@@ -72,7 +72,8 @@ def format_table(c: Comparison, title: str | None = None) -> str:
                      f"{_num(shown.value if shown else None):>9}  {_num(shown.mean if shown else None):>9}  "
                      f"{_num(shown.bound if shown else None):>9}  "
                      f"{sum(q.verdict == OUTSIDE for q in s.points):>3}/{len(s.points):<3}  {p.why if p else ''}")
-    lines += format_prompts(c.prompts)
+    if prompts:
+        lines += format_prompts(c.prompts)
     failed = [s.key for s in c.failed]
     lines.append(f"regressions: {', '.join(failed)}" if failed else "regressions: none (every signal within)")
     return "\n".join(lines)
