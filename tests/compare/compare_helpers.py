@@ -37,3 +37,11 @@ def compare_json(*args: str) -> tuple[int, dict]:
 
 def signal(report: dict, key: str) -> dict:
     return next(s for s in report["signals"] if s["key"] == key)
+
+
+def serve(run_dir: Path, *flags: str):
+    """`miles dashboard RUN_DIR --port 0 ...` as the dashboard tests start it (their helper, shared)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "dashboard"))
+    from dashboard_helpers import serve as serve_dashboard
+
+    return serve_dashboard(run_dir, *flags)
