@@ -87,3 +87,20 @@ def format_prompts(diff: PromptDiff) -> list[str]:
     for ch in diff.changes:
         out.append(f"  {ch.eval_set:<12} {ch.run:>5.2f} {ch.baselines:>5.2f} {ch.delta:>+6.2f}  {ch.prompt!r:.60}")
     return out
+
+
+def format_markdown(c: Comparison) -> str:
+    """The comparison as a Markdown artifact (the flow's `grpo-compare`)."""
+    lines = [f"**{c.run.name}** vs {', '.join(b.name for b in c.baselines)}: **{c.verdict}**", ""]
+    lines += [f"- {n}" for n in c.notes]
+    lines += ["", "| signal | verdict | step | value | baselines' mean | bound | why |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for s in c.signals:
+        p = s.first or (s.points[-1] if s.points else None)
+        lines.append(f"| `{s.key}` | {s.verdict} | {p.step if p else '-'} | {_num(p.value if p else None)} | "
+                     f"{_num(p.mean if p else None)} | {_num(p.bound if p else None)} | {s.first.why if s.first else ''} |")
+    if c.prompts.changes:
+        lines += ["", f"Eval prompts whose pass rate changed most (eval step {c.prompts.eval_step}):", "",
+                  "| set | prompt | run | baselines | delta |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {ch.eval_set} | `{str(ch.prompt)[:60].replace('|', '/')}` | {ch.run:.2f} | {ch.baselines:.2f} | {ch.delta:+.2f} |"
+                  for ch in c.prompts.changes]
+    return "\n".join(lines)
