@@ -12,6 +12,7 @@ from pathlib import Path
 
 from miles.compare.curves import UnreadableRun, read_run
 from miles.compare.comparison import EXIT_REGRESSION, EXIT_UNREADABLE, EXIT_WITHIN, compare, format_table
+from miles.compare.mlflow_tags import tag_mlflow_run
 from miles.compare.rules import DEFAULT_RULES, load_rules
 from miles.config import ConfigError
 
@@ -26,8 +27,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "default rules (see docs/user-guide/compare.md)")
     parser.add_argument("--finished", action="store_true", help="the run is finished: a step the baselines have "
                         "and the run does not is an error (default: steps past the run's last are not judged)")
+    parser.add_argument("--mlflow-tracking-uri", default=None, help="tag the run's MLflow run in this store with "
+                        "the baselines and verdicts (miles.compare, miles.compare.baselines, miles.compare.<metric>)")
+    parser.add_argument("--mlflow-experiment-name", default="miles", help="its experiment (default miles)")
+    parser.add_argument("--mlflow-run-id", default=None, help="the MLflow run to tag (default: the newest run "
+                        "named after RUN_DIR in the experiment)")
     parser.add_argument("--top-prompts", type=int, default=10, help="eval prompts to list (default 10)")
     args = parser.parse_args(argv)
+    if (args.mlflow_run_id or args.mlflow_experiment_name != "miles") and not args.mlflow_tracking_uri:
+        raise ConfigError("--mlflow-run-id", "tags a run in an MLflow store: give --mlflow-tracking-uri too")
     if args.top_prompts < 0:
         raise ConfigError("--top-prompts", f"{args.top_prompts} is negative")
     return args
@@ -46,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNREADABLE
     result = compare(run, baselines, rules, finished=args.finished, top_prompts=args.top_prompts)
     print(json.dumps(result.as_json()) if args.json else format_table(result))
+    if args.mlflow_tracking_uri:
+        try:
+            run_id = tag_mlflow_run(args.mlflow_tracking_uri, result.tags(), run_id=args.mlflow_run_id,
+                                    experiment=args.mlflow_experiment_name, run_name=run.name)
+        except LookupError as exc:
+            raise ConfigError("--mlflow-tracking-uri", str(exc)) from None
+        print(f"MLflow run {run_id} tagged miles.compare={result.verdict}", file=sys.stderr)
     return EXIT_REGRESSION if result.failed else EXIT_WITHIN
 
 
