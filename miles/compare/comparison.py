@@ -45,6 +45,9 @@ class Comparison:
 def compare(run: RunCurves, baselines: list[RunCurves], rules: tuple[Rule, ...], *, finished: bool = False,
             top_prompts: int = 10) -> Comparison:
     notes = []
+    if not run.reached:  # not a single journal line: nothing is "still going", every value is missing
+        finished = True
+        notes.append(f"{run.name} has no journal lines")
     for axis, step in sorted(run.reached.items()):
         theirs = max((b.reached.get(axis, -1) for b in baselines), default=-1)
         if not finished and theirs > step:

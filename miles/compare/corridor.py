@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from miles.compare.curves import RunCurves
 from miles.compare.rules import Rule, rule_for
 
-WITHIN, OUTSIDE, ERROR, UNJUDGED = "within", "outside", "error", "no baseline"
+WITHIN, OUTSIDE, ERROR, UNJUDGED, NOT_REACHED = "within", "outside", "error", "no baseline", "not reached"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SignalResult:
     key: str
     axis: str
     rule: Rule
-    verdict: str  # WITHIN | OUTSIDE | ERROR | UNJUDGED
+    verdict: str  # WITHIN | OUTSIDE | ERROR | UNJUDGED | NOT_REACHED
     points: list[Point] = field(default_factory=list)
 
     @property
@@ -104,6 +104,8 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
         verdict = ERROR
     elif any(p.verdict == OUTSIDE for p in points):
         verdict = OUTSIDE
+    elif not points and theirs:
+        verdict = NOT_REACHED  # the run has not reached the baselines' first step of it yet
     elif theirs or rule.min is not None or rule.max is not None:
         verdict = WITHIN
     else:

@@ -77,3 +77,13 @@ def test_browser_view_shows_the_verdicts_curves_and_deltas(served):
                           ".length === 2")
     finally:
         browser.close()
+
+
+def test_a_baseline_that_is_not_a_run_dir_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    run = copy_run(tmp_path / "run")
+    done = subprocess.run([sys.executable, "-m", "miles.dashboard.cli", str(run), "--baseline", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--baseline: " in done.stderr and "Traceback" not in done.stderr
