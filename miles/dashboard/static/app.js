@@ -310,7 +310,7 @@ async function showSample(view) {
 }
 
 // ---- compare with baselines -----------------------------------------------------------
-const VERDICT_CLASS = {within: "ok", outside: "flag", error: "flag", "no baseline": "na-text"};
+const VERDICT_CLASS = {within: "ok", outside: "flag", error: "flag", "no baseline": "na-text", "not reached": "na-text"};
 
 function compareHash(paths) {
   return "#compare" + (paths.length ? "?" + paths.map(p => "baseline=" + encodeURIComponent(p)).join("&") : "");
