@@ -36,11 +36,15 @@ def prompt_rows(eval_step: int, data: dict) -> list[dict]:
     return rows
 
 
-def write_eval_prompts(run_dir: Path, rollout_id: int, eval_step: int, data: dict) -> Path:
+def write_eval_prompts(run_dir: Path, rollout_id: int, eval_step: int, data: dict) -> Path | None:
+    """The eval's prompt rows, written whole (None, and no file, when `data` holds no samples)."""
+    rows = prompt_rows(eval_step, data)
+    if not rows:
+        return None
     path = eval_prompts_path(run_dir, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in prompt_rows(eval_step, data)))
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(path)
     return path
 
