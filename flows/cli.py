@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "replay-spool": ("miles.tracking.cli:main", "deliver tracker points spooled during an outage (--follow: a run's live delivery)"),
     "py-spy": ("miles.profiling.cli:main", "one py-spy dump of every process of a live run (RUN_DIR)"),
     "dashboard": ("miles.dashboard.cli:main", "serve a run directory's web view (metrics, timeline, samples, tokens)"),
+    "compare": ("miles.compare.cli:main", "a run against baseline runs: verdict per signal, prompt diff (exit 1 on a regression)"),
 }
 
 

@@ -14,6 +14,7 @@ def preflight(config) -> None:
     from miles.rollout.evaluation import load_eval_sets
     from miles.rollout.rewards import RewardModel
     from miles.tracking.hooks import load_hooks
+    from miles.compare.run_end import check_baselines
 
     check_backend(config.train.train_backend)
     check_cluster(config.orchestration.ray_address)
@@ -25,3 +26,4 @@ def preflight(config) -> None:
     if r.eval_interval is not None:
         load_eval_sets(r)
     parse_fault(config.orchestration.inject_fault)
+    check_baselines(config.tracking.baseline_run_dirs, config.train.run_dir)

@@ -73,6 +73,7 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
 def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
     from miles.health import RedFlagStop
+    from miles.compare.run_end import compare_at_end
     from miles.prepare import prepare
 
     config = prepare(argv, prog="python -m miles.train")  # checked, and the tiny model made, before anything starts
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))
     if config.tracking.use_mlflow and not config.tracking.mlflow_ui and not is_server_uri(mlflow_uri):
         print(f"  MLflow: {ui_command(mlflow_uri)}", flush=True)
+    compare_at_end(config)  # with --baseline-run-dirs: the verdicts, and the MLflow run's tags
     return 0
 
 

@@ -9,6 +9,8 @@ from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from miles.backends.group import stop_named_group
+from miles.compare.comparison import format_markdown
+from miles.compare.run_end import compare_at_end
 from miles.config import MilesConfig
 from miles.health import RED, Verdict, read_health_log
 from miles.mlflow_ui.launch import DEFAULT_PORT, is_server_uri, page_url
@@ -94,5 +96,10 @@ def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
     warnings = sorted({v.signal for v in verdicts if v.severity != RED})
     create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(flags, warnings),
                              description="the health watch's red flags (RUN_DIR/health.jsonl)")
+    with library_logs_to_prefect():
+        compared = compare_at_end(config)  # with --baseline-run-dirs: printed, and the MLflow run tagged
+    if compared is not None:
+        create_markdown_artifact(key="grpo-compare", markdown=format_markdown(compared),
+                                 description=f"{run_dir} against its baselines (miles compare)")
     iterations = len({ln.rollout_id for ln in journal if ln.rollout_id >= 0})  # not the base eval's line
     return RunReport(run_dir=run_dir, iterations=iterations, final_metrics=final, links=links, red_flags=flags)

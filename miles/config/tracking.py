@@ -35,6 +35,9 @@ class TrackingConfig:
         None, "dotted path of fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool")
     custom_eval_rollout_log_function_path: str | None = flag(
         None, "dotted path of fn(rollout_id, args, data, extra_metrics) -> bool")
+    baseline_run_dirs: list[str] = flag([], "run dirs to compare the run with at its end (`miles compare`'s "
+                                            "verdicts: printed, MLflow tags miles.compare*, the flow's grpo-compare "
+                                            "artifact); the run never fails on it")
     tracking_retry_interval: float = flag(2.0, "seconds between retries of a failed tracker (its points stay spooled)",
                                           minimum=0.05)
     tracking_close_timeout: float = flag(30.0, "seconds the end of a run waits for a failed tracker to come back "

@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from miles.serving import auth
+from miles.dashboard import baselines as compare_view
 from miles.dashboard import views
 from miles.dashboard.run_files import RunFiles
 
@@ -30,8 +31,10 @@ def check_bind(host: str, token: str | None) -> None:
     auth.require_token_off_loopback(host, token, "--dashboard-token", TOKEN_ENV, "the run's samples")
 
 
-def build_app(run_dir: Path, follow: bool = False, token: str | None = None) -> FastAPI:
+def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
+              baselines: list[Path] | None = None) -> FastAPI:
     files = RunFiles(run_dir)
+    given = list(baselines or [])
     app = FastAPI(title="miles dashboard", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
@@ -94,6 +97,19 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None) -> 
             return views.sample_detail(files, rollout_id, index)
         except views.NotFound as exc:
             raise HTTPException(404, str(exc)) from None
+
+    @app.get("/api/baselines")
+    def baseline_candidates() -> dict:
+        return {"candidates": [c.as_json() for c in compare_view.candidates(run_dir, given)]}
+
+    @app.get("/api/compare")
+    def compare(baseline: list[str] = Query(default=[])) -> dict:
+        listed = compare_view.candidates(run_dir, given)
+        chosen = baseline or [c.path for c in listed if c.given]
+        try:
+            return compare_view.comparison(run_dir, chosen, listed)
+        except compare_view.BadBaseline as exc:
+            raise HTTPException(400, str(exc)) from None
 
     @app.get("/")
     def index() -> FileResponse:

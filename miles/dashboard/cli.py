@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 from miles.config import ConfigError
+from miles.record import layout
 
 DEFAULT_PORT = 8300
 MAX_HEAD_BYTES = 64 * 1024  # request line + headers (431 past it), as the engine's and router's defaults
@@ -17,6 +18,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "Serve a web view of a run directory: the What-to-watch panels and every metric, the phase timeline, "
         "the sampled rollouts and their tokens. Reads the run, never writes it."))
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (--run-dir of the run)")
+    parser.add_argument("--baseline", action="append", default=[], metavar="DIR",
+                        help="a run dir to compare the run with (repeat for several; the Compare view "
+                             "also offers the run's sibling run dirs)")
     parser.add_argument("--follow", action="store_true", help="keep reading while the run goes on (the page "
                         "refreshes itself every few seconds)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; off loopback "
@@ -27,6 +31,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not Path(args.run_dir).is_dir():
         raise ConfigError("RUN_DIR", f"{args.run_dir} is not a directory")
+    for baseline in args.baseline:
+        if not (Path(baseline) / layout.JOURNAL).is_file():
+            raise ConfigError("--baseline", f"{baseline} is not a run directory (no {layout.JOURNAL})")
     if not 0 <= args.port <= 65535:
         raise ConfigError("--port", f"{args.port} is not a port number (0-65535)")
     return args
@@ -42,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     token = resolve_token(args.dashboard_token)
     check_bind(args.host, token)
-    app = build_app(Path(args.run_dir), follow=args.follow, token=token)
+    app = build_app(Path(args.run_dir), follow=args.follow, token=token, baselines=[Path(b) for b in args.baseline])
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

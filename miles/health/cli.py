@@ -120,29 +120,67 @@ EXIT_RED_FLAG = 1
 EXIT_UNREADABLE = 3  # the run's files cannot be read as a run's: no verdict at all (2 is a usage error)
 
 
-def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = None) -> int:
+def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = None,
+                  history: "HistoryArgs | None" = None) -> int:
     """Replay RUN_DIR's journal (or an MLflow run's history) through the health detectors; 1 on a red flag,
-    3 (one line on stderr) when the run cannot be read."""
+    3 (one line on stderr) when the run cannot be read. With `history`, the run is also gated against the
+    trusted runs of its directory, and added to them when it passed both."""
     from pathlib import Path
 
+    from miles.compare.curves import UnreadableRun as UnreadableCurves
     from miles.config import ConfigError
     from miles.health.history import UnreadableRun, from_mlflow, from_run_dir
     from miles.health.verdicts import format_table, summarize
 
     try:
         if Path(target).is_dir():
-            history = from_run_dir(Path(target))
+            run_history = from_run_dir(Path(target))
+        elif history:
+            raise ConfigError("--history", "gates a run directory (RUN_DIR), not an MLflow run id")
         elif mlflow_uri:
-            history = from_mlflow(target, mlflow_uri)
+            run_history = from_mlflow(target, mlflow_uri)
         else:
             raise ConfigError("RUN_DIR", f"{target} is not a directory (an MLflow run id needs "
                                          f"--mlflow-tracking-uri)")
-        rows = summarize(history, overrides)
-    except UnreadableRun as exc:
+        rows = summarize(run_history, overrides)
+        gate = history.run(Path(target)) if history else None
+    except (UnreadableRun, UnreadableCurves) as exc:
         print(f"miles doctor: cannot read the run: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    print(format_table(history, rows))
-    return EXIT_RED_FLAG if any(r.verdict == "RED" for r in rows) else 0
+    print(format_table(run_history, rows))
+    red = any(r.verdict == "RED" for r in rows)
+    if gate is not None:
+        print(history.report(gate, red))
+    return EXIT_RED_FLAG if red or (gate is not None and gate.fails) else 0
+
+
+@dataclass(frozen=True)
+class HistoryArgs:
+    """`--history DIR [--history-mode] [--history-min-runs] [--history-add]`."""
+
+    directory: str
+    mode: str
+    min_runs: int
+    add: bool
+
+    def run(self, run_dir):
+        from miles.compare.gate import run_gate
+
+        return run_gate(run_dir, self.directory, self.mode, self.min_runs)
+
+    def report(self, gate, red: bool) -> str:
+        from miles.compare.gate import format_gate
+        from miles.compare.trusted import add_trusted
+
+        lines = [format_gate(gate)]
+        if self.add:
+            if red or not gate.passed:
+                why = "a red flag" if red else "the history gate did not pass"
+                lines.append(f"not added to the history: {why}")
+            else:
+                path = add_trusted(self.directory, gate.comparison.run)
+                lines.append(f"added to the history as trusted: {path}")
+        return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,10 +194,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mlflow-tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
                         help="MLflow store of the run id to replay; with --env the server to check "
                              "(default: env MLFLOW_TRACKING_URI)")
+    parser.add_argument("--history", metavar="DIR", default=None,
+                        help="gate the run against the trusted runs in DIR (one JSON per run; see "
+                             "docs/user-guide/compare.md)")
+    parser.add_argument("--history-mode", choices=("shadow", "enforce"), default="shadow",
+                        help="shadow (default): report the gate only; enforce: exit 1 when it fails")
+    parser.add_argument("--history-min-runs", type=int, default=2,
+                        help="trusted runs needed before the corridors are active (default 2; fewer: cold start)")
+    parser.add_argument("--history-add", action="store_true",
+                        help="add the run to DIR as trusted when it passed (no red flag, gate passed or cold)")
     overrides, rest = split_health_flags(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(rest)
-    if args.env and (args.target or overrides):
-        parser.error("--env checks this machine; RUN_DIR and the --health-* flags are for replaying a run")
+    if args.env and (args.target or overrides or args.history):
+        parser.error("--env checks this machine; RUN_DIR, --history and the --health-* flags are for a run")
+    history_flags = args.history_add or args.history_mode != "shadow" or args.history_min_runs != 2
+    if history_flags and not args.history:
+        parser.error("--history-mode, --history-min-runs and --history-add need --history DIR")
+    if args.history_min_runs < 1:
+        parser.error(f"--history-min-runs: {args.history_min_runs} must be at least 1")
     if args.target is None:
         return env_report(args.mlflow_tracking_uri)
-    return health_report(args.target, args.mlflow_tracking_uri, overrides)
+    history = None
+    if args.history:
+        from miles.compare.trusted import history_dir
+
+        history = HistoryArgs(str(history_dir(args.history)), args.history_mode, args.history_min_runs,
+                              args.history_add)
+    return health_report(args.target, args.mlflow_tracking_uri, overrides, history)

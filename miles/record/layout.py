@@ -28,6 +28,7 @@ ENTRIES: dict[str, Entry] = dict([
     ("base_eval", Entry("base_eval.json", "trainer", "the eval of the starting weights")),
     ("report", Entry("report.png", "tracker", "the run report's curves")),
     ("samples", Entry("samples/", "tracker", "sample tables, rollout_NNNNNN.jsonl")),
+    ("eval_prompts", Entry("samples/eval/", "tracker", "per-prompt eval results, base.jsonl and rollout_NNNNNN.jsonl")),
     ("tokens", Entry("tokens/", "trainer", "per-token data of the logged samples, rollout_NNNNNN.jsonl")),
     ("tracking_config", Entry("tracking/config.yaml", "tracker", "the redacted config: tracker params")),
     ("trainer_state", Entry("tracking/trainer.json", "tracker", "what the trainer asks of the delivery process")),
@@ -64,6 +65,7 @@ TIMELINE = _name("timeline")
 BASE_EVAL = _name("base_eval")
 REPORT = _name("report")
 SAMPLES = _name("samples")
+EVAL_PROMPTS = _name("eval_prompts")
 TOKENS = _name("tokens")
 TRACKING_CONFIG = _name("tracking_config")
 TRAINER_STATE = _name("trainer_state")

@@ -21,6 +21,7 @@ import yaml
 from miles.config.secrets import public_params, scrubber_for
 from miles.health.report import REPORT_NAME, write_report
 from miles.record import layout
+from miles.record.eval_prompts import write_eval_prompts
 from miles.record.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
 from miles.record.names import map_metrics
 from miles.record.row import format_eval, format_row
@@ -150,6 +151,8 @@ class RunTracker:
         self._require_open()
         if self.hooks.eval is not None and self.hooks.eval(rollout_id, args, data, extra_metrics):
             return
+        if not self.recorded(rollout_id):  # a redone rollout keeps its first eval's prompts, as its line
+            write_eval_prompts(self.run_dir, rollout_id, rollout_id, data)
         self.pending.setdefault(rollout_id, {}).update(map_metrics({"eval/step": rollout_id, **extra_metrics}))
 
     def log_base_eval(self, args: Any, data: dict, extra_metrics: dict) -> None:
@@ -159,6 +162,7 @@ class RunTracker:
         if self.hooks.eval is not None and self.hooks.eval(0, args, data, extra_metrics):
             return
         metrics = map_metrics({**extra_metrics, "eval/step": 0})
+        write_eval_prompts(self.run_dir, BASE_EVAL_ROLLOUT_ID, 0, data)
         self.journal.append(JournalLine(BASE_EVAL_ROLLOUT_ID, time.time(), metrics))
         print(format_eval("base eval", {k: v for k, v in metrics.items() if k != "eval/step"}), flush=True)
 

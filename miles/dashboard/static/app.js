@@ -309,8 +309,95 @@ async function showSample(view) {
   view.append(grid);
 }
 
+// ---- compare with baselines -----------------------------------------------------------
+const VERDICT_CLASS = {within: "ok", outside: "flag", error: "flag", "no baseline": "na-text", "not reached": "na-text"};
+
+function compareHash(paths) {
+  return "#compare" + (paths.length ? "?" + paths.map(p => "baseline=" + encodeURIComponent(p)).join("&") : "");
+}
+
+async function showCompare(view) {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const cands = (await api("/api/baselines")).candidates;
+  let chosen = params.getAll("baseline");
+  if (!chosen.length && !params.has("none")) chosen = cands.filter(c => c.given).map(c => c.path);
+  view.append(el("h2", {}, "Compare with baselines"));
+  const picker = el("div", {class: "filters", id: "baseline-picker"});
+  for (const c of cands) {
+    const box = el("input", {type: "checkbox", "data-path": c.path});
+    box.checked = chosen.includes(c.path);
+    box.onchange = () => {
+      const next = [...picker.querySelectorAll("input:checked")].map(b => b.getAttribute("data-path"));
+      location.hash = next.length ? compareHash(next) : "#compare?none=1";
+    };
+    picker.append(el("label", {class: "pick"}, box, `${c.name}${c.given ? " (--baseline)" : ""}`));
+  }
+  view.append(picker);
+  if (!cands.length) {
+    view.append(el("div", {class: "na"}, "No baselines: start the dashboard with --baseline DIR, or keep other run dirs beside this one"));
+    return;
+  }
+  if (!chosen.length) { view.append(el("div", {class: "na", id: "compare-none"}, "Choose one or more baselines above")); return; }
+  const data = await api("/api/compare?" + chosen.map(p => "baseline=" + encodeURIComponent(p)).join("&"));
+  const failed = data.failed.length ? ` · regressions: ${data.failed.join(", ")}` : " · every signal within the corridor";
+  view.append(el("div", {id: "compare-verdict", class: data.verdict === "within" ? "ok" : "flag"},
+    `${data.run.name} vs ${data.baselines.map(b => b.name).join(", ")}: ${data.verdict}${failed}`));
+  for (const n of data.notes) view.append(el("div", {class: "legend"}, n));
+  const table = el("table", {id: "compare-table"}, el("tr", {}, ...["signal", "axis", "verdict", "step", "value",
+    "baselines' mean", "bound", "delta", "steps outside", "why"].map(h => el("th", {}, h))));
+  for (const s of data.signals) {
+    const at = s.points.find(p => p.step === s.first_step) || s.points[s.points.length - 1] || {};
+    table.append(el("tr", {class: "signal-row", "data-key": s.key, "data-verdict": s.verdict,
+                           "data-first-step": s.first_step ?? ""},
+      el("td", {}, s.key), el("td", {}, s.axis), el("td", {class: VERDICT_CLASS[s.verdict] || ""}, s.verdict),
+      el("td", {}, at.step ?? "–"), el("td", {}, fmt(at.value)), el("td", {}, fmt(at.mean)), el("td", {}, fmt(at.bound)),
+      el("td", {class: "delta"}, at.delta === null || at.delta === undefined ? "–" : (at.delta >= 0 ? "+" : "") + fmt(at.delta)),
+      el("td", {}, `${s.steps_outside}/${s.steps}`), el("td", {}, s.why)));
+  }
+  view.append(table);
+  view.append(el("h2", {}, "Curves (the run, each baseline, the corridor's bound dashed)"));
+  const grid = el("div", {class: "grid", id: "compare-panels"});
+  view.append(grid);
+  const runCurves = data.curves[data.run.path];
+  for (const s of data.signals) {
+    const box = el("div", {class: "panel compare-panel", "data-key": s.key},
+                   el("h3", {}, s.key + " "), el("div", {class: "legend"}, `worse: ${s.worse} · ${s.verdict}`));
+    grid.append(box);
+    const series = [];
+    const mine = runCurves[s.key];
+    if (mine) series.push({name: data.run.name, x: mine.x, y: mine.y, color: "#111827", cls: "series run"});
+    data.baselines.forEach((b, i) => {
+      const c = data.curves[b.path][s.key];
+      if (c) series.push({name: b.name, x: c.x, y: c.y, color: COLORS[(i + 1) % COLORS.length], cls: "series baseline"});
+    });
+    const bounded = s.points.filter(p => p.bound !== null);
+    if (bounded.length) series.push({name: "bound", x: bounded.map(p => p.step), y: bounded.map(p => p.bound),
+                                     color: "#dc2626", dash: "4 3", cls: "corridor"});
+    if (!series.length) { box.append(el("div", {class: "na"}, "not logged")); continue; }
+    const outside = s.points.filter(p => p.verdict !== "within").map(p => p.step);
+    lineChart(box, series, {flags: outside, xlabel: s.axis});
+    box.append(el("div", {class: "legend"}, ...series.map(x => el("span", {style: `color:${x.color}`}, x.name))));
+  }
+  view.append(el("h2", {}, "Eval prompts whose pass rate changed most"));
+  const pd = data.prompts;
+  if (!pd.changes.length) {
+    view.append(el("div", {class: "na", id: "prompt-diff-none"}, pd.note || "no prompt changed"));
+    return;
+  }
+  view.append(el("div", {class: "legend"}, `eval step ${pd.eval_step}, ${pd.shared} prompts shared`));
+  const pt = el("table", {id: "prompt-diff"}, el("tr", {}, ...["set", "prompt", "label", data.run.name,
+    "baselines", "delta"].map(h => el("th", {}, h))));
+  for (const c of pd.changes) {
+    pt.append(el("tr", {class: "prompt-row"}, el("td", {}, c.eval_set), el("td", {class: "text"}, asText(c.prompt)),
+      el("td", {class: "text"}, asText(c.label)), el("td", {}, fmt(c.run)), el("td", {}, fmt(c.baselines)),
+      el("td", {class: c.delta < 0 ? "flag" : "ok"}, (c.delta >= 0 ? "+" : "") + fmt(c.delta))));
+  }
+  view.append(pt);
+}
+
 // ---- routing and following -------------------------------------------------------------
-const VIEWS = {metrics: showMetrics, timeline: showTimeline, rollouts: showRollouts, sample: showSample};
+const VIEWS = {metrics: showMetrics, timeline: showTimeline, rollouts: showRollouts, sample: showSample,
+               compare: showCompare};
 
 let renders = 0;
 

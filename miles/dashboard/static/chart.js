@@ -18,7 +18,7 @@ function niceNumber(v) {
   return Number(v.toPrecision(3)).toString();
 }
 
-// series: [{name, x: [], y: []}]; opts: {threshold, flags: [x...], xlabel}
+// series: [{name, x: [], y: [], color?, dash? (a dashed line, no points), cls?}]; opts: {threshold, flags: [x...], xlabel}
 function lineChart(container, series, opts) {
   opts = opts || {};
   const svg = svgEl("svg", {class: "chart", viewBox: "0 0 400 170", preserveAspectRatio: "none"}, container);
@@ -59,11 +59,13 @@ function lineChart(container, series, opts) {
       const pts = s.x.map((x, i) => [x, s.y[i]]).filter(p => inRange(p[0]));
       if (!pts.length) return;
       const d = pts.map((p, i) => (i ? "L" : "M") + px(p[0]).toFixed(1) + " " + py(p[1]).toFixed(1)).join(" ");
-      svgEl("path", {d, fill: "none", stroke: COLORS[k % COLORS.length], "stroke-width": 1.5,
-                     "vector-effect": "non-scaling-stroke", class: "series"}, svg);
-      if (pts.length < 40) {
+      const color = s.color || COLORS[k % COLORS.length];
+      svgEl("path", {d, fill: "none", stroke: color, "stroke-width": s.dash ? 1 : 1.5,
+                     "vector-effect": "non-scaling-stroke", class: s.cls || "series",
+                     ...(s.dash ? {"stroke-dasharray": s.dash} : {})}, svg);
+      if (pts.length < 40 && !s.dash) {
         for (const p of pts) {
-          const c = svgEl("circle", {cx: px(p[0]), cy: py(p[1]), r: 2, fill: COLORS[k % COLORS.length]}, svg);
+          const c = svgEl("circle", {cx: px(p[0]), cy: py(p[1]), r: 2, fill: color}, svg);
           svgEl("title", {}, c).textContent = `${s.name} @ ${p[0]}: ${p[1]}`;
         }
       }

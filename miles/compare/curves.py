@@ -1,0 +1,75 @@
+"""A run's compared metrics as step-aligned curves, read from RUN_DIR with the journal's own reader
+(`miles.record.journal.read_journal`: the lines `miles doctor` and the dashboard read, skipped alike).
+
+Each metric lies on its own step axis (`train/` on train/step, `eval/` on eval/step, the rest on
+rollout/step; `miles.record.names`), as every tracker plots it, so runs of the same config align.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miles.compare.rules import DEFAULT_RULES, Rule, rule_for
+from miles.config import ConfigError
+from miles.record.eval_prompts import read_eval_prompts
+from miles.record.journal import JOURNAL_NAME, JournalLine, read_journal
+from miles.record.names import STEP_KEYS, step_key
+
+
+EVAL_AXIS = "eval/step"
+
+
+def _int(value: float) -> int:
+    return int(value) if value == value and abs(value) < 2**53 else -1  # a NaN or huge counter: no step
+
+
+class UnreadableRun(Exception):
+    """A run (or trusted-run record) whose files cannot be read as one: exit 3, as `miles doctor`."""
+
+
+@dataclass(frozen=True)
+class RunCurves:
+    name: str
+    source: str
+    curves: dict[str, dict[int, float]]  # metric key -> step -> value (NaN and Infinity kept: an error)
+    reached: dict[str, int]  # step axis -> the last step the run recorded on it
+    prompts: dict[int, list[dict]] = field(default_factory=dict)  # eval step -> per-prompt rows
+
+    def axis(self, key: str) -> str:
+        return step_key(key)
+
+
+def curves_of(lines: list[JournalLine], rules: tuple[Rule, ...] = DEFAULT_RULES) -> tuple[dict, dict]:
+    """The compared keys' points, and the last step reached per axis, of journal lines in order (a later
+    line at the same step wins: an eval at rollout 0 over the base eval's step 0)."""
+    curves: dict[str, dict[int, float]] = {}
+    reached: dict[str, int] = {}
+    for line in lines:
+        for axis in STEP_KEYS:
+            # an iteration is on the train and rollout axes; the eval axis only where it evaluated
+            if axis in line.metrics or (axis != EVAL_AXIS and line.rollout_id >= 0):
+                step = _int(line.metrics.get(axis, line.rollout_id))
+                reached[axis] = max(reached.get(axis, step), step)
+        for key, value in line.metrics.items():
+            if key in STEP_KEYS or rule_for(key, rules) is None:
+                continue
+            curves.setdefault(key, {})[_int(line.metrics.get(step_key(key), line.rollout_id))] = float(value)
+    return curves, reached
+
+
+def read_run(run_dir: Path, rules: tuple[Rule, ...] = DEFAULT_RULES, flag: str = "RUN_DIR") -> RunCurves:
+    """A run directory's curves and per-prompt evals: ConfigError when it is not a run directory at all
+    (a usage error), UnreadableRun naming the file when its files cannot be read."""
+    run_dir = Path(run_dir)
+    journal = run_dir / JOURNAL_NAME
+    if not run_dir.is_dir():
+        raise ConfigError(flag, f"{run_dir} is not a directory")
+    if not journal.exists():
+        raise ConfigError(flag, f"{run_dir} has no {JOURNAL_NAME} (not a run directory?)")
+    try:
+        lines = read_journal(journal)  # refuses a FIFO or a directory before opening it
+        prompts = read_eval_prompts(run_dir)
+    except (OSError, ValueError) as exc:
+        raise UnreadableRun(f"cannot read {run_dir}: {exc}") from None
+    curves, reached = curves_of(lines, rules)
+    return RunCurves(run_dir.name or str(run_dir), str(run_dir), curves, reached, prompts)
