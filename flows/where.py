@@ -26,8 +26,14 @@ def where_to_look(config: MilesConfig, server: PrefectServer, ui: MlflowUi | Non
         rows.append(("MLflow", f"{ui.url}  (mlflow ui, pid {ui.pid}; stop it with `kill {ui.pid}`)" if ui
                      else mlflow_ui_command(config)))
     if config.tracking.use_wandb:
-        rows.append(("wandb", str(Path(config.tracking.wandb_dir) / "wandb")
-                     + ("" if config.tracking.wandb_mode == "online" else "  (offline: `wandb sync` it)")))
+        files = Path(config.tracking.wandb_dir) / "wandb"
+        # each chunk's process writes its own offline-run-* folder of the one run id: sync them together
+        rows.append(("wandb", str(files) if config.tracking.wandb_mode == "online" else
+                     f"offline: {runnable('wandb')} sync {files}/offline-run-*  (one run; a folder per chunk)"))
+    if config.tracking.use_tensorboard:
+        rows.append(("TensorBoard", f"{runnable('tensorboard')} --logdir {config.tracking.tensorboard_dir}"))
+    else:
+        rows.append(("TensorBoard", "off (--use-tensorboard writes event files to RUN_DIR/tensorboard)"))
     return rows
 
 

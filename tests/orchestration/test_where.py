@@ -65,3 +65,14 @@ def test_no_traces_line_for_a_run_that_did_not_profile(tmp_path, capsys):
     print_finished(RunReport(run_dir=str(tmp_path / "r"), iterations=0), server, config)
     out = capsys.readouterr().out
     assert "\n  traces" not in out and "scorecard of" in out
+
+
+def test_tensorboard_off_is_said_and_wandb_offline_gives_one_sync_command(tmp_path):
+    config = resolve_run(parse_config(["--use-wandb", "--run-dir", str(tmp_path / "r")]))
+    rows = dict(where_to_look(config, PrefectServer(api_url="http://127.0.0.1:4200/api")))
+    assert rows["TensorBoard"].startswith("off (--use-tensorboard")
+    assert rows["wandb"] == (f"offline: {runnable('wandb')} sync {config.tracking.wandb_dir}/wandb/offline-run-*"
+                             "  (one run; a folder per chunk)")
+    on = resolve_run(parse_config(["--use-tensorboard", "--run-dir", str(tmp_path / "t")]))
+    assert dict(where_to_look(on, PrefectServer(api_url="http://127.0.0.1:4200/api")))["TensorBoard"].endswith(
+        f"--logdir {on.tracking.tensorboard_dir}")
