@@ -84,14 +84,26 @@ def next_steps(config: MilesConfig) -> list[tuple[str, str]]:
     return steps
 
 
+def print_where_to_look(config: MilesConfig) -> None:
+    from miles.dashboard.cli import command as dashboard_command
+    from miles.record.layout import RunLayout
+
+    run_dir = Path(config.train.run_dir)
+    print(f"[trainer] run dir {run_dir} (journal {RunLayout(run_dir).journal}); watch it live: "
+          f"{dashboard_command(run_dir)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
     from miles.health import RedFlagStop
     from miles.config.run_info import describe
     from miles.prepare import prepare
+    from miles.tiny.defaults import make_tiny_model
     from miles.tracking.run_description import describe_mlflow_run
 
-    config = prepare(argv, prog="python -m miles.train")  # checked, and the tiny model made, before anything starts
+    config = prepare(argv, prog="python -m miles.train", make_model=False)  # checked before anything starts
+    print_where_to_look(config)  # before the long work: the tiny model's first build, Ray, the engines
+    make_tiny_model(config)
     mlflow_uri = config.tracking.mlflow_tracking_uri
     if config.tracking.mlflow_ui:
         ui = start_ui(mlflow_uri, Path(config.train.run_dir))

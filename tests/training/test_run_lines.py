@@ -31,3 +31,13 @@ def test_an_eval_result_names_each_pass_at_k_with_its_base():
                               {"eval/arithmetic-pass@1": 0.229})
     assert text == ("[trainer] eval after rollout 19: eval/arithmetic-pass_at_1=0.613 (base 0.229) "
                     "eval/arithmetic-pass_at_2=0.700")
+
+
+def test_python_m_miles_train_says_where_to_look_before_the_long_work(tmp_path, capsys):
+    from miles.prepare import prepare
+    from miles.train import print_where_to_look
+
+    print_where_to_look(prepare(["--run-dir", str(tmp_path / "r")], make_model=False))
+    out = capsys.readouterr().out
+    assert out.startswith(f"[trainer] run dir {tmp_path / 'r'} (journal {tmp_path / 'r' / 'metrics.jsonl'})")
+    assert f"dashboard {tmp_path / 'r'} --follow" in out
