@@ -10,6 +10,7 @@ chunk resubmitted after healing the engines when it fails; then the run is finis
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from prefect import Task, flow, get_run_logger
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from miles.mlflow_ui.launch import start_ui
     from tasks.finish import mlflow_link
 
+    started_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     config = prepare(argv, make_model=False)  # the flow makes the model in a task of its own
     if "--run-dir" not in argv and not any(a.startswith("--run-dir=") for a in argv):
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     if ui is not None and (link := mlflow_link(config, Path(report.run_dir), ui.url)):
         report.links["mlflow-run"] = link
-    print_finished(report, server, config, ui)
+    print_finished(report, server, config, ui, seconds=time.time() - started_at)
     return 0
 
 
@@ -72,22 +74,25 @@ def main(argv: list[str] | None = None) -> int:
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
+    started_at = time.time()  # the scorecard's wall time: the model, the cluster and the training
     config = export_secrets(prepare(build_argv(config_file, flags), make_model=False))
     with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
         flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
         with_run_retries(make_base_model, config.orchestration)(config)
         with_run_retries(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)
         try:
-            return train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")(config)
+            return train_on_ray.with_options(flow_run_name=f"{run_name(config.train.run_dir)}-on-ray")(
+                config, started_at=started_at)
         finally:
             shut_down_cluster()
 
 
 @flow(name="grpo-on-ray", task_runner=RayTaskRunner(), log_prints=True)
-def train_on_ray(config: MilesConfig) -> RunReport:
+def train_on_ray(config: MilesConfig, started_at: float | None = None) -> RunReport:
     """Everything that runs as Ray tasks (Ray itself is up: the task runner reuses it): services, then the
     chunks, then the finish; the run's actors are stopped at the end whatever happened."""
     o, run_dir = config.orchestration, config.train.run_dir
+    training_url = announce_training_run()
     create_markdown_artifact(key="grpo-dashboard", description=f"the web view of {run_dir}",
                              markdown=f"Watch this run (or a copy of its run dir) in the browser:\n\n"
                                       f"```\n{dashboard_command(Path(run_dir))}\n```")
@@ -104,11 +109,27 @@ def train_on_ray(config: MilesConfig) -> RunReport:
                                                  f"{result.stop_reason}")
                         break
             except RedFlagStop:  # --on-red-flag stop: the artifacts (grpo-health) still, then the run fails
-                with_run_retries(finish_run, o).submit(config, services).result()
+                with_run_retries(finish_run, o).submit(config, services, started_at).result()
                 raise
-            return with_run_retries(finish_run, o).submit(config, services).result()
+            report = with_run_retries(finish_run, o).submit(config, services, started_at).result()
+            if training_url:
+                report.links["prefect-training-run"] = training_url
+            return report
         finally:
             stop_run_actors(run_names(config))
+
+
+def announce_training_run() -> str:
+    """Say which flow run trains: the link Prefect prints first is the parent's (cluster bring-up only),
+    while the chunks, their logs and most artifacts are on this one."""
+    from prefect.context import get_run_context
+    from prefect.utilities.urls import url_for
+
+    flow_run = get_run_context().flow_run
+    url = url_for(flow_run) or ""
+    if url:
+        get_run_logger().info(f"training in flow run {flow_run.name!r} (the chunks, their logs, the artifacts): {url}")
+    return url
 
 
 def run_chunk_to_end(task: Task, chunk: Chunk, config: MilesConfig, services: RunServices,

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from miles.config import MilesConfig
 from miles.config.resolve import require_resolved
+from miles.config.commands import runnable
 from miles.mlflow_ui.launch import is_server_uri, start_ui, ui_command
-from miles.record.names import map_metrics
+from miles.run.scorecard import scorecard
 
 
 @dataclass
@@ -70,13 +71,39 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
                 ray.shutdown()
 
 
+def next_steps(config: MilesConfig) -> list[tuple[str, str]]:
+    """Where to look after the run, as commands that run when pasted (the venv need not be activated)."""
+    from miles.dashboard.cli import command as dashboard_command
+
+    run_dir = config.train.run_dir
+    steps = [("health", f"{runnable('miles')} doctor {run_dir}"),
+             ("dashboard", dashboard_command(Path(run_dir)).removesuffix(" --follow"))]
+    uri = config.tracking.mlflow_tracking_uri
+    if config.tracking.use_mlflow and not config.tracking.mlflow_ui and not is_server_uri(uri):
+        steps.append(("MLflow", ui_command(uri)))
+    return steps
+
+
+def print_where_to_look(config: MilesConfig) -> None:
+    from miles.dashboard.cli import command as dashboard_command
+    from miles.record.layout import RunLayout
+
+    run_dir = Path(config.train.run_dir)
+    print(f"[trainer] run dir {run_dir} (journal {RunLayout(run_dir).journal}); watch it live: "
+          f"{dashboard_command(run_dir)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
     from miles.health import RedFlagStop
     from miles.compare.run_end import compare_at_end
-    from miles.prepare import prepare
+    from miles.config.run_info import describe
+    from miles.prepare import make_base_model, prepare
+    from miles.tracking.run_description import describe_mlflow_run
 
-    config = prepare(argv, prog="python -m miles.train")  # checked, and the tiny model made, before anything starts
+    config = prepare(argv, prog="python -m miles.train", make_model=False)  # checked before anything starts
+    print_where_to_look(config)  # before the long work: the tiny model's first build, Ray, the engines
+    make_base_model(config)
     mlflow_uri = config.tracking.mlflow_tracking_uri
     if config.tracking.mlflow_ui:
         ui = start_ui(mlflow_uri, Path(config.train.run_dir))
@@ -89,17 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     except RedFlagStop as exc:  # --on-red-flag stop: checkpointed; a failed run, not a crash
         print(f"[trainer] stopped: {exc}", flush=True)
         return 1
-    final = summary.final_metrics
-    evals = {k: v for k, v in map_metrics(final).items() if k.startswith("eval/") and k != "eval/step"}
-    base_eval = map_metrics(summary.base_eval)
-    print(f"[trainer] done in {summary.seconds:.0f}s: rollouts {summary.first_rollout_id}..{summary.last_rollout_id}"
-          f", checkpoint {summary.checkpoint}" + (f", stopped: {summary.stop_reason}" if summary.stop_reason else ""),
-          flush=True)
-    for key, value in evals.items():
-        base = base_eval.get(key)
-        print(f"  {key}: {value:.3f}" + (f" (base {base:.3f}, {value - base:+.3f})" if base is not None else ""))
-    if config.tracking.use_mlflow and not config.tracking.mlflow_ui and not is_server_uri(mlflow_uri):
-        print(f"  MLflow: {ui_command(mlflow_uri)}", flush=True)
+    if summary.stop_reason:
+        print(f"[trainer] stopped early: {summary.stop_reason}", flush=True)
+    card = scorecard(summary.run_dir, config.train.save, summary.seconds, next_steps(config))
+    print(card.text("python -m miles.train: scorecard"), flush=True)
+    if config.tracking.use_mlflow:
+        describe_mlflow_run(summary.run_dir, mlflow_uri, describe(config, summary.run_dir), card.markdown())
     compare_at_end(config)  # with --baseline-run-dirs: the verdicts, and the MLflow run's tags
     return 0
 

@@ -26,6 +26,7 @@ from miles.run.phases import timed
 from miles.profiling.driver import RunProfiler
 from miles.record import layout
 from miles.record.journal import JOURNAL_NAME, read_journal
+from miles.record.row import PREFIX, format_eval_result
 from miles.record.samples import samples_due
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
@@ -109,10 +110,11 @@ class RLTrainer:
         self.data.load_state_dict(state.data_cursor)
         self.weight_version = state.weight_version
         self.tracker.open(state.extra)
+        journal = read_journal(self.run_dir / JOURNAL_NAME)
         # the watch judges the redone rollouts again: its history ends at the checkpoint
-        self.health.resume([ln for ln in read_journal(self.run_dir / JOURNAL_NAME) if ln.rollout_id <= state.rollout_id])
+        self.health.resume([ln for ln in journal if ln.rollout_id <= state.rollout_id])
         self._engines_serve(scan.path, state.weight_version)
-        print(f"[trainer] resumed from {scan.path} (rollout {state.rollout_id})", flush=True)
+        print(resume_message(scan.path, state.rollout_id, journal), flush=True)
         return state.rollout_id + 1
 
     def _engines_serve(self, model_dir: Path, version: int) -> None:
@@ -226,14 +228,28 @@ class RLTrainer:
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Eval metrics (with `eval/step` = `rollout_id`) of the weights the engines serve now, handed to
         the eval logger hook and recorded with the iteration."""
+        print(f"{PREFIX}eval after rollout {rollout_id}: {self._eval_what()} ...", flush=True)
         result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
                           seed=self.config.train.seed, step=rollout_id, generate_fn=self.generate_fn, args=self.args)
         self.tracker.log_eval(rollout_id, self.args, result.data, dict(result.metrics))
+        print(format_eval_result(f"eval after rollout {rollout_id}:", result.metrics, self._base_eval()), flush=True)
         return result.metrics
+
+    def _eval_what(self) -> str:
+        """`arithmetic (64 prompts x 4 samples)`: what an eval generates, so its pause is explained."""
+        k = self.config.rollout.n_samples_per_eval_prompt
+        return ", ".join(f"{s.name} ({len(s.prompts)} prompts x {k} samples)" for s in self.eval_sets)
+
+    def _base_eval(self) -> dict[str, float]:
+        try:
+            return json.loads((self.run_dir / layout.BASE_EVAL).read_text())
+        except (OSError, ValueError):
+            return {}
 
     def evaluate_base(self) -> dict[str, float]:
         """The starting weights' eval, before any training: Miles logs it at `eval/step` 0, as its own
         journal line; also written to RUN_DIR/base_eval.json for the final comparison."""
+        print(f"{PREFIX}base eval: the starting weights on {self._eval_what()} ...", flush=True)
         with self.phase("eval", 0):
             result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
                               seed=self.config.train.seed, step=0, generate_fn=self.generate_fn, args=self.args)
@@ -270,3 +286,13 @@ def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> 
     if config.train.use_kl_loss:
         metrics["perf/ref_log_probs_time"] = summary.ref_log_probs_time
     return metrics
+
+
+def resume_message(path: Path, rollout_id: int, journal) -> str:
+    """A chunk that starts where the last one checkpointed continues the run; only a run whose journal went
+    past its checkpoint (a crash, a killed worker, a retry) resumes, and redoes those rollouts."""
+    lost = sorted({ln.rollout_id for ln in journal if ln.rollout_id > rollout_id})
+    if not lost:
+        return f"[trainer] continuing from {path} (rollout {rollout_id})"
+    return (f"[trainer] resumed from {path} (rollout {rollout_id}) after an interruption: "
+            f"redoing rollout{'s' * (len(lost) > 1)} {lost[0]}" + (f"..{lost[-1]}" if len(lost) > 1 else ""))

@@ -23,10 +23,17 @@ class ClusterInfo:
     resources: dict[str, float] = field(default_factory=dict)
 
 
+# A task's log line reaches the terminal through Ray, which already puts `(train_chunk pid=N)` before it;
+# Prefect's own console prefix (time | level | Task run 'train_chunk[0-10]' - ) on top made ~95 columns
+# before each row. On the Ray workers the console shows the message alone; the Prefect UI keeps the
+# task run, level and time of every line (its API handler does not use this format).
+TERSE_TASK_LOGS = {"PREFECT_LOGGING_FORMATTERS_STANDARD_TASK_RUN_FMT": "%(message)s"}
+
+
 def worker_env(api_url: str, flow_run_url: str | None = None) -> dict[str, str]:
     """What every Ray worker must see: the flow's one Prefect API, our cache dir, the flow run's link
     (for the tracker runs' tags)."""
-    env = {"PREFECT_API_URL": api_url, **({FLOW_RUN_URL_ENV: flow_run_url} if flow_run_url else {})}
+    env = {"PREFECT_API_URL": api_url, **({FLOW_RUN_URL_ENV: flow_run_url} if flow_run_url else {}), **TERSE_TASK_LOGS}
     for name in (CACHE_ENV,):
         if os.environ.get(name):
             env[name] = os.environ[name]

@@ -2,6 +2,7 @@
 which writes the run report and uploads it)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,10 @@ from miles.health import RED, Verdict, read_health_log
 from miles.mlflow_ui.launch import DEFAULT_PORT, is_server_uri, page_url
 from miles.profiling.window import trace_root
 from miles.record.journal import read_journal
-from miles.record.layout import RunLayout
+from miles.record.layout import RunLayout, has_traces
+from miles.config.run_info import describe
+from miles.run.scorecard import scorecard
+from miles.tracking.run_description import describe_mlflow_run
 from tasks.logs import library_logs_to_prefect
 from tasks.training import RunServices
 
@@ -73,8 +77,9 @@ def red_flags_markdown(flags: list[str], warnings: list[str] = ()) -> str:
 
 
 @task(name="finish_run", log_prints=True)
-def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
-    """Ranks stopped cleanly, then the final-metrics table, link and health artifacts."""
+def finish_run(config: MilesConfig, services: RunServices, started_at: float | None = None) -> RunReport:
+    """Ranks stopped cleanly, then the scorecard (an artifact, and the MLflow run's description), the
+    final-metrics table, link and health artifacts. `started_at`: when the flow started (the wall time)."""
     run_dir = config.train.run_dir
     path = Path(run_dir)
     with library_logs_to_prefect():
@@ -87,7 +92,7 @@ def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
     if (mlflow_url := mlflow_link(config, path)) is not None:
         links["mlflow-run"] = mlflow_url
     traces = trace_root(config, path)  # the profiler's traces (RUN_DIR/profiler unless --tensorboard-dir)
-    if traces.exists():
+    if has_traces(traces):  # every run leaves its pids there; that is not a trace
         links["traces"] = traces.resolve().as_uri()
     for key, url in links.items():
         create_link_artifact(key=f"grpo-{key}", link=url, description=f"{key} of {run_dir}")
@@ -96,6 +101,11 @@ def finish_run(config: MilesConfig, services: RunServices) -> RunReport:
     warnings = sorted({v.signal for v in verdicts if v.severity != RED})
     create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(flags, warnings),
                              description="the health watch's red flags (RUN_DIR/health.jsonl)")
+    card = scorecard(path, config.train.save, None if started_at is None else time.time() - started_at)
+    create_markdown_artifact(key="grpo-scorecard", markdown=card.markdown(),
+                             description=f"base -> final eval, reward, time, red flags, model of {run_dir}")
+    if config.tracking.use_mlflow:
+        describe_mlflow_run(path, config.tracking.mlflow_tracking_uri, describe(config, path), card.markdown())
     with library_logs_to_prefect():
         compared = compare_at_end(config)  # with --baseline-run-dirs: printed, and the MLflow run tagged
     if compared is not None:

@@ -25,6 +25,9 @@ def library_logs_to_prefect() -> Iterator[None]:
     handler = _ToRunLogger(run_logger)
     library = logging.getLogger("miles")
     library.addHandler(handler)
+    # the run logger prints the record on the console itself (and sends it to the API); propagating it
+    # to the root's console handler as well printed every library line twice in the terminal
+    previous_propagate, library.propagate = library.propagate, False
     previous_level = library.level
     if library.getEffectiveLevel() > logging.INFO:
         library.setLevel(logging.INFO)
@@ -38,4 +41,5 @@ def library_logs_to_prefect() -> Iterator[None]:
             yield
         finally:
             library.removeHandler(handler)
+            library.propagate = previous_propagate
             library.setLevel(previous_level)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 
 import ray
 
@@ -90,10 +91,19 @@ def check_cluster(ray_address: str | None) -> str:
     return source
 
 
+def plain_prefixes() -> None:
+    """Ray colours the `(task pid=N)` prefix of every worker line it forwards; off a terminal (a file, a
+    pipe, `| tee`) those are escape codes in the log, so there Ray is told to print them plain (it reads
+    RAY_COLOR_PREFIX in this, the driver's, process; a value the user set is kept)."""
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
 def connect(ray_address: str | None, num_cpus: int | None = None, object_store_mb: int | None = None,
             runtime_env: dict | None = None, log_to_driver: bool = True) -> bool:
     """`ray.init` for this process; returns True when it started a new local cluster (sized by
     `num_cpus` and `object_store_mb`, which an existing cluster already has and Ray refuses)."""
+    plain_prefixes()
     address = existing_cluster_address(ray_address)
     if address is None:
         ray.init(num_cpus=num_cpus or os.cpu_count(),

@@ -116,9 +116,28 @@ def check_field(field: dataclasses.Field, value: Any) -> None:
             raise ConfigError(name, f"path does not exist: {v}{also}")
 
 
-def build_parser(sections: Iterable[type], prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def _help_text(field: dataclasses.Field, base: Any, default: Any) -> str:
+    """A flag's help with its default said once: the field's own words when its help names the default
+    (`(default: RUN_DIR/checkpoints)`), else the value; a set secret is never shown."""
+    text = field.metadata.get("help", "")
+    if "default" not in text and not (default is None and "none" in text.lower()):  # "(none: ...)" says it
+        shown = "***" if field.metadata.get("secret") and default else default
+        text += f" (default: {shown})"
+    if base is bool:
+        text += f"; --no-{field.name.replace('_', '-')} sets false"
+    if field.metadata.get("choices"):
+        text += f" [choices: {', '.join(map(str, field.metadata['choices']))}]"
+    return text
+
+
+def build_parser(sections: Iterable[type], prog: str | None = None, description: str | None = None,
+                 add_help: bool = True) -> argparse.ArgumentParser:
+    """The flags of `sections` (plus --config). The usage line stays one line (the flags are listed below
+    it by section); each flag's help states its default once. `add_help=False`: a parser that picks its
+    flags out of a command line another parser owns (that one answers --help)."""
+    usage = f"{prog or '%(prog)s'} [--config YAML] [--FLAG VALUE ...]"
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False, usage=usage,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, add_help=add_help)
     parser.add_argument(CONFIG_FLAG, dest="__config_file", default=None, metavar="YAML",
                         help="YAML file of flag values (keys are flag names); flags on the command line win")
     for section in sections:
@@ -127,22 +146,18 @@ def build_parser(sections: Iterable[type], prog: str | None = None, description:
             names = [flag_name(field.name), *field.metadata.get("aliases", ())]
             base, _ = _unwrap_optional(tp)
             default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-            shown = "***" if field.metadata.get("secret") and default else default
             kwargs: dict[str, Any] = dict(dest=field.name, default=argparse.SUPPRESS,
-                                          help=f"{field.metadata.get('help', '')} (default: {shown})")
+                                          help=_help_text(field, base, default))
             if base is bool:
                 kwargs.update(nargs="?", const="true", metavar="BOOL")
                 group.add_argument(f"--no-{field.name.replace('_', '-')}", dest=field.name,
                                    action="store_const", const="false", default=argparse.SUPPRESS,
-                                   help=argparse.SUPPRESS)
+                                   help=argparse.SUPPRESS)  # named in the flag's own help: one line each
             elif typing.get_origin(base) is list:
                 kwargs.update(nargs="*", metavar="VALUE")
             else:
-                kwargs.update(metavar=_type_label(tp).upper().replace(" ", "_"))
-            if field.metadata.get("choices"):
-                kwargs["help"] += f" [choices: {', '.join(map(str, field.metadata['choices']))}]"
+                kwargs.update(metavar=_type_label(base).upper().replace(" ", "_"))  # `none` is in the help
             group.add_argument(*names, **kwargs)
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 

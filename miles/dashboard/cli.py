@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def command(run_dir: Path) -> str:
     """The command that shows a run, as `miles train` prints it."""
-    return f"miles dashboard {run_dir} --follow"
+    from miles.config.commands import runnable
+
+    return f"{runnable('miles')} dashboard {run_dir} --follow"
 
 
 if __name__ == "__main__":

@@ -32,10 +32,31 @@ class NotFound(LookupError):
     """A rollout or sample the run does not have."""
 
 
+HEALTHY = "healthy"  # the watch ran and flagged nothing: health.jsonl is only written on a flag
+
+
+def health_watch(files: RunFiles) -> dict[str, Any]:
+    """What the health watch left: `available` (health.jsonl holds verdicts), `healthy` (no verdict, but the
+    journal carries the watch's health/<signal> figures: it ran and flagged nothing), else not available
+    (no watch ran: --health-watch off, or a run from before it)."""
+    journal = files.journal().rows
+    signals = sorted({k.split("/", 1)[1] for row in journal for k in row if k.startswith("health/")})
+    watched = [row for row in journal if (row.get("rollout_id") or 0) >= 0 and any(k.startswith("health/") for k in row)]
+    lines = files.health()
+    state = "available" if lines.rows else HEALTHY if signals else NOT_AVAILABLE
+    return {"state": state, "signals": signals, "rollouts": len(watched)}
+
+
 def run_summary(files: RunFiles, follow: bool) -> dict[str, Any]:
     journal = files.journal().rows
     status = files.status()
-    missing = [f"{name} ({info['path']})" for name, info in status.items() if not info["present"]]
+    watch_state = health_watch(files)
+    # not missing: a healthy run writes no health.jsonl, a run that did not profile no summaries
+    absent_by_design = {"health"} if watch_state["state"] == HEALTHY else set()
+    absent_by_design |= {"profiler"}
+    missing = [f"{name} ({info['path']})" for name, info in status.items()
+               if not info["present"] and name not in absent_by_design]
+    off = [] if status["profiler"]["present"] else ["profiling off (no profiler window in this run)"]
     corrupt = [f"{name}: {info['skipped']} unreadable lines" for name, info in status.items() if info.get("skipped")]
     config = files.config()
     return {"run_dir": str(files.run_dir), "name": files.run_dir.name, "follow": follow,
@@ -43,7 +64,7 @@ def run_summary(files: RunFiles, follow: bool) -> dict[str, Any]:
             "iterations": len({row.get("rollout_id") for row in journal if (row.get("rollout_id") or 0) >= 0}),
             "last_rollout_id": max((row.get("rollout_id", -1) for row in journal), default=None),
             "num_rollout": config.get("rollout.num_rollout") or config.get("num_rollout"),
-            "files": status, "missing": missing, "corrupt": corrupt}
+            "files": status, "missing": missing, "corrupt": corrupt, "off": off, "health": watch_state}
 
 
 def _clip_grad(files: RunFiles) -> float:
@@ -100,7 +121,9 @@ def watch(files: RunFiles) -> dict[str, Any]:
                     "healthy": healthy, "red_flag": red_flag,
                     "series": {k: series[k] for k in panel.keys if k in series}, "verdicts": verdicts})
     others = [v for name, vs in verdicts_by_signal.items() if name not in shown for v in vs]
-    return {"panels": out, "other_verdicts": others, "health": "available" if health.present else NOT_AVAILABLE}
+    state = health_watch(files)
+    return {"panels": out, "other_verdicts": others, "health": state["state"], "health_signals": state["signals"],
+            "health_rollouts": state["rollouts"]}
 
 
 def timeline(files: RunFiles, rollout_id: int | None = None) -> dict[str, Any]:

@@ -102,6 +102,19 @@ def env_report(mlflow_uri: str | None) -> int:
     return 1 if failed else 0
 
 
+def health_flags_parser() -> argparse.ArgumentParser:
+    """The --health-* flags alone, without --help of its own: `miles doctor --help` is answered by the
+    doctor's parser, which lists RUN_DIR and --env first and these flags after them."""
+    from miles.config.health import HealthConfig
+    from miles.config.parse import build_parser
+
+    parser = build_parser([HealthConfig], prog="miles doctor", add_help=False)
+    for action in parser._actions:
+        if "--config" in action.option_strings:
+            action.help = argparse.SUPPRESS  # the doctor refuses a YAML (split_health_flags): not offered
+    return parser
+
+
 def split_health_flags(argv: list[str]) -> tuple[dict, list[str]]:
     """The `--health-*` / `--on-red-flag` flags given to the doctor (they replace the run's own settings
     in the replay), and the other arguments."""
@@ -109,7 +122,7 @@ def split_health_flags(argv: list[str]) -> tuple[dict, list[str]]:
     from miles.config.health import HealthConfig
     from miles.config.parse import build_parser
 
-    namespace, rest = build_parser([HealthConfig], prog="miles doctor").parse_known_args(argv)
+    namespace, rest = health_flags_parser().parse_known_args(argv)
     given = vars(namespace)
     if given.pop("__config_file", None):
         raise ConfigError("--config", "miles doctor takes the --health-* flags on the command line only")
@@ -184,7 +197,9 @@ class HistoryArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="miles doctor", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="miles doctor", description=__doc__, parents=[health_flags_parser()],
+        usage="miles doctor [RUN_DIR | --env] [--mlflow-tracking-uri URI] [--health-* VALUE ...] [--on-red-flag ...]")
     parser.add_argument("target", nargs="?", metavar="RUN_DIR",
                         help="a run directory, or an MLflow run id with --mlflow-tracking-uri: replay its metrics "
                              "through the health detectors with the run's own --health-* settings, or those given "

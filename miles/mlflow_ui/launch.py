@@ -22,7 +22,9 @@ def is_server_uri(uri: str) -> bool:
 
 
 def ui_command(uri: str, port: int = DEFAULT_PORT) -> str:
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {port} --app-name {APP_NAME}"
+    from miles.config.commands import runnable
+
+    return f"{runnable('mlflow')} ui --backend-store-uri {uri} --host 127.0.0.1 --port {port} --app-name {APP_NAME}"
 
 
 def page_url(base: str, experiment_id: str, run_id: str | None = None) -> str:

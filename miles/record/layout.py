@@ -106,3 +106,17 @@ class RunLayout:
     def log(self, name: str) -> Path:
         """RUN_DIR/logs/<name> (engine-<i>.log, router.log, mlflow-ui.log)."""
         return self.root / LOGS / name
+
+
+# The profiler folder's bookkeeping (pids for py-spy, windows asked for) is written by every run; only what
+# is left besides them is a profile.
+PROFILER_BOOKKEEPING = frozenset({Path(PROFILER_PROCESSES).name, Path(PROFILER_REQUESTED).name})
+
+
+def has_traces(directory: str | Path) -> bool:
+    """Whether a profiler folder holds any profile (a trace, summary, snapshot, dump or Ray timeline), not
+    only the bookkeeping every run writes there."""
+    root = Path(directory)
+    if not root.is_dir():
+        return False
+    return any(p.is_file() and not (p.parent == root and p.name in PROFILER_BOOKKEEPING) for p in root.rglob("*"))

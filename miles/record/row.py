@@ -42,3 +42,12 @@ def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], sho
 def format_eval(label: str, metrics: dict[str, float]) -> str:
     """`[trainer] base eval eval/arithmetic-pass_at_1=0.230 ...`: under the names the trackers store."""
     return f"{PREFIX}{label} " + " ".join(f"{k}={_num(v, '.3f')}" for k, v in map_metrics(metrics).items())
+
+
+def format_eval_result(label: str, metrics: dict[str, float], base: dict[str, float]) -> str:
+    """`[trainer] eval after rollout 19: eval/arithmetic-pass_at_1=0.613 (base 0.229) ...`: each pass@k under
+    its tracker name, with the starting weights' value beside it when the base eval measured it."""
+    mapped, base = map_metrics(metrics), map_metrics(base)
+    parts = [f"{k}={_num(v, '.3f')}" + (f" (base {_num(base[k], '.3f')})" if k in base else "")
+             for k, v in mapped.items() if "-pass_at_" in k]  # the headline figures; the journal has the rest
+    return f"{PREFIX}{label} " + " ".join(parts)

@@ -200,7 +200,7 @@ class RunTracker:
             if self.journal.lines:
                 files.append(write_report(self.journal.lines, self.run_dir / REPORT_NAME,
                                           clip_grad=self.config.train.clip_grad, title=str(self.run_dir.name)))
-            files += [self.run_dir / d for d in PROFILER_DIRS if (self.run_dir / d).is_dir()]
+            files += [self.run_dir / d for d in PROFILER_DIRS if layout.has_traces(self.run_dir / d)]  # not pids alone
             self.trainer_file.artifacts = [str(f) for f in files]  # for `miles replay-spool` if delivery falls short
         timeout = self.config.tracking.tracking_close_timeout if self.opened else 0.0
         self.trainer_file.close = {"session": self.session, "final": final and self.opened, "timeout": timeout}

@@ -36,8 +36,21 @@ def test_run_summary_names_what_is_missing(client):
     # four iterations and the eval before training (its own line)
     assert run["files"]["journal"] == {"path": "metrics.jsonl", "present": True, "lines": 5, "skipped": 0}
     assert run["files"]["samples"]["rollouts"] == 2 and run["files"]["tokens"]["rollouts"] == 2
-    # the recorded run predates the health watch and has no profiler window
-    assert run["missing"] == ["health (health.jsonl)", "profiler (profiler/summaries.jsonl)"]
+    # the recorded run's watch flagged nothing (no health.jsonl, by design) and it profiled nothing: neither
+    # is "missing"; the watch's ten health/<signal> figures in the journal say it ran
+    assert run["missing"] == []
+    assert run["off"] == ["profiling off (no profiler window in this run)"]
+    assert run["health"]["state"] == "healthy" and run["health"]["rollouts"] == 4
+    assert len(run["health"]["signals"]) == 10 and "grad_norm" in run["health"]["signals"]
+
+
+def test_a_run_without_a_health_watch_says_health_is_not_available(run_copy, client):
+    lines = [json.loads(t) for t in (run_copy / "metrics.jsonl").read_text().splitlines()]
+    (run_copy / "metrics.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in line.items() if not k.startswith("health/")}) + "\n" for line in lines))
+    run = get(client, "/api/run")
+    assert run["missing"] == ["health (health.jsonl)"] and run["health"]["state"] == "not available"
+    assert get(client, "/api/watch")["health"] == "not available"
 
 
 def test_the_eval_before_training_is_plotted_at_step_0_not_counted(client):
@@ -68,7 +81,7 @@ def test_watch_has_the_eight_panels_in_the_pages_order(client):
     assert by_title["pg_clipfrac"]["threshold"] == 0.2
     assert by_title["kl_loss (--use-kl-loss)"]["series"] == {}  # not logged without --use-kl-loss
     assert set(by_title["rollout_time vs train_time (s)"]["series"]) == {"perf/rollout_time", "perf/train_time"}
-    assert data["health"] == "not available"
+    assert data["health"] == "healthy" and data["health_rollouts"] == 4 and len(data["health_signals"]) == 10
 
 
 def test_health_verdicts_mark_their_panel(run_copy, client):
@@ -254,7 +267,8 @@ def test_torn_and_corrupt_lines_are_left_out(run_copy, client):
 def test_empty_run_dir_shows_what_is_missing(tmp_path):
     client = TestClient(build_app(tmp_path))
     run = get(client, "/api/run")
-    assert run["iterations"] == 0 and len(run["missing"]) == len(run["files"])
+    # every source is missing, but a run that did not profile is "profiling off", not a missing file
+    assert run["iterations"] == 0 and len(run["missing"]) == len(run["files"]) - 1 and run["off"]
     assert get(client, "/api/metrics")["series"] == {}
     assert all(p["series"] == {} for p in get(client, "/api/watch")["panels"])
     assert get(client, "/api/timeline")["available"] is False

@@ -41,7 +41,11 @@ def test_metrics_view(browser, served):
     assert browser.text(".watch-panel .na") == "not logged"
     assert len(browser.find_all(".watch-panel line.threshold")) == 2  # grad_norm at clip_grad, pg_clipfrac at 0.2
     assert len(browser.find_all(".metric-panel")) > 20
-    assert "health" in browser.text("#missing")
+    # a healthy run: the watch ran and flagged nothing, so no health.jsonl; shown green, not "not available"
+    assert browser.text("#health-ok").startswith("Health watch: no red flags in 4 rollouts (10 signals checked:")
+    assert browser.find_all("#missing") == []  # the notice is drawn at once, with #health-ok
+    assert browser.text("#watch-healthy").startswith("Health verdicts: none (the watch judged 4 rollouts")
+    assert browser.text("#off") == "profiling off (no profiler window in this run)"
     browser.screenshot(SHOTS / "metrics.png")
 
 
@@ -57,7 +61,8 @@ def test_health_verdicts_are_marked_on_their_panels(browser, run_copy):
         assert len(browser.find_all(".watch-panel rect.red-flag")) == 2
         messages = browser.script("return [...document.querySelectorAll('.watch-panel .flag')].map(f => f.textContent)")
         assert any("rollout 2 warning: grad_norm above clip_grad" in m for m in messages)
-        assert "health" not in browser.text("#missing")
+        assert browser.find_all("#missing") == []  # nothing is missing: the profiler is only "off"
+        assert browser.find_all("#health-ok") == [] and browser.find_all("#watch-healthy") == []  # flagged: not green
         browser.screenshot(SHOTS / "metrics-health.png")
     finally:
         served.stop()

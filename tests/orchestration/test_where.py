@@ -1,9 +1,12 @@
 """What `miles train` prints: the `mlflow ui` command beside a link to a local store, or the UI it started; the dashboard command."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from flows.prefect_server import PrefectServer
 from flows.where import print_finished, where_to_look
 from miles.config import parse_config
+from miles.config.commands import runnable
 from miles.prepare import resolve_run
 from miles.mlflow_ui.launch import MlflowUi
 from tasks.finish import RunReport
@@ -12,14 +15,14 @@ from tasks.finish import RunReport
 def test_the_link_to_a_local_store_comes_with_the_command_that_serves_it(tmp_path, capsys):
     config = resolve_run(parse_config(["--use-mlflow", "--run-dir", str(tmp_path / "r")]))
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
-    command = (f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'r' / 'mlflow.db'} --host 127.0.0.1 --port 5000"
+    command = (f"{runnable('mlflow')} ui --backend-store-uri sqlite:///{tmp_path / 'r' / 'mlflow.db'} --host 127.0.0.1 --port 5000"
                " --app-name miles")
     assert ("MLflow", command) in where_to_look(config, server)
     link = "http://127.0.0.1:5000/#/experiments/1/runs/abc"
     report = RunReport(run_dir=str(tmp_path / "r"), iterations=1, links={"mlflow-run": link})
     print_finished(report, server, config)
     out = capsys.readouterr().out
-    assert f"  mlflow-run: {link}\n    (serve it first: {command})" in out
+    assert f" MLflow  " in out and f" {link}  (serve it first: {command})\n" in out
 
     ui = MlflowUi(url="http://127.0.0.1:5001", pid=4242, log_path=tmp_path / "ui.log")
     assert ("MLflow", "http://127.0.0.1:5001  (mlflow ui, pid 4242; stop it with `kill 4242`)") in where_to_look(
@@ -41,4 +44,35 @@ def test_a_tracking_server_is_linked_as_it_is(tmp_path, capsys):
 def test_the_dashboard_command_is_printed(tmp_path):
     config = parse_config(["--run-dir", str(tmp_path / "r")])
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
-    assert ("dashboard", f"miles dashboard {(tmp_path / 'r').resolve()} --follow") in where_to_look(config, server)
+    assert ("dashboard", f"{runnable('miles')} dashboard {(tmp_path / 'r').resolve()} --follow") in where_to_look(config, server)
+
+
+def test_printed_commands_run_without_an_activated_venv(tmp_path):
+    """After `make run` the venv is not on PATH: a hint must name the venv's copy, not a bare `miles`."""
+    from miles.config.commands import bin_dir
+
+    assert runnable("miles", path="/usr/bin:/bin") in (str(bin_dir() / "miles"),
+                                                       str((bin_dir() / "miles").relative_to(Path.cwd()))
+                                                       if (bin_dir() / "miles").is_relative_to(Path.cwd()) else "")
+    assert runnable("miles", path=str(bin_dir())) == "miles"  # activated: the bare name runs this copy
+    assert runnable("no-such-tool-here", path="/usr/bin") == "no-such-tool-here"
+
+
+def test_no_traces_line_for_a_run_that_did_not_profile(tmp_path, capsys):
+    config = resolve_run(parse_config(["--run-dir", str(tmp_path / "r")]))
+    server = PrefectServer(api_url="http://127.0.0.1:4200/api")
+    (tmp_path / "r").mkdir()
+    print_finished(RunReport(run_dir=str(tmp_path / "r"), iterations=0), server, config)
+    out = capsys.readouterr().out
+    assert "\n  traces" not in out and "scorecard of" in out
+
+
+def test_tensorboard_off_is_said_and_wandb_offline_gives_one_sync_command(tmp_path):
+    config = resolve_run(parse_config(["--use-wandb", "--run-dir", str(tmp_path / "r")]))
+    rows = dict(where_to_look(config, PrefectServer(api_url="http://127.0.0.1:4200/api")))
+    assert rows["TensorBoard"].startswith("off (--use-tensorboard")
+    assert rows["wandb"] == (f"offline: {runnable('wandb')} sync {config.tracking.wandb_dir}/wandb/offline-run-*"
+                             "  (one run; a folder per chunk)")
+    on = resolve_run(parse_config(["--use-tensorboard", "--run-dir", str(tmp_path / "t")]))
+    assert dict(where_to_look(on, PrefectServer(api_url="http://127.0.0.1:4200/api")))["TensorBoard"].endswith(
+        f"--logdir {on.tracking.tensorboard_dir}")

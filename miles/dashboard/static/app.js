@@ -33,17 +33,27 @@ const fmt = (v) => (v === null || v === undefined) ? "–" : (typeof v === "numb
 function notice(run) {
   const box = document.getElementById("notice");
   box.replaceChildren();
+  if (run.health && run.health.state === "healthy") box.append(el("div", {class: "healthy", id: "health-ok"},
+    healthLine(run.health.rollouts, run.health.signals)));
   if (run.missing.length) box.append(el("div", {class: "missing", id: "missing"},
     "Not available in this run directory: " + run.missing.join(", ")));
+  if (run.off && run.off.length) box.append(el("div", {class: "off", id: "off"}, run.off.join("; ")));
   if (run.corrupt.length) box.append(el("div", {class: "missing"}, "Skipped: " + run.corrupt.join("; ")));
 }
+
+// A healthy run writes no health.jsonl; the journal's health/<signal> figures show the watch ran.
+const healthLine = (rollouts, signals) =>
+  `Health watch: no red flags in ${rollouts} rollouts (${signals.length} signals checked: ${signals.join(", ")})`;
 
 // ---- metrics ---------------------------------------------------------------------------
 async function showMetrics(view) {
   const [watch, metrics] = await Promise.all([api("/api/watch"), api("/api/metrics")]);
   view.append(el("h2", {}, "What to watch"));
-  if (watch.health !== "available") {
-    view.append(el("div", {class: "legend"}, "Health verdicts: not available (no health.jsonl in this run)"));
+  if (watch.health === "healthy") {
+    view.append(el("div", {class: "legend", id: "watch-healthy"},
+      `Health verdicts: none (the watch judged ${watch.health_rollouts} rollouts and flagged nothing to mark below)`));
+  } else if (watch.health !== "available") {
+    view.append(el("div", {class: "legend"}, "Health verdicts: not available (no health watch in this run)"));
   }
   const grid = el("div", {class: "grid", id: "watch-panels"});
   view.append(grid);

@@ -92,8 +92,13 @@ class MlflowSink:
         on their own step axis; a resumed run continues its steps."""
         if not self.system_metrics or self.monitor is not None:
             return
+        import psutil
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+        # psutil's first cpu_percent() in a process answers 0.0 (it has nothing to compare with), and each
+        # chunk's delivery process starts a new monitor: without this call every chunk's first CPU sample
+        # read 0 (a saw-tooth on the system metrics chart)
+        psutil.cpu_percent()
         self.monitor = SystemMetricsMonitor(self.run_id, resume_logging=resume, tracking_uri=self.tracking_uri)
         self.monitor.start()
 

@@ -1,0 +1,43 @@
+"""What the trainer prints around a chunk boundary and an eval: a healthy chunk hand-off is not a resume,
+and an eval says what it evaluates before its pause and what came out after it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from miles.record.journal import JournalLine
+from miles.record.row import format_eval_result
+from miles.trainer import resume_message
+
+CKPT = Path("/r/checkpoints/iter_0000009")
+
+
+def lines(*ids):
+    return [JournalLine(i, 0.0, {}) for i in ids]
+
+
+def test_a_chunk_that_starts_at_its_checkpoint_continues():
+    assert resume_message(CKPT, 9, lines(-1, *range(10))) == f"[trainer] continuing from {CKPT} (rollout 9)"
+
+
+def test_a_run_whose_journal_went_past_its_checkpoint_resumes_and_says_what_is_redone():
+    text = resume_message(CKPT, 9, lines(-1, *range(13)))
+    assert text == f"[trainer] resumed from {CKPT} (rollout 9) after an interruption: redoing rollouts 10..12"
+    assert resume_message(CKPT, 9, lines(*range(11))).endswith("redoing rollout 10")
+
+
+def test_an_eval_result_names_each_pass_at_k_with_its_base():
+    text = format_eval_result("eval after rollout 19:", {"eval/arithmetic": 0.6, "eval/arithmetic-pass@1": 0.613,
+                                                         "eval/arithmetic-pass@2": 0.7, "eval/step": 19.0},
+                              {"eval/arithmetic-pass@1": 0.229})
+    assert text == ("[trainer] eval after rollout 19: eval/arithmetic-pass_at_1=0.613 (base 0.229) "
+                    "eval/arithmetic-pass_at_2=0.700")
+
+
+def test_python_m_miles_train_says_where_to_look_before_the_long_work(tmp_path, capsys):
+    from miles.prepare import prepare
+    from miles.train import print_where_to_look
+
+    print_where_to_look(prepare(["--run-dir", str(tmp_path / "r")], make_model=False))
+    out = capsys.readouterr().out
+    assert out.startswith(f"[trainer] run dir {tmp_path / 'r'} (journal {tmp_path / 'r' / 'metrics.jsonl'})")
+    assert f"dashboard {tmp_path / 'r'} --follow" in out
