@@ -1,0 +1,130 @@
+"""The stacks of a run's processes: which processes belong to the run, a py-spy dump of each (native
+frames where py-spy can), the process state from /proc, and the frames a verdict quotes."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miles.profiling import pyspy
+
+THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \((\w+)\): "([^"]*)"')
+FRAME = re.compile(r"^\s+(\S.*?) \((.*)\)$")
+# frames that only say "waiting": a verdict quotes the innermost frame outside them
+PLUMBING = ("/threading.py", "/selectors.py", "/socket.py", "/ssl.py", "/queue.py", "/subprocess.py",
+            "/concurrent/futures/", "/asyncio/", "/site-packages/ray/", "/site-packages/httpx/",
+            "/site-packages/httpcore/", "/site-packages/anyio/", "/site-packages/uvicorn/", "<frozen ")
+STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "T": "stopped (SIGSTOP)",
+          "t": "stopped by a tracer", "Z": "a zombie", "X": "dead", "I": "idle"}
+
+
+@dataclass
+class ProcessStack:
+    name: str
+    pid: int
+    state: str = ""  # /proc/PID/stat's state letter; "" when gone
+    dump: str = ""  # py-spy's text
+    error: str = ""  # why there is no dump
+    threads: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (name, idle/active, frames innermost first)
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("", "Z", "X")
+
+    @property
+    def state_words(self) -> str:
+        return STATES.get(self.state, self.state) if self.state else "gone"
+
+    def main_frames(self) -> list[str]:
+        for name, _, frames in self.threads:
+            if name == "MainThread":
+                return frames
+        return self.threads[0][2] if self.threads else []
+
+    def where(self) -> str:
+        """The innermost frame of the main thread that is the program's own (not waiting plumbing), and
+        what it called: "in reward (sleepy.py:9) via time.sleep"."""
+        frames = self.main_frames()
+        if not frames:
+            return ""
+        own = next((f for f in frames if not any(p in f for p in PLUMBING)), frames[0])
+        inner = frames[0]
+        return own if own == inner else f"{own}, waiting in {inner.split(' (')[0]}"
+
+
+def process_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def parse_dump(text: str) -> list[tuple[str, str, list[str]]]:
+    threads: list[tuple[str, str, list[str]]] = []
+    for line in text.splitlines():
+        if m := THREAD.match(line):
+            threads.append((m.group(2), m.group(1), []))
+        elif threads and (m := FRAME.match(line)):
+            threads[-1][2].append(f"{m.group(1)} ({Path(m.group(2).split(':')[0]).name}:"
+                                  f"{m.group(2).rsplit(':', 1)[-1]})" if ":" in m.group(2) else m.group(1))
+    return threads
+
+
+def run_processes(run_dir: Path, listed: dict[str, int], ray_workers: dict[str, int]) -> dict[str, int]:
+    """The run's processes: those it listed (trainer, ranks, engines, router), its Ray workers, and any
+    other live process whose command line names the run dir (the tracker delivery process, services)."""
+    found = dict(listed)
+    known = set(found.values())
+    for name, pid in ray_workers.items():
+        if pid not in known:
+            found[name], known = pid, known | {pid}
+    root = str(Path(run_dir).resolve())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in known or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        if any(Path(w).is_absolute() and (w == root or w.startswith(root + "/")) for w in words):
+            name = "delivery" if "miles.tracking.cli" in words else Path(words[0]).name if words else "process"
+            key, i = name, 1
+            while key in found:
+                key, i = f"{name}{i}", i + 1
+            found[key] = int(entry.name)
+    return found
+
+
+def dump_stacks(processes: dict[str, int], out: Path) -> list[ProcessStack]:
+    """A py-spy dump of every live process into out/<name>-<pid>.txt: with native frames where py-spy
+    can, else Python frames only; a stopped process without pausing it. What failed is kept in words."""
+    stacks = []
+    for name, pid in processes.items():
+        stack = ProcessStack(name, pid, process_state(pid))
+        stacks.append(stack)
+        if not stack.alive:
+            stack.error = "not running"
+            continue
+        stopped = stack.state in ("T", "t")
+        path = out / f"{name}-{pid}.txt"
+        errors = []
+        for native in (True, False):
+            try:
+                pyspy.dump(pid, path, native=native, nonblocking=stopped)
+                stack.dump = path.read_text()
+                break
+            except pyspy.PySpyUnavailable as exc:
+                errors.append(str(exc))
+                break  # no ptrace (or no py-spy): the same without --native
+            except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+                errors.append(str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__)
+        if not stack.dump:
+            stack.error = "; ".join(errors)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"no stack of {name} (pid {pid}, {stack.state_words}): {stack.error}\n")
+        stack.threads = parse_dump(stack.dump)
+    return stacks
