@@ -124,13 +124,9 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float) -> tuple[d
         ray_dir = root / "ray"
         ray_dir.mkdir()
         (ray_dir / "status.txt").write_text(probes.ray_status(ray["gcs_address"]))
-        state = probes.ray_state(ray["dashboard_url"]) if ray.get("dashboard_url") else {}
-        for key, rows in state.items():
-            (ray_dir / f"{key}.json").write_text(json.dumps(rows, indent=1, default=str))
+        state, ray_notes = probes.ray_facts(run_dir, ray["gcs_address"], ray.get("dashboard_url"), ray_dir)
+        notes += ray_notes
         workers = probes.ray_worker_pids(state)
-        error = probes.save_timeline(run_dir, ray["gcs_address"], ray_dir / "timeline.json")
-        if error:
-            notes.append(f"no Ray timeline: {error}")
     elif alive:
         notes.append("the run's Ray cluster is not reachable (or not recorded): no ray status, actors, tasks, timeline")
     else:

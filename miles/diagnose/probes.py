@@ -91,20 +91,46 @@ def ray_status(gcs_address: str) -> str:
     return done.stdout + (f"\n(exit {done.returncode}) {done.stderr[-2000:]}" if done.returncode else "")
 
 
-def ray_state(dashboard_url: str) -> dict[str, Any]:
-    """The cluster's actors, tasks and workers from Ray's state API (the dashboard's HTTP API)."""
-    from ray.util.state import list_actors, list_tasks, list_workers
+def ray_state(dashboard_url: str | None) -> dict[str, Any]:
+    """The cluster's actors, tasks and workers: from Ray's state API when the cluster has a dashboard,
+    else from the GCS through this process's driver connection (`save_timeline` makes one)."""
+    import ray
 
     out: dict[str, Any] = {}
-    for key, fn in (("actors", list_actors), ("tasks", list_tasks), ("workers", list_workers)):
+    if dashboard_url:
+        from ray.util.state import list_actors, list_tasks, list_workers
+
+        sources = {"actors": lambda: list_actors(address=dashboard_url, limit=1000, timeout=RAY_TIMEOUT_S,
+                                                 detail=True, raise_on_missing_output=False),
+                   "tasks": lambda: list_tasks(address=dashboard_url, limit=1000, timeout=RAY_TIMEOUT_S,
+                                               detail=True, raise_on_missing_output=False),
+                   "workers": lambda: list_workers(address=dashboard_url, limit=1000, timeout=RAY_TIMEOUT_S,
+                                                   detail=True, raise_on_missing_output=False)}
+    elif ray.is_initialized():
+        from ray._private.state import state
+
+        sources = {"actors": lambda: list(state.actor_table(None).values()),
+                   "tasks": lambda: state._get_all_task_events()[-1000:],
+                   "workers": lambda: state.workers()}
+    else:
+        return {"error": "no Ray connection"}
+    for key, fn in sources.items():
         try:
-            rows = fn(address=dashboard_url, limit=1000, timeout=RAY_TIMEOUT_S, detail=True,
-                      raise_on_missing_output=False)
-            out[key] = [json.loads(json.dumps(r.__dict__ if hasattr(r, "__dict__") else dict(r), default=str))
-                        for r in rows]
-        except Exception as exc:  # an unreachable dashboard: say so, keep the rest
+            rows = fn()
+            out[key] = [_plain(r) for r in rows]
+        except Exception as exc:  # an unreachable cluster: say so, keep the rest
             out[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     return out
+
+
+def _plain(row: Any) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(row):
+        row = dataclasses.asdict(row)
+    elif hasattr(row, "items"):
+        row = dict(row.items())
+    return json.loads(json.dumps(row, default=str))
 
 
 def ray_worker_pids(state: dict[str, Any]) -> dict[str, int]:
@@ -112,29 +138,38 @@ def ray_worker_pids(state: dict[str, Any]) -> dict[str, int]:
     found = {}
     actors = state.get("actors")
     for actor in actors if isinstance(actors, list) else []:
-        pid, alive = actor.get("pid"), actor.get("state") == "ALIVE"
+        pid = actor.get("pid", actor.get("Pid"))
+        alive = str(actor.get("state", actor.get("State"))) in ("ALIVE", "2")  # the GCS table's enum: 2 is ALIVE
         if isinstance(pid, int) and pid > 0 and alive:
-            label = actor.get("name") or actor.get("class_name") or "actor"
+            label = actor.get("name") or actor.get("Name") or actor.get("class_name") or \
+                actor.get("ActorClassName") or "actor"
             found[f"ray-{label}".replace("/", "_").replace(" ", "_")[:60]] = pid
     return found
 
 
-def save_timeline(run_dir: Path, gcs_address: str, path: Path) -> str:
-    """The Ray timeline into `path`: with this process's Ray connection, else as a short-lived driver of
-    the run's cluster. Returns "" or why not."""
+def ray_facts(run_dir: Path, gcs_address: str, dashboard_url: str | None, out: Path) -> tuple[dict, list[str]]:
+    """Ray's view of the run into `out` (timeline.json, actors/tasks/workers.json), with this process's
+    Ray connection, else as a short-lived driver of the run's cluster. Returns the state and notes."""
     import ray
 
     from miles.profiling.ray_timeline import save_ray_timeline
 
+    notes, state = [], {}
     connected_here = False
     try:
         if not ray.is_initialized():
             ray.init(address=gcs_address, logging_level="ERROR", log_to_driver=False, namespace="miles-diagnose")
             connected_here = True
-        save_ray_timeline(run_dir, path)
-        return ""
+        try:
+            save_ray_timeline(run_dir, out / "timeline.json")
+        except Exception as exc:
+            notes.append(f"no Ray timeline: {type(exc).__name__}: {exc}"[:500])
+        state = ray_state(dashboard_url)
     except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"[:500]
+        notes.append(f"cannot connect to the run's Ray cluster at {gcs_address}: {type(exc).__name__}: {exc}"[:500])
     finally:
         if connected_here:
             ray.shutdown()
+    for key, rows in state.items():
+        (out / f"{key}.json").write_text(json.dumps(rows, indent=1, default=str))
+    return state, notes

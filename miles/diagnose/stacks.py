@@ -10,7 +10,8 @@ from pathlib import Path
 
 from miles.profiling import pyspy
 
-THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \((\w+)\): "([^"]*)"')
+THREAD = re.compile(r'^Thread (0x[0-9a-fA-F]+|\d+) \((\w+)\)(?:: "([^"]*)")?')  # --native dumps name no thread
+PYTHON_FRAME = re.compile(r"(\.py|>):\d+\)$")  # a Python frame names its line; a native one its library
 FRAME = re.compile(r"^\s+(\S.*?) \((.*)\)$")
 # frames that only say "waiting": a verdict quotes the innermost frame outside them
 PLUMBING = ("/threading.py", "/selectors.py", "/socket.py", "/ssl.py", "/queue.py", "/subprocess.py",
@@ -44,14 +45,21 @@ class ProcessStack:
         return self.threads[0][2] if self.threads else []
 
     def where(self) -> str:
-        """The innermost frame of the main thread that is the program's own (not waiting plumbing), and
-        what it called: "in reward (sleepy.py:9) via time.sleep"."""
+        """The innermost frame of the main thread that is the program's own Python (not waiting plumbing,
+        not a native frame), and the innermost frame it waits in: "reward (sleepy.py:9), in clock_nanosleep"."""
         frames = self.main_frames()
         if not frames:
             return ""
-        own = next((f for f in frames if not any(p in f for p in PLUMBING)), frames[0])
-        inner = frames[0]
-        return own if own == inner else f"{own}, waiting in {inner.split(' (')[0]}"
+        python = [f for f in frames if PYTHON_FRAME.search(f)]
+        own = next((f for f in python if not any(p in f for p in PLUMBING)), python[0] if python else frames[0])
+        inner = frames[0].split(" (")[0]
+        return short(own) if frames[0] == own else f"{short(own)}, in {inner}"
+
+
+def short(frame: str) -> str:
+    """`fn (/long/path/file.py:12)` as `fn (file.py:12)`."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({Path(where.rstrip(')')).name})" if where else name
 
 
 def process_state(pid: int) -> str:
@@ -62,14 +70,16 @@ def process_state(pid: int) -> str:
         return ""
 
 
-def parse_dump(text: str) -> list[tuple[str, str, list[str]]]:
+def parse_dump(text: str, pid: int = 0) -> list[tuple[str, str, list[str]]]:
+    """(thread name, idle/active, frames innermost first) of each thread; an unnamed thread whose id is the
+    pid is the main thread."""
     threads: list[tuple[str, str, list[str]]] = []
     for line in text.splitlines():
         if m := THREAD.match(line):
-            threads.append((m.group(2), m.group(1), []))
+            name = m.group(3) or ("MainThread" if m.group(1) == str(pid) else f"thread {m.group(1)}")
+            threads.append((name, m.group(2), []))
         elif threads and (m := FRAME.match(line)):
-            threads[-1][2].append(f"{m.group(1)} ({Path(m.group(2).split(':')[0]).name}:"
-                                  f"{m.group(2).rsplit(':', 1)[-1]})" if ":" in m.group(2) else m.group(1))
+            threads[-1][2].append(f"{m.group(1)} ({m.group(2)})")
     return threads
 
 
@@ -126,5 +136,5 @@ def dump_stacks(processes: dict[str, int], out: Path) -> list[ProcessStack]:
             stack.error = "; ".join(errors)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f"no stack of {name} (pid {pid}, {stack.state_words}): {stack.error}\n")
-        stack.threads = parse_dump(stack.dump)
+        stack.threads = parse_dump(stack.dump, pid)
     return stacks

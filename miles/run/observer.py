@@ -56,6 +56,10 @@ class Observer:
     def end(self, outcome: LoopOutcome | None) -> None:
         pass
 
+    def live_red_flag(self, verdict, diagnosis) -> None:
+        """A red flag raised while an iteration still runs (a phase open far past its median), with the
+        diagnose bundle written for it (None when it could not be written)."""
+
 
 class LoopTrainer(Protocol):
     """What the loop needs of a trainer (`miles.trainer.RLTrainer` is the one there is)."""
