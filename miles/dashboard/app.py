@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 
 from miles.serving import auth
 from miles.dashboard import views
+from miles.dashboard.diagnose_action import Busy, Failed, run_diagnose
 from miles.dashboard.run_files import RunFiles
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -94,6 +95,19 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None) -> 
             return views.sample_detail(files, rollout_id, index)
         except views.NotFound as exc:
             raise HTTPException(404, str(exc)) from None
+
+    @app.post("/api/diagnose")
+    def diagnose(request: Request) -> dict:
+        """Write a diagnose bundle of the run now; the verdict and the bundle's path (a sync endpoint: it
+        runs in a worker thread, off the event loop, for the seconds the diagnosis takes)."""
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise HTTPException(415, "send Content-Type: application/json")
+        try:
+            return run_diagnose(files.run_dir)
+        except Busy as exc:
+            raise HTTPException(409, str(exc)) from None
+        except Failed as exc:
+            raise HTTPException(500, str(exc)) from None
 
     @app.get("/")
     def index() -> FileResponse:

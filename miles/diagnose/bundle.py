@@ -111,9 +111,12 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float) -> tuple[d
     root.mkdir(parents=True)
     try:
         listed = read_processes(run_dir)
-    except (FileNotFoundError, ValueError, TypeError, OSError) as exc:
+    except FileNotFoundError:
         listed = {}
-        notes.append(f"no process list: {str(exc)[:200]}")
+        notes.append(f"no process list ({layout.PROFILER_PROCESSES}): no pids of the run to dump")
+    except (ValueError, TypeError, AttributeError, OSError) as exc:
+        listed = {}
+        notes.append(f"no process list: {layout.PROFILER_PROCESSES} is not a name -> pid object ({str(exc)[:100]})")
     services = read_services(run_dir)
     ray = services.get("ray", {})
     alive = any(process_state(pid) not in ("", "Z", "X") for name, pid in listed.items() if name == "trainer") or \

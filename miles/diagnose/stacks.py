@@ -83,9 +83,14 @@ def parse_dump(text: str, pid: int = 0) -> list[tuple[str, str, list[str]]]:
     return threads
 
 
+# processes a run starts that are not in its process list, known by their command line
+SERVICE_COMMANDS = {"miles.tracking.cli": "delivery", "mlflow": "mlflow-ui"}
+
+
 def run_processes(run_dir: Path, listed: dict[str, int], ray_workers: dict[str, int]) -> dict[str, int]:
-    """The run's processes: those it listed (trainer, ranks, engines, router), its Ray workers, and any
-    other live process whose command line names the run dir (the tracker delivery process, services)."""
+    """The run's processes: those it listed (trainer, ranks, engines, router), its Ray workers, and the
+    live services whose command line names the run dir (the tracker delivery process, the MLflow UI);
+    a reader of the run dir (the dashboard, this command) is not one of them."""
     found = dict(listed)
     known = set(found.values())
     for name, pid in ray_workers.items():
@@ -100,11 +105,11 @@ def run_processes(run_dir: Path, listed: dict[str, int], ray_workers: dict[str, 
         except OSError:
             continue
         words = [a.decode(errors="replace") for a in argv if a]
-        if any(Path(w).is_absolute() and (w == root or w.startswith(root + "/")) for w in words):
-            name = "delivery" if "miles.tracking.cli" in words else Path(words[0]).name if words else "process"
-            key, i = name, 1
+        role = next((name for marker, name in SERVICE_COMMANDS.items() if any(marker in w for w in words)), None)
+        if role and any(Path(w).is_absolute() and (w == root or w.startswith(root + "/")) for w in words):
+            key, i = role, 1
             while key in found:
-                key, i = f"{name}{i}", i + 1
+                key, i = f"{role}{i}", i + 1
             found[key] = int(entry.name)
     return found
 

@@ -84,7 +84,7 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
     else:
         last = f"; last phase `{phase.span.name}` of rollout {phase.span.rollout_id} never ended" if phase else ""
         errors = f.run.error_lines(1)
-        headline = f"dead: {f.run.ending()}{last}" + (f"; last error: {errors[-1]}" if errors else "")
+        headline = f"{f.run.ending()}{last}" + (f"; last error: {errors[-1]}" if errors else "")
         status = "dead"
     details = [phase_words(p, cfg) + f" [{p.span.lane}]" for p in f.phases]
     details += [process_words(s) for s in stacks]

@@ -138,7 +138,7 @@ def test_odd_run_dirs_get_clear_answers(tmp_path, capsys):
     (run_dir / "logs" / "engine-0.log").symlink_to(outside)
     assert miles(["diagnose", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("VERDICT (dead): dead:") and "no process list" in out
+    assert out.startswith("VERDICT (dead): the trainer died before any rollout") and "no process list" in out
     (bundle,) = (run_dir / "diagnose").glob("*.tar.gz")
     root = extract(bundle, tmp_path / "x")
     assert not any(b"private" in p.read_bytes() for p in root.rglob("*") if p.is_file())

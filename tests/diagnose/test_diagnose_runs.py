@@ -93,5 +93,5 @@ def test_a_dead_run_gets_a_verdict_and_a_bundle(start_run, tmp_path):
     assert verdict["status"] == "dead" and answer["bundle"] == str(tmp_path / "dead.tar.gz")
     assert "the trainer died after rollout" in verdict["headline"] and "without closing" in verdict["headline"]
     root = extract(tmp_path / "dead.tar.gz", tmp_path / "x")
-    assert (root / "VERDICT.txt").read_text().startswith("VERDICT (dead): dead:")
+    assert (root / "VERDICT.txt").read_text().startswith("VERDICT (dead): the trainer died after rollout")
     assert any(p["name"] == "trainer" and p["state"] == "gone" for p in verdict["processes"])
