@@ -22,7 +22,13 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("RUN_DIR", f"{run_dir} is not a directory")
     from miles.diagnose.bundle import collect
 
-    diagnosis = collect(run_dir, out=Path(args.out) if args.out else None)
+    try:
+        diagnosis = collect(run_dir, out=Path(args.out) if args.out else None)
+    except OSError as exc:  # the bundle's folder not writable, a full disk
+        flag = "--out" if args.out else "RUN_DIR"
+        print(f"miles diagnose: error: {flag}: cannot write the bundle ({exc.strerror or exc}: "
+              f"{exc.filename or ''})", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps({"bundle": str(diagnosis.path), "verdict": diagnosis.verdict}, default=str))
     else:

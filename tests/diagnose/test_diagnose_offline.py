@@ -142,3 +142,19 @@ def test_odd_run_dirs_get_clear_answers(tmp_path, capsys):
     (bundle,) = (run_dir / "diagnose").glob("*.tar.gz")
     root = extract(bundle, tmp_path / "x")
     assert not any(b"private" in p.read_bytes() for p in root.rglob("*") if p.is_file())
+
+
+def test_the_delivery_process_sees_each_live_flag_once(tmp_path):
+    from miles.health.signals import Verdict
+    from miles.tracking.delivery import LiveFlags
+
+    log = tmp_path / "health.jsonl"
+    old = Verdict(1, "stall", "red", "stalled before", {}, live=True)
+    log.write_text(json.dumps(old.as_json()) + "\n")
+    flags = LiveFlags(log)  # a delivery process (re)started after that flag does not alert it again
+    assert flags.new() == []
+    per_rollout = Verdict(2, "loss", "red", "spiked", {"train/loss": 9.0})
+    live = Verdict(3, "stall", "red", "stalled in update_weights for 400s, still open", {"open_s": 400.0}, live=True)
+    with log.open("a") as f:
+        f.write(json.dumps(per_rollout.as_json()) + "\n" + json.dumps(live.as_json()) + "\n")
+    assert flags.new() == [live] and flags.new() == []

@@ -95,3 +95,19 @@ def test_a_dead_run_gets_a_verdict_and_a_bundle(start_run, tmp_path):
     root = extract(tmp_path / "dead.tar.gz", tmp_path / "x")
     assert (root / "VERDICT.txt").read_text().startswith("VERDICT (dead): the trainer died after rollout")
     assert any(p["name"] == "trainer" and p["state"] == "gone" for p in verdict["processes"])
+
+
+def test_a_rank_stopped_in_training_leaves_the_other_blocked_in_a_collective(start_run, tmp_path):
+    run = start_run("--actor-num-gpus-per-node", "2")
+    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts", run)
+    rank1 = run.processes()["rank1"]
+    run.sigstop(rank1)  # rank 0 goes on alone until its first collective, and waits there for rank 1
+    (bundle,) = wait_for(lambda: bundles(run.run_dir), 180, "the stall bundle", run)
+    root = extract(bundle, tmp_path / "x")
+    verdict = json.loads((root / "verdict.json").read_text())
+    assert verdict["status"] == "stalled" and verdict["phase"]["name"] in ("train", "update_weights"), verdict
+    assert f"rank1 (pid {rank1}) is stopped (SIGSTOP)" in verdict["headline"]
+    rank0 = run.processes()["rank0"]
+    stack = (root / "stacks" / f"rank0-{rank0}.txt").read_text()
+    assert "/torch/distributed/" in stack, stack[:3000]  # blocked in a collective of the process group
+    assert f"rank0 (pid {rank0}) waits in" in verdict["headline"]
