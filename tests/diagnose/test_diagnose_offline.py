@@ -111,19 +111,23 @@ def test_bundle_of_a_live_run_holds_its_stacks_and_no_secret(tmp_path, stuck_pro
     assert "***" in (root / "logs" / "logs__engine-0.log.tail").read_text()
 
 
-def test_without_py_spy_the_bundle_says_so_and_holds_the_rest(tmp_path, stuck_process, monkeypatch):
-    def missing():
-        raise pyspy.PySpyUnavailable("py-spy is not installed (pip install py-spy)")
-    monkeypatch.setattr(pyspy, "py_spy", missing)
+@pytest.mark.parametrize("why", ["py-spy is not installed (pip install py-spy)",
+                                 "py-spy may not trace pid 1 (Permission denied (os error 13)): the kernel forbids "
+                                 "ptrace here; run as root, set kernel.yama.ptrace_scope=0, or add CAP_SYS_PTRACE"])
+def test_where_py_spy_cannot_attach_the_bundle_says_so_and_holds_the_rest(tmp_path, stuck_process, monkeypatch, why):
+    def cannot(pid, out, native=False, nonblocking=False):
+        raise pyspy.PySpyUnavailable(why)
+    monkeypatch.setattr(pyspy, "dump", cannot)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     pyspy.write_processes(run_dir, {"trainer": stuck_process.pid})
     write_timeline(run_dir, open_for=60.0, now=time.time())
     root = extract(collect(run_dir, CFG).path, tmp_path / "x")
     text = (root / "VERDICT.txt").read_text()
-    assert "py-spy could not attach" in text and "no stack (py-spy is not installed" in text
-    assert "not installed" in (root / "stacks" / f"trainer-{stuck_process.pid}.txt").read_text()
+    assert "py-spy could not attach" in text and f"no stack ({why[:30]}" in text
+    assert why in (root / "stacks" / f"trainer-{stuck_process.pid}.txt").read_text()
     assert (root / "run" / "timeline.jsonl").is_file() and (root / "run" / "timeline-open.jsonl").is_file()
+    assert json.loads((root / "verdict.json").read_text())["phase"]["name"] == "update_weights"
 
 
 def test_odd_run_dirs_get_clear_answers(tmp_path, capsys):
@@ -158,3 +162,45 @@ def test_the_delivery_process_sees_each_live_flag_once(tmp_path):
     with log.open("a") as f:
         f.write(json.dumps(per_rollout.as_json()) + "\n" + json.dumps(live.as_json()) + "\n")
     assert flags.new() == [live] and flags.new() == []
+
+
+def test_a_live_flag_tags_the_mlflow_run_at_once(tmp_path):
+    from miles.config import parse_config, redacted_flat_dict
+    from miles.health.signals import Verdict
+    from miles.tracking.sinks.mlflow_sink import MlflowSink
+
+    sink = MlflowSink(params=redacted_flat_dict(parse_config([])), tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                      experiment="diagnose", artifact_dir=str(tmp_path / "mlartifacts"))
+    sink.open()
+    try:
+        live = Verdict(5, "stall", "red", "stalled in update_weights for 400s, still open", {"open_s": 400.0}, live=True)
+        sink.alert_live(live)
+        sink.alert_live(live)  # once per signal
+        tags = sink.client.get_run(sink.run_id).data.tags
+    finally:
+        sink.close()
+    assert tags["miles.health"] == "red"
+    assert tags["miles.health.stall"] == "live red flag at rollout 5: stalled in update_weights for 400s, still open"
+
+
+def test_a_live_flag_is_one_wandb_alert(tmp_path):
+    from miles.health.signals import Verdict
+    from miles.tracking.sinks.wandb_sink import WandbSink
+    from miles.tracking.wandb_files import read_records
+
+    sink = WandbSink(params={"health_alert_interval": 300.0}, run_id="live1", directory=str(tmp_path),
+                     mode="offline", project="diagnose")
+    sink.open()
+    live = Verdict(5, "stall", "red", "stalled in update_weights for 400s, still open", {"open_s": 400.0}, live=True)
+    sink.alert_live(live)
+    sink.alert_live(live)  # rate-limited per signal, as the per-rollout alerts
+    sink.close()
+    path = next(tmp_path.rglob("run-live1.wandb"))
+    deadline = time.monotonic() + 60
+    while True:  # wandb's writer may still be flushing the file after finish() returned
+        alerts = [r.alert for r in read_records(path) if r.WhichOneof("record_type") == "alert"]
+        if alerts or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert [(a.title, a.level) for a in alerts] == [("miles red flag: stall at rollout 5", "ERROR")]
+    assert "still open" in alerts[0].text and "hung engine or rank" in alerts[0].text
