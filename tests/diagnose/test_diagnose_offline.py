@@ -204,3 +204,15 @@ def test_a_live_flag_is_one_wandb_alert(tmp_path):
         time.sleep(0.2)
     assert [(a.title, a.level) for a in alerts] == [("miles red flag: stall at rollout 5", "ERROR")]
     assert "still open" in alerts[0].text and "hung engine or rank" in alerts[0].text
+
+
+def test_a_phase_is_open_from_its_start_until_its_span(tmp_path):
+    from miles.record.timeline import TimelineWriter, open_spans, read_spans
+
+    writer = TimelineWriter(tmp_path / "timeline.jsonl", starts=tmp_path / "timeline-open.jsonl")
+    with writer.span("update_weights", 7, version=8):
+        (begun,) = open_spans(tmp_path)
+        assert (begun.lane, begun.name, begun.rollout_id) == ("trainer", "update_weights", 7)
+        assert read_spans(tmp_path / "timeline.jsonl") == []
+    writer.close()
+    assert open_spans(tmp_path) == [] and len(read_spans(tmp_path / "timeline.jsonl")) == 1
