@@ -13,7 +13,7 @@ from pathlib import Path
 
 from miles.config.health import HealthConfig
 from miles.health.signals import RED, Verdict
-from miles.record.timeline import TIMELINE_NAME, Span, open_spans, read_spans
+from miles.record.timeline import OPEN_NAME, TIMELINE_NAME, Span, open_spans, read_spans
 
 MIN_ENDED = 3  # ended spans of a phase before its median means anything (as check_stall)
 MEDIAN_OF_LAST = 50
@@ -36,15 +36,43 @@ class OpenPhase:
                f"({median})"
 
 
-def open_phases(run_dir: Path, now: float) -> list[OpenPhase]:
-    """Every phase open now, the longest open first."""
-    ended = read_spans(Path(run_dir) / TIMELINE_NAME)
-    out = []
-    for span in open_spans(run_dir):
-        same = [s.end - s.start for s in ended if s.lane == span.lane and s.name == span.name][-MEDIAN_OF_LAST:]
-        median = statistics.median(same) if len(same) >= MIN_ENDED else None
-        out.append(OpenPhase(span, max(now - span.start, 0.0), median, len(same)))
+def open_phases(run_dir: Path, now: float, cache: "PhaseCache | None" = None) -> list[OpenPhase]:
+    """Every phase open now, the longest open first. With `cache`, the files are read again only when
+    they grew (a long run's timeline is large; a timer asks every few seconds)."""
+    opened = cache.get(run_dir) if cache is not None else None
+    if opened is None:
+        ended = read_spans(Path(run_dir) / TIMELINE_NAME)
+        opened = []
+        for span in open_spans(run_dir):
+            same = [s.end - s.start for s in ended if s.lane == span.lane and s.name == span.name][-MEDIAN_OF_LAST:]
+            opened.append((span, statistics.median(same) if len(same) >= MIN_ENDED else None, len(same)))
+        if cache is not None:
+            cache.put(run_dir, opened)
+    out = [OpenPhase(span, max(now - span.start, 0.0), median, n) for span, median, n in opened]
     return sorted(out, key=lambda p: -p.open_s)
+
+
+class PhaseCache:
+    """The open phases and their medians as of the timeline files' sizes."""
+
+    def __init__(self):
+        self.sizes: tuple[int, int] | None = None
+        self.opened: list = []
+
+    @staticmethod
+    def _sizes(run_dir: Path) -> tuple[int, int]:
+        def size(name: str) -> int:
+            try:
+                return (Path(run_dir) / name).stat().st_size
+            except OSError:
+                return -1
+        return size(TIMELINE_NAME), size(OPEN_NAME)
+
+    def get(self, run_dir: Path) -> list | None:
+        return self.opened if self.sizes is not None and self.sizes == self._sizes(run_dir) else None
+
+    def put(self, run_dir: Path, opened: list) -> None:
+        self.sizes, self.opened = self._sizes(run_dir), opened
 
 
 def is_stalled(phase: OpenPhase, cfg: HealthConfig) -> bool:
@@ -54,9 +82,9 @@ def is_stalled(phase: OpenPhase, cfg: HealthConfig) -> bool:
         phase.open_s - phase.median_s >= cfg.health_stall_min_s
 
 
-def check_open_phase(run_dir: Path, now: float, cfg: HealthConfig) -> Verdict | None:
+def check_open_phase(run_dir: Path, now: float, cfg: HealthConfig, cache: PhaseCache | None = None) -> Verdict | None:
     """A live `stall` red flag for the open phase furthest past its median, or None."""
-    stalled = [p for p in open_phases(run_dir, now) if is_stalled(p, cfg)]
+    stalled = [p for p in open_phases(run_dir, now, cache) if is_stalled(p, cfg)]
     if not stalled:
         return None
     worst = max(stalled, key=lambda p: p.open_s / max(p.median_s, 1e-9))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from miles.config.health import HealthConfig
-from miles.health.open_phase import check_open_phase
+from miles.health.open_phase import PhaseCache, check_open_phase
 from miles.health.signals import Verdict
 from miles.record import layout
 
@@ -29,6 +29,7 @@ class StallTimer:
         self.run_dir, self.cfg, self.react, self.clock = Path(run_dir), cfg, react, clock
         self.stopped = threading.Event()
         self.fired: Verdict | None = None
+        self.cache = PhaseCache()
         self.reacted = threading.Event()  # set once `react` returned (or failed)
         self.thread = threading.Thread(target=self._loop, name="health-stall-timer", daemon=True)
 
@@ -45,7 +46,7 @@ class StallTimer:
         """One check; the verdict the first time a live stall is seen (and the reaction run), else None."""
         if self.fired is not None:
             return None
-        verdict = check_open_phase(self.run_dir, self.clock(), self.cfg)
+        verdict = check_open_phase(self.run_dir, self.clock(), self.cfg, self.cache)
         if verdict is None:
             return None
         self.fired = verdict

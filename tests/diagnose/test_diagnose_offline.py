@@ -216,3 +216,15 @@ def test_a_phase_is_open_from_its_start_until_its_span(tmp_path):
         assert read_spans(tmp_path / "timeline.jsonl") == []
     writer.close()
     assert open_spans(tmp_path) == [] and len(read_spans(tmp_path / "timeline.jsonl")) == 1
+
+
+def test_the_timer_reads_the_timeline_again_only_when_it_grew(tmp_path):
+    from miles.health.open_phase import PhaseCache
+
+    write_timeline(tmp_path, open_for=2.0)
+    cache = PhaseCache()
+    assert check_open_phase(tmp_path, 1000.0, CFG, cache) is None
+    assert check_open_phase(tmp_path, 1040.0, CFG, cache).values["open_s"] == pytest.approx(42.0)  # same files
+    with (tmp_path / "timeline.jsonl").open("a") as f:  # the open phase ended
+        f.write(Span("trainer", "update_weights", 998.0, 1041.0, 3).to_json() + "\n")
+    assert check_open_phase(tmp_path, 1050.0, CFG, cache) is None

@@ -99,7 +99,7 @@ def test_a_dead_run_gets_a_verdict_and_a_bundle(start_run, tmp_path):
 
 def test_a_rank_stopped_in_training_leaves_the_other_blocked_in_a_collective(start_run, tmp_path):
     run = start_run("--actor-num-gpus-per-node", "2")
-    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts", run)
+    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, 2 * START_S, f"{WARM} rollouts", run)  # two ranks start slower
     rank1 = run.processes()["rank1"]
     run.sigstop(rank1)  # rank 0 goes on alone until its first collective, and waits there for rank 1
     (bundle,) = wait_for(lambda: bundles(run.run_dir), 180, "the stall bundle", run)
