@@ -70,6 +70,10 @@ def process_secrets(pids: list[int]) -> set[str]:
     return found
 
 
+def _running(pid: int) -> bool:
+    return process_state(pid) not in ("", "Z", "X")
+
+
 def _reachable(address: str | None) -> bool:
     host, _, port = (address or "").rpartition(":")
     if not host or not port.isdigit():
@@ -119,8 +123,8 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float) -> tuple[d
         notes.append(f"no process list: {layout.PROFILER_PROCESSES} is not a name -> pid object ({str(exc)[:100]})")
     services = read_services(run_dir)
     ray = services.get("ray", {})
-    alive = any(process_state(pid) not in ("", "Z", "X") for name, pid in listed.items() if name == "trainer") or \
-        (not listed.get("trainer") and any(process_state(p) not in ("", "Z", "X") for p in listed.values()))
+    trainer = listed.get("trainer")  # the run lives as long as its trainer (without one listed: any process)
+    alive = _running(trainer) if trainer else any(_running(pid) for pid in listed.values())
 
     workers: dict[str, int] = {}
     if alive and _reachable(ray.get("gcs_address")):
