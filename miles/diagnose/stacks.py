@@ -52,8 +52,9 @@ class ProcessStack:
             return ""
         python = [f for f in frames if PYTHON_FRAME.search(f)]
         own = next((f for f in python if not any(p in f for p in PLUMBING)), python[0] if python else frames[0])
-        inner = frames[0].split(" (")[0]
-        return short(own) if frames[0] == own else f"{short(own)}, in {inner}"
+        named = [f for f in frames if not f.startswith("0x")]  # a bare address says nothing
+        inner = (named or frames)[0].split(" (")[0]
+        return short(own) if (named or frames)[0] == own else f"{short(own)}, in {inner}"
 
 
 def short(frame: str) -> str:

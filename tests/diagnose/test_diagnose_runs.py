@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,5 +110,6 @@ def test_a_rank_stopped_in_training_leaves_the_other_blocked_in_a_collective(sta
     assert f"rank1 (pid {rank1}) is stopped (SIGSTOP)" in verdict["headline"]
     rank0 = run.processes()["rank0"]
     stack = (root / "stacks" / f"rank0-{rank0}.txt").read_text()
-    assert "/torch/distributed/" in stack, stack[:3000]  # blocked in a collective of the process group
-    assert f"rank0 (pid {rank0}) waits in" in verdict["headline"]
+    assert "torch/distributed/" in stack, stack[:3000]  # blocked in a collective of the process group
+    assert re.search(rf"rank0 \(pid {rank0}\) waits in \w*(all_reduce|reduce_scatter|all_gather|broadcast|barrier)",
+                     verdict["headline"]), verdict["headline"]
