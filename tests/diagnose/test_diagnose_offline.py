@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -107,7 +108,8 @@ def test_bundle_of_a_live_run_holds_its_stacks_and_no_secret(tmp_path, stuck_pro
     stack = (root / "stacks" / f"trainer-{stuck_process.pid}.txt").read_text()
     if "weights_wait_forever" not in stack:
         pytest.skip(f"py-spy cannot trace here: {stack[:300]}")
-    assert f"trainer (pid {stuck_process.pid}) waits in weights_wait_forever" in verdict["headline"]
+    # py-spy sees the thread idle in its sleep, or (on a loaded machine) running the loop between sleeps
+    assert re.search(rf"trainer \(pid {stuck_process.pid}\) (waits|busy) in weights_wait_forever", verdict["headline"])
     assert "***" in (root / "logs" / "logs__engine-0.log.tail").read_text()
 
 
