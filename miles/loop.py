@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from miles.diagnose.stall_reaction import StallReaction
 from miles.run.faults import FaultInjector
 from miles.run.observer import LoopOutcome, LoopTrainer, Observer
 from miles.run.red_flags import RedFlagProfiler, RedFlagStopper
@@ -65,10 +66,16 @@ def standard_observers(trainer, kill_engine: Callable[[], object] | None = None)
 
 def train_rollouts(trainer, rollouts: range, observers: Sequence[Observer] = (),
                    kill_engine: Callable[[], object] | None = None) -> LoopOutcome:
-    """`run_loop` with the standard observers, then `observers`. Raises `RedFlagStop` (after the loop saved
-    and closed) when --on-red-flag stop ended the run, so that both drivers fail it the same way."""
+    """`run_loop` with the standard observers, the live stall reaction, then `observers`. Raises `RedFlagStop`
+    (after the loop saved and closed) when --on-red-flag stop ended the run, so that both drivers fail it the
+    same way; a run stopped while hung has no checkpoint of the hung rollout."""
     standard = standard_observers(trainer, kill_engine)
-    outcome = run_loop(trainer, rollouts, [*standard, *observers])
+    stall = StallReaction(trainer.config, listeners=observers)
+    try:
+        outcome = run_loop(trainer, rollouts, [*standard, stall, *observers])
+    except KeyboardInterrupt as error:  # sent by the stall reaction to stop a hung run, or by the user
+        stall.raise_if_stopped(error)
+        raise
     for observer in standard:
         if isinstance(observer, RedFlagStopper):
             observer.raise_if_stopped(outcome)

@@ -37,7 +37,7 @@ from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.router.app import resolve_admin_token
-from miles.record.timeline import TIMELINE_NAME, TimelineWriter
+from miles.record.timeline import OPEN_NAME, TIMELINE_NAME, TimelineWriter
 from miles.run.observer import IterationResult
 from miles.tracking import open_tracking
 
@@ -88,7 +88,7 @@ class RLTrainer:
         self.save_dir, self.load_dir = Path(config.train.save), Path(config.train.load)
         self.tracker, self.health, self.group, self.sync, self.profiler = tracker, health, group, sync, profiler
         self.weight_version = 0
-        self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME)
+        self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME, starts=self.run_dir / OPEN_NAME)
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:

@@ -5,6 +5,9 @@ automations in `flows/automations.py` react to them.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
@@ -44,3 +47,16 @@ def emit_health(run_name: str, rollout_id: int, num_rollout: int, report: Health
     for verdict in report.started:
         emit_red_flag(run_name, verdict)
     emit_iteration(run_name, rollout_id, num_rollout, report)
+
+
+def diagnose_artifacts(run_dir: str, verdict: Verdict, diagnosis) -> None:
+    """The diagnose bundle of a live red flag as Prefect artifacts: a link to the bundle, and its verdict."""
+    if diagnosis is None:
+        return
+    bundle = Path(diagnosis.path)
+    create_link_artifact(key="grpo-diagnose-bundle", link=bundle.resolve().as_uri(), link_text=bundle.name,
+                         description=f"`miles diagnose` bundle of {run_dir}, written for the live red flag "
+                                     f"{verdict.signal} at rollout {verdict.rollout_id}")
+    lines = diagnosis.text.splitlines()
+    create_markdown_artifact(key="grpo-diagnose", description=f"why {run_dir} is stuck: the diagnose verdict",
+                             markdown="\n".join([f"**{lines[0]}**", "", *lines[2:], "", f"Bundle: `{bundle}`"]))

@@ -1,6 +1,7 @@
 """Training tasks: start the run's ranks, and run one chunk of the driver loop (`miles.loop.train_rollouts`)."""
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from miles.cluster.names import RunNames
 from miles.config import MilesConfig
 from miles.run.observer import Observer
 from miles.config.run_info import run_name
-from tasks.health import emit_finished, emit_health
+from tasks.health import diagnose_artifacts, emit_finished, emit_health, emit_red_flag
 from tasks.logs import library_logs_to_prefect
 
 
@@ -43,7 +44,18 @@ class HealthEvents(Observer):
 
     def __init__(self, config: MilesConfig):
         self.run_name, self.num_rollout = run_name(config.train.run_dir), config.rollout.num_rollout
+        self.run_dir = config.train.run_dir
         self.stops = config.health.on_red_flag == "stop"
+        # a live red flag comes from the health watch's timer thread: run its reaction in the task's context,
+        # so that Prefect relates the event and the artifacts to this task run
+        self.context = contextvars.copy_context()
+
+    def live_red_flag(self, verdict, diagnosis) -> None:
+        """A phase hung far past its median: the red-flag event now, and the diagnose bundle as artifacts."""
+        def report():
+            emit_red_flag(self.run_name, verdict)
+            diagnose_artifacts(self.run_dir, verdict, diagnosis)
+        self.context.copy().run(report)
 
     def after_iteration(self, result) -> None:
         emit_health(self.run_name, result.rollout_id, self.num_rollout, result.health)

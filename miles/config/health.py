@@ -64,6 +64,10 @@ class HealthConfig:
     health_stall_factor: float = flag(10.0, "liveness: red flag when an iteration takes this many times the median "
                                            "of the ones before", minimum=1.0)
     health_stall_min_s: float = flag(300.0, "liveness: ... and at least this many seconds longer", minimum=0.0)
+    health_stall_check_interval: float = flag(
+        10.0, "liveness: seconds between two checks of the phase open now against its median (the same factor "
+              "and minimum): a hang is flagged while it lasts, the diagnose bundle written once; 0: off",
+        minimum=0.0)
     health_router_error_share: float = flag(0.05, "liveness: red flag when this share of a rollout's router "
                                                   "requests failed, were retried or found no worker",
                                             minimum=0.0, maximum=1.0)

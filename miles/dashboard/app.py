@@ -16,6 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from miles.serving import auth
 from miles.dashboard import baselines as compare_view
 from miles.dashboard import views
+from miles.dashboard.diagnose_action import Busy, Failed, run_diagnose
 from miles.dashboard.run_files import RunFiles
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -110,6 +111,19 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
             return compare_view.comparison(run_dir, chosen, listed)
         except compare_view.BadBaseline as exc:
             raise HTTPException(400, str(exc)) from None
+
+    @app.post("/api/diagnose")
+    def diagnose(request: Request) -> dict:
+        """Write a diagnose bundle of the run now; the verdict and the bundle's path (a sync endpoint: it
+        runs in a worker thread, off the event loop, for the seconds the diagnosis takes)."""
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise HTTPException(415, "send Content-Type: application/json")
+        try:
+            return run_diagnose(files.run_dir)
+        except Busy as exc:
+            raise HTTPException(409, str(exc)) from None
+        except Failed as exc:
+            raise HTTPException(500, str(exc)) from None
 
     @app.get("/")
     def index() -> FileResponse:

@@ -54,14 +54,17 @@ class Verdict:
     severity: str  # WARNING | RED
     message: str
     values: dict[str, float] = field(default_factory=dict)
+    live: bool = False  # given while the rollout was still running (a phase open far past its median)
 
     def as_json(self) -> dict:
-        return {"rollout_id": self.rollout_id, "signal": self.signal, "severity": self.severity,
-                "message": self.message, "values": self.values}
+        raw = {"rollout_id": self.rollout_id, "signal": self.signal, "severity": self.severity,
+               "message": self.message, "values": self.values}
+        return {**raw, "live": True} if self.live else raw
 
     @classmethod
     def from_json(cls, raw: dict) -> "Verdict":
-        return cls(int(raw["rollout_id"]), raw["signal"], raw["severity"], raw["message"], dict(raw["values"]))
+        return cls(int(raw["rollout_id"]), raw["signal"], raw["severity"], raw["message"], dict(raw["values"]),
+                   raw.get("live") is True)
 
     def line(self) -> str:
         """The WARN line: signal, rollout, observed values, the page's advice."""

@@ -21,6 +21,7 @@ from miles.run.observer import Observer
 from miles.run.phases import add_phase_hook, remove_phase_hook
 from miles.profiling import pyspy
 from miles.profiling.ray_timeline import save_ray_timeline
+from miles.profiling.run_services import write_services
 from miles.profiling.summary import WindowSummary, append_summaries, format_table, summarize_trace
 from miles.profiling.window import ProfileWindow, profiler_dir, window_from_config
 from miles.record import layout
@@ -209,6 +210,7 @@ class RunProfiler(Observer):
 
     def _record_processes(self) -> None:
         self._guard(lambda: pyspy.write_processes(self.run_dir, self.processes()))
+        self._guard(lambda: write_services(self.run_dir, self.engine_urls, self.router_url))
 
     def close(self) -> None:
         """End of the run or chunk: close an open window, stop the dumps, save the Ray timeline (once)."""

@@ -48,20 +48,38 @@ def read_processes(run_dir: Path) -> dict[str, int]:
 def py_spy() -> str:
     exe = shutil.which("py-spy") or str(Path(os.sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
+        exe = _installed_py_spy() or exe
+    if not Path(exe).exists():
         raise PySpyUnavailable("py-spy is not installed (pip install py-spy)")
     return exe
 
 
-def dump(pid: int, out: Path) -> Path:
-    """`py-spy dump --pid PID` into `out`; PySpyUnavailable when ptrace is not allowed."""
-    result = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True, text=True,
-                            timeout=DUMP_TIMEOUT_S)
+def _installed_py_spy() -> str | None:
+    """The binary the py-spy package installed (a venv layered on another's site-packages has no copy
+    beside its own python)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("py-spy")
+    except metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or []:
+        if Path(str(file)).name == "py-spy":
+            return str(Path(dist.locate_file(file)).resolve())
+    return None
+
+
+def dump(pid: int, out: Path, native: bool = False, nonblocking: bool = False) -> Path:
+    """`py-spy dump --pid PID` into `out` (`--native`: C/C++ frames too; `--nonblocking`: without pausing
+    it, for a process that is stopped already); PySpyUnavailable when ptrace is not allowed."""
+    command = [py_spy(), "dump", "--pid", str(pid)] + ["--native"] * native + ["--nonblocking"] * nonblocking
+    result = subprocess.run(command, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S)
     if result.returncode != 0:
         error = (result.stderr or result.stdout).strip()
         if any(hint in error for hint in PTRACE_HINTS):
             raise PySpyUnavailable(f"py-spy may not trace pid {pid} ({error.splitlines()[0]}): the kernel forbids "
                                    f"ptrace here; run as root, set kernel.yama.ptrace_scope=0, or add CAP_SYS_PTRACE")
-        raise RuntimeError(f"py-spy dump --pid {pid} failed: {error[:500]}")
+        raise RuntimeError(f"{' '.join(command[1:])} failed: {error[:500]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(result.stdout)
     return out

@@ -25,6 +25,7 @@ ENTRIES: dict[str, Entry] = dict([
     ("journal", Entry("metrics.jsonl", "trainer", "one JSON line per iteration: the source of truth of every tracker")),
     ("health", Entry("health.jsonl", "health watch", "one line per flag per rollout")),
     ("timeline", Entry("timeline.jsonl", "trainer, ranks, engines, router", "the phase timeline (spans)")),
+    ("timeline_open", Entry("timeline-open.jsonl", "trainer", "phase starts: one with no span in timeline.jsonl is still open")),
     ("base_eval", Entry("base_eval.json", "trainer", "the eval of the starting weights")),
     ("report", Entry("report.png", "tracker", "the run report's curves")),
     ("samples", Entry("samples/", "tracker", "sample tables, rollout_NNNNNN.jsonl")),
@@ -43,6 +44,8 @@ ENTRIES: dict[str, Entry] = dict([
     ("profiler_processes", Entry("profiler/processes.json", "profiler", "the run's pids, for py-spy")),
     ("py_spy", Entry("profiler/py-spy/", "profiler", "py-spy dumps, <time>/<process>-<pid>.txt")),
     ("ray_timeline", Entry("profiler/ray-timeline.json", "profiler", "ray.timeline() of the run or chunk")),
+    ("services", Entry("profiler/services.json", "profiler", "the run's Ray cluster, engine and router URLs, for diagnose")),
+    ("diagnose", Entry("diagnose/", "miles diagnose, stall watch", "diagnose bundles, diagnose-<time>.tar.gz")),
     ("checkpoints", Entry("checkpoints/", "trainer", "iter_NNNNNNN checkpoints (the default --save)")),
     ("weights", Entry("weights/", "trainer", "weights staged for the engines (weight sync from disk)")),
     ("faults", Entry("faults/", "--inject-fault", "markers of faults already fired")),
@@ -62,6 +65,7 @@ def _name(key: str) -> str:
 JOURNAL = _name("journal")
 HEALTH = _name("health")
 TIMELINE = _name("timeline")
+TIMELINE_OPEN = _name("timeline_open")
 BASE_EVAL = _name("base_eval")
 REPORT = _name("report")
 SAMPLES = _name("samples")
@@ -80,6 +84,8 @@ PROFILER_REQUESTED = _name("profiler_requested")
 PROFILER_PROCESSES = _name("profiler_processes")
 PY_SPY = _name("py_spy")
 RAY_TIMELINE = _name("ray_timeline")
+SERVICES = _name("services")
+DIAGNOSE = _name("diagnose")
 CHECKPOINTS = _name("checkpoints")
 WEIGHTS = _name("weights")
 FAULTS = _name("faults")

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from miles.record import layout
 
 TIMELINE_NAME = layout.TIMELINE
+OPEN_NAME = layout.TIMELINE_OPEN  # phase starts, so a phase still running (a hang) can be seen before it ends
 
 
 @dataclass(frozen=True)
@@ -50,15 +51,18 @@ class Span:
 
 
 class TimelineWriter:
-    """Appends spans to one timeline file; `TimelineWriter(None)` writes nothing."""
+    """Appends spans to one timeline file; `TimelineWriter(None)` writes nothing. With `starts`, `span`
+    also writes each phase's start to that file when it begins (`open_spans` pairs the two)."""
 
-    def __init__(self, path: Path | None, lane: str = "trainer"):
+    def __init__(self, path: Path | None, lane: str = "trainer", starts: Path | None = None):
         self.path, self.lane = path, lane
         self.seconds = 0.0  # time spent writing, for the overhead benchmark
-        self._fd = None
+        self._fd = self._starts_fd = None
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if starts is not None:
+            self._starts_fd = os.open(starts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, span: Span) -> None:
         if self._fd is None:
@@ -75,15 +79,19 @@ class TimelineWriter:
     def span(self, name: str, rollout_id: int | None = None, **args: Any) -> Iterator[None]:
         """Time the enclosed block as phase `name` of this writer's lane (written also when it raises)."""
         start = time.time()
+        if self._starts_fd is not None:
+            begun = Span(self.lane, name, start, start, rollout_id).to_json()
+            os.write(self._starts_fd, (begun + "\n").encode())
         try:
             yield
         finally:
             self.add(name, start, time.time(), rollout_id, **args)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._starts_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._starts_fd = None
 
 
 def read_spans(path: Path) -> list[Span]:
@@ -99,6 +107,14 @@ def read_spans(path: Path) -> list[Span]:
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             continue
     return spans
+
+
+def open_spans(run_dir: Path) -> list[Span]:
+    """Phases begun and not yet ended: starts in RUN_DIR/timeline-open.jsonl with no span of the same lane,
+    name, rollout and start in timeline.jsonl (their `end` is their start; the caller knows the time now)."""
+    ended = {(s.lane, s.name, s.rollout_id, round(s.start, 6)) for s in read_spans(Path(run_dir) / TIMELINE_NAME)}
+    return [s for s in read_spans(Path(run_dir) / OPEN_NAME)
+            if (s.lane, s.name, s.rollout_id, round(s.start, 6)) not in ended]
 
 
 def chrome_trace(spans: list[Span]) -> dict[str, Any]:

@@ -11,6 +11,9 @@ An observer is any object with these methods (subclass `Observer` to get no-op d
     end(outcome: LoopOutcome | None) -> None
         Called once when the loop ends, also on an exception (then `outcome` may be None or
         partial); e.g. close a profiling window still open.
+    live_red_flag(verdict, diagnosis) -> None
+        Called from the health watch's timer thread when a phase is open far past its median (the
+        iteration has not ended), with the diagnose bundle written for it; e.g. a Prefect event.
 
 Every observer sees every call, in list order.
 """
@@ -55,6 +58,10 @@ class Observer:
 
     def end(self, outcome: LoopOutcome | None) -> None:
         pass
+
+    def live_red_flag(self, verdict, diagnosis) -> None:
+        """A red flag raised while an iteration still runs (a phase open far past its median), with the
+        diagnose bundle written for it (None when it could not be written)."""
 
 
 class LoopTrainer(Protocol):

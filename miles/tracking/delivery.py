@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from miles.config.secrets import Scrubber, env_scrubber
+from miles.record import layout
 from miles.record.journal import JOURNAL_NAME, JournalFollower
 from miles.record.samples import samples_path
 from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink
@@ -28,6 +29,7 @@ from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DELIVERY_
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
+HEALTH_PATH = layout.HEALTH
 POLL_S = 2.0  # how often the journal and the trainer are checked while following
 # Following, a delivery waits this long after the previous one, so frequent lines go out in one
 # call per tracker: MLflow's SQL store spends ~4x less CPU per point in a batch of a few lines.
@@ -63,6 +65,19 @@ class DeliveryLoop:
         params = read_params(run_dir / CONFIG_ARTIFACT)
         self.slots = [Slot(name, build_sink(spec, params), self.state.sinks.setdefault(name, SinkState(spec)))
                       for name, spec in specs.items()]
+        self.live = LiveFlags(run_dir / HEALTH_PATH)  # flags of a hung rollout, alerted as they come
+
+    def alert_live(self) -> None:
+        """Each new live red flag of the health watch to every open tracker that alerts (wandb, MLflow)."""
+        for verdict in self.live.new():
+            for slot in self.slots:
+                hook = getattr(slot.sink, "alert_live", None)
+                if slot.opened and hook is not None:
+                    try:
+                        hook(verdict)
+                    except Exception as exc:  # an alert is best effort: the flag is in health.jsonl
+                        log.warning("tracking: %s live alert failed (%s)", slot.name,
+                                    self.scrubber.scrub(str(exc))[:300])
 
     def trainer_state(self) -> str:
         """"closed" (its close is asked for), "gone" (dead, or another trainer took the run over),
@@ -86,6 +101,7 @@ class DeliveryLoop:
                 next_delivery, waiting = time.monotonic() + BATCH_S, False
             if status != "open":
                 return status
+            self.alert_live()
             # A new line is seen within a poll; lines already waiting are woken for when their
             # batch is due. Wake-ups are what an idle follower costs (measured on a 2-core VM: a
             # 0.05 ms file read took 2.4 ms of CPU after a 0.5 s sleep), so at most one a poll.
@@ -172,6 +188,36 @@ class DeliveryLoop:
             elif resolved.exists():
                 files.append(path)
         return files
+
+
+class LiveFlags:
+    """The live red flags in RUN_DIR/health.jsonl written since this follower began (a restarted delivery
+    does not alert old ones again); the file is read only when it grew."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.size = self._size()
+        self.seen = len(self._live()) if self.size else 0
+
+    def _size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def _live(self) -> list:
+        from miles.health.watch import read_health_log
+
+        return [v for v in read_health_log(self.path.parent) if v.live]
+
+    def new(self) -> list:
+        size = self._size()
+        if size == self.size:
+            return []
+        self.size = size
+        live = self._live()
+        fresh, self.seen = live[self.seen:], len(live)
+        return fresh
 
 
 def read_params(path: Path) -> dict:

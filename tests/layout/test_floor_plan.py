@@ -21,6 +21,7 @@ FLOORS = [
     {"miles.engines", "miles.router", "miles.health"},              # inference servers; training signals
     {"miles.cluster", "miles.tracking", "miles.mlflow_ui", "miles.run"},  # Ray and services; trackers; loop support
     {"miles.profiling"},
+    {"miles.diagnose"},                                             # why a run is stuck: stacks, probes, verdict
     {"miles.backends", "miles.dashboard"},
     {"miles.preflight", "miles.loop"},
     {"miles.trainer", "miles.prepare"},

@@ -17,6 +17,30 @@ async function api(path) {
   return res.json();
 }
 
+// The "diagnose" button: POST /api/diagnose, then the verdict and the bundle's path above the view.
+async function diagnose() {
+  const button = document.getElementById("diagnose-button");
+  const box = document.getElementById("diagnosis");
+  button.disabled = true;
+  box.hidden = false;
+  box.replaceChildren(el("div", {class: "diagnosis-wait"}, "Diagnosing (stacks of every process, Ray, logs)..."));
+  try {
+    const headers = {"Content-Type": "application/json", ...(TOKEN ? {Authorization: "Bearer " + TOKEN} : {})};
+    const res = await fetch("/api/diagnose", {method: "POST", headers, body: "{}"});
+    const body = await res.json().catch(() => ({}));
+    if (!res.ok) throw new Error(body.detail || body.error || `${res.status}`);
+    const v = body.verdict;
+    box.replaceChildren(
+      el("div", {class: "diagnosis-headline " + v.status, id: "diagnosis-headline"}, `${v.status}: ${v.headline}`),
+      el("ul", {class: "diagnosis-details"}, ...v.details.map((d) => el("li", {}, d))),
+      el("div", {class: "diagnosis-bundle"}, "bundle: ", el("code", {id: "diagnosis-bundle"}, body.bundle)));
+  } catch (err) {
+    box.replaceChildren(el("div", {class: "diagnosis-error", id: "diagnosis-error"}, "diagnose failed: " + err.message));
+  } finally {
+    button.disabled = false;
+  }
+}
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -444,3 +468,5 @@ async function follow() {
 
 window.addEventListener("hashchange", render);
 render().then(() => { if (RUN && RUN.follow) setTimeout(follow, 2000); });
+
+document.getElementById("diagnose-button").onclick = diagnose;

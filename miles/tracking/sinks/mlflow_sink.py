@@ -126,6 +126,14 @@ class MlflowSink:
                     self.client.set_tag(self.run_id, HEALTH_TAG, "red")
                     self.tagged.add(tag)
 
+    def alert_live(self, verdict) -> None:
+        """A red flag raised while its rollout still runs (a hung phase): tagged as it is raised."""
+        tag = f"{HEALTH_TAG}.{verdict.signal}"
+        if tag not in self.tagged:
+            self.client.set_tag(self.run_id, tag, f"live red flag at rollout {verdict.rollout_id}: {verdict.message}")
+            self.client.set_tag(self.run_id, HEALTH_TAG, "red")
+            self.tagged.add(tag)
+
     def upload(self, files: list[Path]) -> None:
         for path in files:
             if path.is_dir():

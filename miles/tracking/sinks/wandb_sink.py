@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from miles.health.alerts import AlertLimiter, alert_text, alert_title, red_flags_in
+from miles.health.signals import SIGNALS
 from miles.record.names import STEP_KEYS
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
@@ -94,6 +95,13 @@ class WandbSink:
                 self.run.alert(title=alert_title(signal, line.rollout_id),
                                text=alert_text(signal, line.rollout_id, line.metrics), level="ERROR",
                                wait_duration=self.alerts.interval or None)
+
+    def alert_live(self, verdict) -> None:
+        """A red flag raised while its rollout still runs (a hung phase): no journal line carries it yet."""
+        if self.alerts.allow(verdict.signal):
+            self.run.alert(title=alert_title(verdict.signal, verdict.rollout_id),
+                           text=f"{verdict.message} (still running). {SIGNALS[verdict.signal].advice}",
+                           level="ERROR", wait_duration=self.alerts.interval or None)
 
     def _table(self, path: Path):
         import json

@@ -1,0 +1,91 @@
+"""A run's own record of where it stands: the trainer alive or not, its progress in the journal, how it
+ended, the tracker delivery (behind or spooled), and the last lines of every log it wrote."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from miles.record import layout
+from miles.record.journal import read_journal
+from miles.tracking.state import DeliveryState, StateError, TrainerFile, pending
+
+TAIL_LINES = 200
+TAIL_BYTES = 256 * 1024  # read at most this much of a log's end: a huge log costs no more
+ERROR = re.compile(r"Traceback|Error\b|error:|Exception|FAILED|Killed|exit code|failed", re.IGNORECASE)
+
+
+@dataclass
+class RunState:
+    trainer_alive: bool
+    last_rollout: int | None  # the last rollout in the journal
+    num_rollout: int | None
+    closed: dict | None  # the trainer's close request (a clean end), None when it never closed
+    delivery: dict[str, int] = field(default_factory=dict)  # tracker -> journal lines not delivered
+    delivery_error: str = ""
+    logs: dict[str, list[str]] = field(default_factory=dict)  # RUN_DIR-relative path -> last lines
+
+    def ending(self) -> str:
+        """How a run with no live trainer ended, in words."""
+        progress = (f"after rollout {self.last_rollout}" if self.last_rollout is not None else "before any rollout") + \
+                   (f" of {self.num_rollout}" if self.num_rollout else "")
+        if self.closed is None:
+            return f"the trainer died {progress} without closing (killed or crashed)"
+        if self.num_rollout and self.last_rollout == self.num_rollout - 1:
+            return f"finished: closed {progress}"
+        return f"stopped: closed {progress} (a red-flag stop, a chunk's end or an error)"
+
+    def error_lines(self, limit: int = 5) -> list[str]:
+        """The last lines that read like an error, across the logs (`path: line`)."""
+        found = [f"{path}: {line.strip()}" for path, lines in self.logs.items() for line in lines if ERROR.search(line)]
+        return found[-limit:]
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    try:
+        if not path.is_file():
+            return []
+        with path.open("rb") as f:
+            f.seek(max(path.stat().st_size - TAIL_BYTES, 0))
+            data = f.read()
+    except OSError:
+        return []
+    return data.decode(errors="replace").splitlines()[-lines:]
+
+
+def log_files(run_dir: Path) -> list[Path]:
+    """Every log the run wrote: RUN_DIR/logs/*, the delivery log, the health log."""
+    run = layout.RunLayout(run_dir)
+    # a link could point out of the run dir (a hostile one): only the run's own regular files
+    found = sorted(p for p in run.logs.glob("*") if p.is_file() and not p.is_symlink()) \
+        if run.logs.is_dir() and not run.logs.is_symlink() else []
+    return found + [p for p in (run.delivery_log, run.health) if p.is_file() and not p.is_symlink()]
+
+
+def configured_rollouts(run_dir: Path) -> int | None:
+    try:
+        params = yaml.safe_load(layout.RunLayout(run_dir).tracking_config.read_text())
+        value = params.get("num_rollout") if isinstance(params, dict) else None
+        return value if isinstance(value, int) else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def read_run_state(run_dir: Path, trainer_alive: bool) -> RunState:
+    run_dir = Path(run_dir)
+    try:
+        journal = read_journal(layout.RunLayout(run_dir).journal)
+    except (OSError, ValueError):
+        journal = []
+    last = max((ln.rollout_id for ln in journal), default=None)
+    state = RunState(trainer_alive, last, configured_rollouts(run_dir), None)
+    try:
+        state.closed = TrainerFile.load(run_dir).close
+        sinks = DeliveryState.load(run_dir).sinks
+        state.delivery = {name: count for name, count in pending(len(journal), sinks).items()}
+    except (StateError, OSError, ValueError) as exc:
+        state.delivery_error = str(exc)[:300]
+    state.logs = {str(p.relative_to(run_dir)): tail(p) for p in log_files(run_dir)}
+    return state

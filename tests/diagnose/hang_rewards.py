@@ -1,0 +1,12 @@
+"""A custom reward (`--custom-rm-path tests.diagnose.hang_rewards.reward_waits_while_file_exists`) that
+hangs the rollout while the file named by MILES_TEST_HANG_FILE exists: a test makes a run hang in its
+reward at the moment it chooses, and lets it go on by removing the file."""
+import os
+import time
+
+
+def reward_waits_while_file_exists(args, sample) -> float:
+    path = os.environ.get("MILES_TEST_HANG_FILE")
+    while path and os.path.exists(path):
+        time.sleep(0.2)
+    return float(str(sample.response).strip() == str(sample.label).strip())

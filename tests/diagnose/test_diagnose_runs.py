@@ -1,0 +1,115 @@
+"""Real runs made to hang (a reward that sleeps, an engine stopped with SIGSTOP) and to die: the bundle
+holds the stacks of the right processes, the verdict names the phase and the process, the live stall
+flag fires once, --on-red-flag stop ends a hung run, and no secret is anywhere in a bundle."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.diagnose.conftest import (HANG_REWARD, ROOT, SECRET_ENV_VALUE, SECRET_TOKEN, START_S, bundles, extract, rollouts_done,
+                      wait_for)
+
+pytestmark = pytest.mark.slow
+WARM = 3  # rollouts ended before the hang: the median of a phase needs 3
+
+
+def diagnose_cli(run_dir, *extra) -> dict:
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "diagnose", str(run_dir), "--json", *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def assert_no_secret(root):
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert SECRET_TOKEN.encode() not in data and SECRET_ENV_VALUE.encode() not in data, path
+
+
+def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(start_run, tmp_path):
+    run = start_run("--custom-rm-path", HANG_REWARD, "--router-admin-token", SECRET_TOKEN)
+    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts", run)
+    run.hang_file.touch()  # the next rollout's reward waits while it exists
+    (bundle,) = wait_for(lambda: bundles(run.run_dir), 120, "the stall bundle", run)
+    hung = json.loads((run.run_dir / "health.jsonl").read_text().splitlines()[-1])
+    assert hung["signal"] == "stall" and hung["live"] is True and "rollout" in hung["message"]
+
+    run.hang_file.unlink()  # the run goes on; the watch does not fire a second time
+    wait_for(lambda: rollouts_done(run.run_dir) >= hung["rollout_id"] + 3, 180, "rollouts after the hang", run)
+    assert bundles(run.run_dir) == [bundle]
+    live = [json.loads(ln) for ln in (run.run_dir / "health.jsonl").read_text().splitlines() if '"live"' in ln]
+    assert len(live) == 1
+
+    root = extract(bundle, tmp_path / "x")
+    verdict = json.loads((root / "verdict.json").read_text())
+    assert verdict["status"] == "stalled" and verdict["phase"]["name"] == "rollout"
+    pid = run.processes()["trainer"]
+    assert f"stalled in `rollout` of rollout {hung['rollout_id']}" in verdict["headline"]
+    assert re.search(rf"trainer \(pid {pid}\) (waits|busy) in reward_waits_while_file_exists", verdict["headline"])
+    assert (root / "VERDICT.txt").read_text().startswith("VERDICT (stalled): stalled in `rollout`")
+    names = {p.name.rsplit("-", 1)[0] for p in (root / "stacks").glob("*.txt")}
+    assert {"trainer", "rank0", "engine0", "router"} <= names
+    assert "reward_waits_while_file_exists" in (root / "stacks" / f"trainer-{pid}.txt").read_text()
+    assert (root / "ray" / "status.txt").read_text().strip() and (root / "ray" / "actors.json").exists()
+    for name in ("timeline.jsonl", "timeline-open.jsonl", "health.jsonl", "tracking/config.yaml"):
+        assert (root / "run" / name).is_file(), name
+    assert_no_secret(root)
+    assert f"[health] diagnose bundle {bundle}" in run.output()
+
+
+def test_a_stopped_engine_is_named_and_on_red_flag_stop_ends_the_hung_run(start_run, tmp_path):
+    run = start_run("--on-red-flag", "stop")
+    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts", run)
+    engine = run.processes()["engine0"]
+    run.sigstop(engine)
+    code = wait_for(lambda: run.proc.poll() is not None and str(run.proc.returncode), 180, "the run to stop")
+    assert code == "1", run.output()[-3000:]
+    assert "stopped by --on-red-flag stop: stall" in run.output()
+    (bundle,) = bundles(run.run_dir)
+    root = extract(bundle, tmp_path / "x")
+    verdict = json.loads((root / "verdict.json").read_text())
+    assert verdict["phase"]["name"] in ("rollout", "update_weights"), verdict
+    assert f"engine0 (pid {engine}) is stopped (SIGSTOP)" in verdict["headline"]
+    assert "engine 0" in verdict["headline"] and "not answering /health" in verdict["headline"]
+    engine_stack = (root / "stacks" / f"engine0-{engine}.txt").read_text()
+    assert "Thread" in engine_stack  # read without pausing it: py-spy --nonblocking
+
+
+def test_a_dead_run_gets_a_verdict_and_a_bundle(start_run, tmp_path):
+    run = start_run()
+    wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts", run)
+    trainer = run.processes()["trainer"]
+    os.killpg(run.proc.pid, signal.SIGKILL)
+    run.proc.wait()
+    wait_for(lambda: not os.path.exists(f"/proc/{trainer}"), 30, "the trainer to be gone")
+    answer = diagnose_cli(run.run_dir, "--out", str(tmp_path / "dead.tar.gz"))
+    verdict = answer["verdict"]
+    assert verdict["status"] == "dead" and answer["bundle"] == str(tmp_path / "dead.tar.gz")
+    assert "the trainer died after rollout" in verdict["headline"] and "without closing" in verdict["headline"]
+    root = extract(tmp_path / "dead.tar.gz", tmp_path / "x")
+    assert (root / "VERDICT.txt").read_text().startswith("VERDICT (dead): the trainer died after rollout")
+    assert any(p["name"] == "trainer" and p["state"] == "gone" for p in verdict["processes"])
+
+
+def test_a_rank_stopped_in_training_leaves_the_other_blocked_in_a_collective(start_run, tmp_path):
+    run = start_run("--actor-num-gpus-per-node", "2")
+    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, 2 * START_S, f"{WARM} rollouts", run)  # two ranks start slower
+    rank1 = run.processes()["rank1"]
+    run.sigstop(rank1)  # rank 0 goes on alone until its first collective, and waits there for rank 1
+    (bundle,) = wait_for(lambda: bundles(run.run_dir), 180, "the stall bundle", run)
+    root = extract(bundle, tmp_path / "x")
+    verdict = json.loads((root / "verdict.json").read_text())
+    assert verdict["status"] == "stalled" and verdict["phase"]["name"] in ("train", "update_weights"), verdict
+    assert f"rank1 (pid {rank1}) is stopped (SIGSTOP)" in verdict["headline"]
+    rank0 = run.processes()["rank0"]
+    stack = (root / "stacks" / f"rank0-{rank0}.txt").read_text()
+    assert "torch/distributed/" in stack, stack[:3000]  # blocked in a collective of the process group
+    assert re.search(rf"rank0 \(pid {rank0}\) (waits|busy) in \w*(all_reduce|reduce_scatter|all_gather|broadcast|barrier)",
+                     verdict["headline"]), verdict["headline"]
