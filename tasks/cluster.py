@@ -23,6 +23,16 @@ class ClusterInfo:
     resources: dict[str, float] = field(default_factory=dict)
 
 
+# The chunk tasks run the trackers' delivery process in a Ray worker, so a local cluster's workers keep
+# the tracker and artifact-store credentials (wandb, MLflow, and the cloud stores MLflow uploads to);
+# every other secret-named variable stays in the flow's process (miles.cluster.connect).
+TRACKER_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "AWS_", "AZURE_", "GOOGLE_")
+
+
+def tracker_env_names() -> frozenset[str]:
+    return frozenset(k for k in os.environ if k.startswith(TRACKER_ENV_PREFIXES))
+
+
 def worker_env(api_url: str, flow_run_url: str | None = None) -> dict[str, str]:
     """What every Ray worker must see: the flow's one Prefect API, our cache dir, the flow run's link
     (for the tracker runs' tags)."""
@@ -39,7 +49,8 @@ def connect_ray(orchestration: OrchestrationConfig, api_url: str, flow_run_url: 
         started_here = False
     else:
         started_here = connect(orchestration.ray_address, orchestration.ray_num_cpus,
-                               orchestration.ray_object_store_mb, runtime_env={"env_vars": worker_env(api_url, flow_run_url)})
+                               orchestration.ray_object_store_mb, runtime_env={"env_vars": worker_env(api_url, flow_run_url)},
+                               keep_env=tracker_env_names())
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     return ClusterInfo(address=ray.get_runtime_context().gcs_address, started_here=started_here,
                        num_nodes=len(nodes), resources=dict(ray.cluster_resources()))

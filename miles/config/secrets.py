@@ -48,6 +48,14 @@ def strip_secret_flags(argv: list[str]) -> list[str]:
     return out
 
 
+def child_env(environ: dict[str, str], keep: frozenset[str] = frozenset()) -> dict[str, str]:
+    """`environ` without every variable the scrubber's name rule calls secret (key/token/secret/password),
+    except those named in `keep`: what a service or worker a run starts may inherit. Each launcher
+    passes the few names its child needs (docs/advanced/security-probes.md lists them) and hands any
+    secret of its own explicitly."""
+    return {k: v for k, v in environ.items() if k in keep or not is_secret_name(k)}
+
+
 def secrets_to_env(config, argv: list[str]) -> list[str]:
     """Export the parsed config's secrets to the environment; return argv without them."""
     export_secrets(config)
