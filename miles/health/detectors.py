@@ -261,6 +261,16 @@ def check_truncation(history, cfg: HealthConfig, run: RunFacts) -> Verdict | Non
     return None
 
 
+def check_non_finite(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Any metric of the rollout NaN or infinite (the journal records it as null, under `non_finite`)."""
+    m = history[-1].metrics if history else {}
+    bad = sorted(k for k, v in m.items() if isinstance(v, float) and not math.isfinite(v))
+    if not bad:
+        return None
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return _verdict(history, "non_finite", RED, f"{len(bad)} metric(s) not finite: {shown}", count=len(bad))
+
+
 Detector = Callable[[Sequence[Rollout], HealthConfig, RunFacts], "Verdict | None"]
 
 DETECTORS: dict[str, Detector] = {
@@ -275,6 +285,7 @@ DETECTORS: dict[str, Detector] = {
     "stall": check_stall,
     "router_errors": check_router_errors,
     "truncated_ratio": check_truncation,
+    "non_finite": check_non_finite,
 }
 
 
