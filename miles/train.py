@@ -49,7 +49,10 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
     from miles.loop import train_rollouts
     from miles.trainer import RLTrainer
 
+    from miles.config.secrets import ensure_run_token
+
     start = time.time()
+    ensure_run_token(config)  # the router's and the engines' admin token: no admin route of the run left open
     o = config.orchestration
     started_ray = not ray.is_initialized() and connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
     services = None

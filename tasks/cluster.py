@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 
 from miles.config import OrchestrationConfig
 from miles.config.cache import CACHE_ENV
+from miles.config.secrets import RUN_TOKEN_ENV
 from miles.cluster.connect import connect
 from miles.config.run_info import FLOW_RUN_URL_ENV
 
@@ -30,7 +31,9 @@ TRACKER_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "AWS_", "AZURE_", "GOOGLE_")
 
 
 def tracker_env_names() -> frozenset[str]:
-    return frozenset(k for k in os.environ if k.startswith(TRACKER_ENV_PREFIXES))
+    """And the run's admin token: the actors that start the router and engines and the chunk tasks that
+    push weights need it (miles.config.secrets.ensure_run_token)."""
+    return frozenset(k for k in os.environ if k.startswith(TRACKER_ENV_PREFIXES)) | {RUN_TOKEN_ENV}
 
 
 def worker_env(api_url: str, flow_run_url: str | None = None) -> dict[str, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 from typing import Any
 
 from miles.config.fields import flag_name, is_secret_name
@@ -46,6 +47,26 @@ def strip_secret_flags(argv: list[str]) -> list[str]:
         elif arg.split("=", 1)[0] not in names:
             out.append(arg)
     return out
+
+
+RUN_TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"  # the run's admin token: its router's and its engines'
+
+
+def ensure_run_token(config) -> str:
+    """The admin token of the router and the engines a run starts: `--router-admin-token` (or its env
+    var), else a random one made now. It is put in this process's environment (never argv, never the
+    config), where every launcher and the trainer of the run resolve the same one."""
+    token = config.router.router_admin_token or os.environ.get(RUN_TOKEN_ENV)
+    if not token:
+        token = secrets.token_urlsafe(32)
+    os.environ[RUN_TOKEN_ENV] = token
+    return token
+
+
+def engine_token_env() -> dict[str, str]:
+    """What an engine a run starts gets in its environment: the run's token as its admin token."""
+    token = os.environ.get(RUN_TOKEN_ENV)
+    return {"MILES_ENGINE_ADMIN_TOKEN": token} if token else {}
 
 
 def child_env(environ: dict[str, str], keep: frozenset[str] = frozenset()) -> dict[str, str]:
