@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from miles.config import MilesConfig, parse_config
 from miles.config.resolve import resolve
-from miles.preflight import preflight
+from miles.preflight import check_context, preflight
 from miles.tiny.defaults import make_task_data, make_tiny_model, task_defaults, uses_tool_task
 
 
@@ -27,6 +27,7 @@ def prepare_config(config: MilesConfig, make_model: bool = True) -> MilesConfig:
     preflight(config)
     if make_model:
         make_tiny_model(config)
+    check_context(config)  # once the model's files are there
     return config
 
 
