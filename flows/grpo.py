@@ -26,7 +26,7 @@ from miles.cluster.chunks import Chunk, plan_for
 from miles.cluster.names import run_names
 from miles.cluster.service_actors import stop_run_actors
 from miles.config import ConfigError, MilesConfig
-from miles.config.secrets import ensure_run_token, export_secrets, secrets_to_env
+from miles.config.secrets import export_secrets, run_token, secrets_to_env
 from miles.dashboard.cli import command as dashboard_command
 from miles.health import RedFlagStop
 from miles.prepare import prepare
@@ -73,8 +73,8 @@ def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunR
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
     config = export_secrets(prepare(build_argv(config_file, flags), make_model=False))
-    ensure_run_token(config)  # the run's router and engines get an admin token (random unless one is given)
-    with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
+    # the run's router and engines get an admin token (random unless one is given)
+    with run_token(config), RunDirLock(config.train.run_dir):  # one trainer per run dir: the next one fails here
         flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
         with_run_retries(make_base_model, config.orchestration)(config)
         with_run_retries(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)

@@ -42,6 +42,14 @@ def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSumm
 
 
 def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummary:
+    from miles.config.secrets import run_token
+
+    # the router's and the engines' admin token: no admin route of the run left open
+    with run_token(config):
+        return _train_services(config, use_router, observers)
+
+
+def _train_services(config: MilesConfig, use_router: bool, observers) -> RunSummary:
     import ray
 
     from miles.cluster.connect import connect
@@ -49,10 +57,7 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
     from miles.loop import train_rollouts
     from miles.trainer import RLTrainer
 
-    from miles.config.secrets import ensure_run_token
-
     start = time.time()
-    ensure_run_token(config)  # the router's and the engines' admin token: no admin route of the run left open
     o = config.orchestration
     started_ray = not ray.is_initialized() and connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
     services = None

@@ -120,7 +120,7 @@ class RLTrainer:
         if stale:
             from miles.backends.sync import push_disk, tell_router
 
-            push_disk(stale, model_dir, version)
+            push_disk(stale, model_dir, version, self.sync.admin_token)
             tell_router(self.sync.router_url, version, self.sync.admin_token)
         self.group.call("set_weight_version", version)
 

@@ -11,6 +11,7 @@ the secret fields themselves.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -61,6 +62,20 @@ def ensure_run_token(config) -> str:
         token = secrets.token_urlsafe(32)
     os.environ[RUN_TOKEN_ENV] = token
     return token
+
+
+@contextlib.contextmanager
+def run_token(config):
+    """`ensure_run_token` for the run inside the block; this process's environment is as before after it
+    (a later run in the same process, a test, gets a token of its own)."""
+    before = os.environ.get(RUN_TOKEN_ENV)
+    try:
+        yield ensure_run_token(config)
+    finally:
+        if before is None:
+            os.environ.pop(RUN_TOKEN_ENV, None)
+        else:
+            os.environ[RUN_TOKEN_ENV] = before
 
 
 def engine_token_env() -> dict[str, str]:

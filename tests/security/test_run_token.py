@@ -3,6 +3,7 @@
 callers (weight sync, router registration and stats, profiler), so no admin route of a run is open on loopback."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import httpx
 import pytest
 
 from miles.config import parse_config
-from miles.config.secrets import RUN_TOKEN_ENV, ensure_run_token
+from miles.config.secrets import RUN_TOKEN_ENV, ensure_run_token, run_token
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,6 +25,10 @@ def test_a_run_token_is_made_once_and_kept(monkeypatch):
     monkeypatch.delenv(RUN_TOKEN_ENV)
     assert ensure_run_token(config) != made  # random per run
     assert ensure_run_token(parse_config(["--router-admin-token", "given-token"])) == "given-token"
+    monkeypatch.delenv(RUN_TOKEN_ENV)
+    with run_token(config) as token:  # a run's token lasts for the run only: the next run gets its own
+        assert os.environ[RUN_TOKEN_ENV] == token
+    assert RUN_TOKEN_ENV not in os.environ
 
 
 @pytest.mark.slow
