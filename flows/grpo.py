@@ -27,7 +27,7 @@ from miles.cluster.chunks import Chunk, plan_for
 from miles.cluster.names import run_names
 from miles.cluster.service_actors import stop_run_actors
 from miles.config import ConfigError, MilesConfig
-from miles.config.secrets import export_secrets, secrets_to_env
+from miles.config.secrets import export_secrets, run_token, secrets_to_env
 from miles.dashboard.cli import command as dashboard_command
 from miles.health import RedFlagStop
 from miles.prepare import prepare
@@ -76,7 +76,8 @@ def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunR
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
     started_at = time.time()  # the scorecard's wall time: the model, the cluster and the training
     config = export_secrets(prepare(build_argv(config_file, flags), make_model=False))
-    with RunDirLock(config.train.run_dir):  # one trainer per run dir; the next one fails here naming this one
+    # the run's router and engines get an admin token (random unless one is given)
+    with run_token(config), RunDirLock(config.train.run_dir):  # one trainer per run dir: the next one fails here
         flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
         with_run_retries(make_base_model, config.orchestration)(config)
         with_run_retries(bring_up_cluster, config.orchestration)(config.orchestration, api_url(), flow_run_url)

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from miles.config.cache import cache_root
+from miles.config.secrets import child_env
 from miles.serving.process import free_port, log_tail, wait_healthy
 
 DEFAULT_PORT = 4200
@@ -59,7 +60,9 @@ def start_server(home: Path, port: int | None = None, timeout: float = 120.0, ui
     home.mkdir(parents=True, exist_ok=True)
     port = free_port(preferred=port)
     api_url = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    # Neither the caller's Prefect settings nor any secret-named variable (it needs none; its
+    # database is the SQLite file named below).
+    env = {k: v for k, v in child_env(dict(os.environ)).items() if not k.startswith("PREFECT_")}
     env.update(
         PREFECT_HOME=str(home),
         PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
@@ -68,10 +71,10 @@ def start_server(home: Path, port: int | None = None, timeout: float = 120.0, ui
         PREFECT_API_URL=api_url,
     )
     log = home / "server.log"
-    prefect_bin = Path(sys.executable).with_name("prefect")
     with log.open("ab") as out:
         # A new session so a Ctrl-C in the run's terminal does not kill a server left up for the UI.
-        process = subprocess.Popen([str(prefect_bin), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        process = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                    "--port", str(port)],
                                    env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
     try:

@@ -27,3 +27,31 @@ def preflight(config) -> None:
         load_eval_sets(r)
     parse_fault(config.orchestration.inject_fault)
     check_baselines(config.tracking.baseline_run_dirs, config.train.run_dir)
+
+
+def check_context(config) -> None:
+    """The longest training prompt plus --rollout-max-response-len fits the engines' context (the model's,
+    or --context-length): else the first rollout's requests would be refused after every service started.
+    Needs the model's files (a no-op while they are not made yet, or for a Hub id: the engine checks)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from miles.config import ConfigError
+    from miles.engines.model_runner import model_context_length
+    from miles.rollout.data import read_prompts
+    from miles.rollout.generate import encode_prompt
+
+    r, model = config.rollout, config.rollout.hf_checkpoint
+    if not model or not (Path(model) / "config.json").is_file():
+        return
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    given = config.engine.context_length
+    context = given or model_context_length(AutoConfig.from_pretrained(model), tokenizer)
+    longest = max(len(encode_prompt(tokenizer, p.prompt, r.apply_chat_template))
+                  for p in read_prompts(r.prompt_data, r.input_key, r.label_key))
+    where = f"the context length {context}" + (" (--context-length)" if given else " (the model's)")
+    if longest + r.rollout_max_response_len > context:
+        flag = "--context-length" if given else "--rollout-max-response-len"
+        raise ConfigError(flag, f"the longest prompt of --prompt-data ({longest} tokens) plus "
+                                f"--rollout-max-response-len {r.rollout_max_response_len} exceeds {where}")

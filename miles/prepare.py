@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from miles.config import MilesConfig, parse_config
 from miles.config.resolve import resolve
-from miles.preflight import preflight
+from miles.preflight import check_context, preflight
 from miles.pretrained import fallback as pretrained
 from miles.tiny import defaults as tiny
 
@@ -42,6 +42,7 @@ def prepare_config(config: MilesConfig, make_model: bool = True) -> MilesConfig:
     preflight(config)
     if make_model:
         make_base_model(config)
+    check_context(config)  # once the model's files are there
     return config
 
 

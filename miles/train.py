@@ -43,6 +43,14 @@ def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSumm
 
 
 def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummary:
+    from miles.config.secrets import run_token
+
+    # the router's and the engines' admin token: no admin route of the run left open
+    with run_token(config):
+        return _train_services(config, use_router, observers)
+
+
+def _train_services(config: MilesConfig, use_router: bool, observers) -> RunSummary:
     import ray
 
     from miles.cluster.connect import connect

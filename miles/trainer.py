@@ -5,7 +5,6 @@ The driver loop around it (resume, base eval, iterate, save, close) is `miles.lo
 """
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +24,7 @@ from miles.health import HealthWatch
 from miles.run.phases import timed
 from miles.profiling.driver import RunProfiler
 from miles.record import layout
-from miles.record.journal import JOURNAL_NAME, read_journal
+from miles.record.journal import JOURNAL_NAME, read_journal, strict_json
 from miles.record.row import PREFIX, format_eval_result
 from miles.record.samples import samples_due
 from miles.rollout.advantages import compute_advantages
@@ -123,7 +122,7 @@ class RLTrainer:
         if stale:
             from miles.backends.sync import push_disk, tell_router
 
-            push_disk(stale, model_dir, version)
+            push_disk(stale, model_dir, version, self.sync.admin_token)
             tell_router(self.sync.router_url, version, self.sync.admin_token)
         self.group.call("set_weight_version", version)
 
@@ -254,7 +253,7 @@ class RLTrainer:
             result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
                               seed=self.config.train.seed, step=0, generate_fn=self.generate_fn, args=self.args)
         self.tracker.log_base_eval(self.args, result.data, dict(result.metrics))
-        (self.run_dir / layout.BASE_EVAL).write_text(json.dumps(result.metrics, indent=2))
+        (self.run_dir / layout.BASE_EVAL).write_text(strict_json(result.metrics))
         return result.metrics
 
     # ---- shutdown ---------------------------------------------------------------------------

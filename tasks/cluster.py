@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 
 from miles.config import OrchestrationConfig
 from miles.config.cache import CACHE_ENV
+from miles.config.secrets import RUN_TOKEN_ENV
 from miles.cluster.connect import connect
 from miles.config.run_info import FLOW_RUN_URL_ENV
 
@@ -29,6 +30,17 @@ class ClusterInfo:
 # task run, level and time of every line (its API handler does not use this format).
 TERSE_TASK_LOGS = {"PREFECT_LOGGING_FORMATTERS_STANDARD_TASK_RUN_FMT": "%(message)s"}
 
+# The chunk tasks run the trackers' delivery process in a Ray worker, so a local cluster's workers keep
+# the tracker and artifact-store credentials (wandb, MLflow, and the cloud stores MLflow uploads to);
+# every other secret-named variable stays in the flow's process (miles.cluster.connect).
+TRACKER_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "AWS_", "AZURE_", "GOOGLE_")
+
+
+def tracker_env_names() -> frozenset[str]:
+    """And the run's admin token: the actors that start the router and engines and the chunk tasks that
+    push weights need it (miles.config.secrets.ensure_run_token)."""
+    return frozenset(k for k in os.environ if k.startswith(TRACKER_ENV_PREFIXES)) | {RUN_TOKEN_ENV}
+
 
 def worker_env(api_url: str, flow_run_url: str | None = None) -> dict[str, str]:
     """What every Ray worker must see: the flow's one Prefect API, our cache dir, the flow run's link
@@ -46,7 +58,8 @@ def connect_ray(orchestration: OrchestrationConfig, api_url: str, flow_run_url: 
         started_here = False
     else:
         started_here = connect(orchestration.ray_address, orchestration.ray_num_cpus,
-                               orchestration.ray_object_store_mb, runtime_env={"env_vars": worker_env(api_url, flow_run_url)})
+                               orchestration.ray_object_store_mb, runtime_env={"env_vars": worker_env(api_url, flow_run_url)},
+                               keep_env=tracker_env_names())
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     return ClusterInfo(address=ray.get_runtime_context().gcs_address, started_here=started_here,
                        num_nodes=len(nodes), resources=dict(ray.cluster_resources()))

@@ -152,6 +152,24 @@ class PPORank:
         self.weight_version = 0
         self.optimizer_steps = 0
 
+    @torch.no_grad()
+    def param_norm(self) -> float:
+        """Collective on a sharded model. The L2 norm of all the world's weights (identical on every rank), summed
+        in float64 so that exploding weights (1e30) give a number, not inf."""
+        total = torch.zeros((), dtype=torch.float64)
+        sharded = False
+        for p in self.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP: this rank's shard of a DTensor
+            sharded = sharded or local is not p
+            norm = torch.linalg.vector_norm(local.detach(), dtype=torch.float32)
+            if not torch.isfinite(norm):  # the float32 sum of squares overflowed: scale by the largest entry
+                peak = local.detach().abs().max().double()
+                norm = torch.linalg.vector_norm(local.detach().double() / peak) * peak if peak > 0 else norm
+            total += norm.double().cpu() ** 2
+        if sharded and dist.is_initialized():
+            dist.all_reduce(total)
+        return float(total.sqrt())
+
     def clip_and_step(self) -> float:
         """Reduce and clip this step's gradients, step optimizer and schedule; return the grad norm."""
         self.reduce_gradients()
@@ -235,8 +253,12 @@ class PPORank:
                 sums["rollout/ref_log_probs"] += sample_mean(ref[i].log_probs, m).sum().item()
 
         self.model.train()
-        step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": []}
+        # param_norm after each step and its growth over the step: exploding weights (a learning rate far
+        # too high) show here while the loss and grad norm can look ordinary.
+        step_values: dict[str, list[float]] = {"train/grad_norm": [], "train/lr": [], "train/param_norm": [],
+                                               "train/param_norm_growth": []}
         with self.profiler.section("train_actor", batch.rollout_id), timed("actor_train", times, phases):
+            norm_before = self.param_norm()
             for step in range(len(batch.step_sizes)):
                 self.optimizer.zero_grad(set_to_none=True)
                 for i, mb in enumerate(mbs):
@@ -245,6 +267,10 @@ class PPORank:
                                        batch.global_step_sizes[step], sums)
                 step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
                 step_values["train/grad_norm"].append(self.clip_and_step())
+                norm_after = self.param_norm()
+                step_values["train/param_norm"].append(norm_after)
+                step_values["train/param_norm_growth"].append(norm_after / norm_before if norm_before > 0 else 1.0)
+                norm_before = norm_after
         num_tokens = sum(mb.num_tokens for mb in mbs)
         token_stats = {}
         if batch.return_token_stats:

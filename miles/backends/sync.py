@@ -25,10 +25,11 @@ def _engine_weights():
     return weights
 
 
-def push_disk(engine_urls: list[str], model_dir: Path, version: int) -> None:
+def push_disk(engine_urls: list[str], model_dir: Path, version: int, token: str | None = None) -> None:
     weights = _engine_weights()
     with ThreadPoolExecutor(max_workers=max(1, len(engine_urls))) as pool:
-        list(pool.map(lambda url: weights.push_weights_from_disk(url, str(model_dir), str(version)), engine_urls))
+        list(pool.map(lambda url: weights.push_weights_from_disk(url, str(model_dir), str(version), token=token),
+                      engine_urls))
 
 
 def tell_router(router_url: str | None, version: int, admin_token: str | None = None) -> None:
@@ -56,11 +57,11 @@ class WeightSync:
             state = self.group.call("export_weights", None)[0]
             weights = _engine_weights()
             for url in self.engine_urls:
-                weights.push_weights_in_memory(url, state, str(version))
+                weights.push_weights_in_memory(url, state, str(version), token=self.admin_token)
         else:
             target = self.export_root / f"v{version:06d}"
             self.group.call("export_weights", str(target))
-            push_disk(self.engine_urls, target, version)
+            push_disk(self.engine_urls, target, version, self.admin_token)
             for old in self.export_root.glob("v*"):
                 if old != target:
                     shutil.rmtree(old, ignore_errors=True)

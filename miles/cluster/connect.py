@@ -1,6 +1,7 @@
 """Connect this process to Ray: an existing cluster (`--ray-address`, or `RAY_ADDRESS` inside a Ray job) or a new local one."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -10,8 +11,13 @@ import ray
 
 from miles.cluster.names import NAMESPACE
 from miles.config import ConfigError
+from miles.config.secrets import child_env
+from miles.serving.process import SERVICE_KEEP_ENV
 
 CONNECT_TIMEOUT_S = 5.0
+# Secret-named variables a local cluster's processes (GCS, raylet, workers) keep: Ray's own token, and
+# the Hub token the services keep (a training rank may load a gated model by its Hub id).
+RAY_KEEP_ENV = frozenset({"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"}) | SERVICE_KEEP_ENV
 TOKEN_HELP = ("Ray token authentication rejected this driver's token (wrong or missing): give it the cluster's "
               "token (`ray get-auth-token` on the head node) in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
               "RAY_AUTH_TOKEN")
@@ -99,16 +105,35 @@ def plain_prefixes() -> None:
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
+@contextlib.contextmanager
+def environ_without_secrets(keep: frozenset[str]):
+    """os.environ without its secret-named variables (but `keep`) while the block runs: the processes
+    a local `ray.init` starts copy this environment, and every worker copies the raylet's."""
+    saved = dict(os.environ)
+    allowed = child_env(saved, keep)
+    for name in set(saved) - set(allowed):
+        del os.environ[name]
+    try:
+        yield
+    finally:
+        os.environ.update({k: v for k, v in saved.items() if k not in os.environ})
+
+
 def connect(ray_address: str | None, num_cpus: int | None = None, object_store_mb: int | None = None,
-            runtime_env: dict | None = None, log_to_driver: bool = True) -> bool:
+            runtime_env: dict | None = None, log_to_driver: bool = True,
+            keep_env: frozenset[str] = frozenset()) -> bool:
     """`ray.init` for this process; returns True when it started a new local cluster (sized by
-    `num_cpus` and `object_store_mb`, which an existing cluster already has and Ray refuses)."""
+    `num_cpus` and `object_store_mb`, which an existing cluster already has and Ray refuses).
+    A local cluster's processes inherit no secret-named variable but Ray's token and `keep_env`
+    (this driver keeps them all); an existing cluster's processes have the environment they were started with."""
     plain_prefixes()
     address = existing_cluster_address(ray_address)
     if address is None:
-        ray.init(num_cpus=num_cpus or os.cpu_count(),
-                 object_store_memory=object_store_mb * 2**20 if object_store_mb else None,
-                 include_dashboard=False, namespace=NAMESPACE, runtime_env=runtime_env, log_to_driver=log_to_driver)
+        with environ_without_secrets(RAY_KEEP_ENV | keep_env):
+            ray.init(num_cpus=num_cpus or os.cpu_count(),
+                     object_store_memory=object_store_mb * 2**20 if object_store_mb else None,
+                     include_dashboard=False, namespace=NAMESPACE, runtime_env=runtime_env,
+                     log_to_driver=log_to_driver)
         return True
     source = check_cluster(ray_address)
     try:

@@ -7,6 +7,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from miles.config.secrets import engine_token_env
 from miles.serving.process import ServiceProcess
 from miles.record.layout import RunLayout
 
@@ -64,6 +65,7 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
         for i in range(config.rollout.rollout_num_engines):
             services.engines.append(launch_engine(config.rollout.hf_checkpoint, config.engine, host="127.0.0.1",
                                                   log_path=RunLayout(run_dir).log(f"engine-{i}.log"),
+                                                  env=engine_token_env(),  # the run's token (miles.train made it)
                                                   serve_args=timeline_args(config.engine.engine, run_dir)))
         services.rollout_url = services.engines[0].url
         if use_router:

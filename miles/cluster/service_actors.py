@@ -84,8 +84,10 @@ class EngineActor(ServiceActor):
     def _launch(self, port: int | None):
         from miles.engines.launch import launch_engine
 
+        from miles.config.secrets import engine_token_env
+
         return launch_engine(self.model_dir, self.config, host="127.0.0.1", port=port, log_path=self.log_path,
-                             serve_args=self.serve_args)
+                             serve_args=self.serve_args, env=engine_token_env())  # the run's token, from the flow
 
 
 def actor_options(name: str) -> dict[str, Any]:

@@ -73,6 +73,9 @@ class HealthConfig:
                                             minimum=0.0, maximum=1.0)
     health_truncated_ratio: float = flag(0.5, "liveness: red flag when this share of samples was truncated "
                                               "(warning from half of it)", minimum=0.0, maximum=1.0)
+    health_param_norm_growth: float = flag(10.0, "param_norm: red flag when the weights' norm grows by this factor "
+                                                 "in one iteration (weights exploding: learning rate too high)",
+                                           minimum=1.0)
 
     def validate(self) -> None:
         if self.health_pg_clipfrac_red < self.health_pg_clipfrac_warn:

@@ -42,6 +42,8 @@ class RolloutConfig:
     def validate(self) -> None:
         if self.rollout_top_p <= 0.0:  # the engines sample from (0, 1]: 0 would fail at the first rollout
             raise ConfigError("--rollout-top-p", f"must be > 0 (nucleus mass in (0, 1]), got {self.rollout_top_p}")
+        if self.rollout_top_k == 0 or self.rollout_top_k < -1:  # the engines' rule: refused at the first rollout
+            raise ConfigError("--rollout-top-k", f"must be -1 (off) or >= 1, got {self.rollout_top_k}")
         if len(self.eval_prompt_data) % 2:
             raise ConfigError("--eval-prompt-data", "expects NAME PATH pairs, got an odd number of values")
         for path in self.eval_prompt_data[1::2]:

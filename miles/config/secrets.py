@@ -11,9 +11,11 @@ the secret fields themselves.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import secrets
 from typing import Any
 
 from miles.config.fields import flag_name, is_secret_name
@@ -46,6 +48,48 @@ def strip_secret_flags(argv: list[str]) -> list[str]:
         elif arg.split("=", 1)[0] not in names:
             out.append(arg)
     return out
+
+
+RUN_TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"  # the run's admin token: its router's and its engines'
+
+
+def ensure_run_token(config) -> str:
+    """The admin token of the router and the engines a run starts: `--router-admin-token` (or its env
+    var), else a random one made now. It is put in this process's environment (never argv, never the
+    config), where every launcher and the trainer of the run resolve the same one."""
+    token = config.router.router_admin_token or os.environ.get(RUN_TOKEN_ENV)
+    if not token:
+        token = secrets.token_urlsafe(32)
+    os.environ[RUN_TOKEN_ENV] = token
+    return token
+
+
+@contextlib.contextmanager
+def run_token(config):
+    """`ensure_run_token` for the run inside the block; this process's environment is as before after it
+    (a later run in the same process, a test, gets a token of its own)."""
+    before = os.environ.get(RUN_TOKEN_ENV)
+    try:
+        yield ensure_run_token(config)
+    finally:
+        if before is None:
+            os.environ.pop(RUN_TOKEN_ENV, None)
+        else:
+            os.environ[RUN_TOKEN_ENV] = before
+
+
+def engine_token_env() -> dict[str, str]:
+    """What an engine a run starts gets in its environment: the run's token as its admin token."""
+    token = os.environ.get(RUN_TOKEN_ENV)
+    return {"MILES_ENGINE_ADMIN_TOKEN": token} if token else {}
+
+
+def child_env(environ: dict[str, str], keep: frozenset[str] = frozenset()) -> dict[str, str]:
+    """`environ` without every variable the scrubber's name rule calls secret (key/token/secret/password),
+    except those named in `keep`: what a service or worker a run starts may inherit. Each launcher
+    passes the few names its child needs (docs/advanced/security-probes.md lists them) and hands any
+    secret of its own explicitly."""
+    return {k: v for k, v in environ.items() if k in keep or not is_secret_name(k)}
 
 
 def secrets_to_env(config, argv: list[str]) -> list[str]:

@@ -36,7 +36,8 @@ class TrainConfig:
     kl_loss_coef: float = flag(0.0, "weight of the KL loss", minimum=0.0)
     kl_loss_type: str = flag("low_var_kl", "KL estimator", choices=("k1", "k2", "k3", "low_var_kl"))
     entropy_coef: float = flag(0.0, "weight of the entropy bonus", minimum=0.0)
-    seed: int = flag(1234, "random seed for data order, sampling and init")
+    # torch seeds are unsigned 64-bit at most; the data order and the engines' sampling take it too
+    seed: int = flag(1234, "random seed for data order, sampling and init", minimum=0, maximum=2**63 - 1)
     run_dir: str | None = flag(None, "run directory: checkpoints, journal, tracker files (default: runs/<time>)")
     save: str | None = flag(None, "checkpoint directory (default: RUN_DIR/checkpoints)")
     load: str | None = flag(None, "checkpoint directory to resume from (default: --save when it holds one)")

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from miles.record import layout
+from miles.record.journal import NON_FINITE
 
 # what the dashboard reads (miles.record.layout names every file of RUN_DIR)
 JOURNAL_NAME, TIMELINE_NAME, SAMPLES_DIR, TOKENS_DIR = layout.JOURNAL, layout.TIMELINE, layout.SAMPLES, layout.TOKENS
@@ -75,10 +76,17 @@ def _is_finite(value: Any) -> bool:
 
 
 def journal_row(row: dict) -> dict | None:
-    """A journal line: an integer rollout id; values that are not numbers are left out."""
+    """A journal line: an integer rollout id; values that are not numbers are left out (a non-finite
+    metric's null among them), the names listed under `non_finite` kept as a list of strings."""
     if not _is_int(row.get("rollout_id")):
         return None
-    return {k: v for k, v in row.items() if k == "rollout_id" or _is_number(v)}
+    out = {k: v for k, v in row.items() if k == "rollout_id" or _is_finite(v)}
+    listed = row.get(NON_FINITE)
+    bad = {k for k, v in row.items() if _is_number(v) and not _is_finite(v)}  # a journal from before it was strict
+    names = sorted(bad | {n for n in listed if isinstance(n, str)} if isinstance(listed, list) else bad)
+    if names:
+        out[NON_FINITE] = names
+    return out
 
 
 def timeline_row(row: dict) -> dict | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from miles.dashboard.run_files import RunFiles
 from miles.health.report import panels
-from miles.record.journal import BOOKKEEPING
+from miles.record.journal import BOOKKEEPING, NON_FINITE
 from miles.record.names import STEP_KEYS, step_key
 from miles.record.timeline import Span, chrome_trace, lane_order
 
@@ -64,6 +64,8 @@ def run_summary(files: RunFiles, follow: bool) -> dict[str, Any]:
             "iterations": len({row.get("rollout_id") for row in journal if (row.get("rollout_id") or 0) >= 0}),
             "last_rollout_id": max((row.get("rollout_id", -1) for row in journal), default=None),
             "num_rollout": config.get("rollout.num_rollout") or config.get("num_rollout"),
+            # metrics recorded without a value (NaN or infinite): the health watch's non_finite flag
+            "non_finite": sorted({name for row in journal for name in row.get(NON_FINITE, ())}),
             "files": status, "missing": missing, "corrupt": corrupt, "off": off, "health": watch_state}
 
 

@@ -46,6 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     return _run_embedded(serve, engine)
 
 
+def check_model_dir(model: str) -> None:
+    """A local path must be a directory holding an HF config.json (anything else is a Hub id)."""
+    path = Path(model)
+    if model.startswith((".", "/", "~")) or path.exists():
+        if not path.is_dir():
+            raise ConfigError("--model", f"{model} is not a directory (an HF checkpoint directory or a Hub id)")
+        if not (path / "config.json").is_file():
+            raise ConfigError("--model", f"{model} has no config.json: not an HF checkpoint directory")
+
+
 def _model_dir(serve: EngineServeConfig) -> str:
     if serve.model:
         return serve.model
@@ -85,8 +95,13 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = _model_dir(serve)
-    runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length,
-                         cpu_threads=engine.engine_cpu_threads)
+    check_model_dir(model_dir)
+    try:
+        runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length,
+                             cpu_threads=engine.engine_cpu_threads)
+    except Exception as exc:  # tokenizer, config or weight files the loaders refuse (truncated safetensors, ...)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ConfigError("--model", f"cannot load {model_dir}: {type(exc).__name__}: {first}") from None
     timeline = TimelineWriter(Path(serve.timeline_path) if serve.timeline_path else None,
                               lane=f"engine {serve.host}:{serve.port}")
     server = EngineServer(runner, engine, weight_version=serve.weight_version, timeline=timeline,

@@ -87,7 +87,7 @@ class ModelRunner:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
         self.dtype = next(self.model.parameters()).dtype
         self.config = self.model.config
-        self.context_length = context_length or _model_context_length(self.config, self.tokenizer)
+        self.context_length = context_length or model_context_length(self.config, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = _eos_ids(self.config, self.tokenizer, model_path)
         # Rows can join a running batch only when every cache layer is a plain full-attention one
@@ -130,7 +130,7 @@ class ModelRunner:
             live[name].copy_(tensor.to(device=live[name].device, dtype=live[name].dtype))
 
 
-def _model_context_length(config, tokenizer) -> int:
+def model_context_length(config, tokenizer) -> int:
     for name in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:

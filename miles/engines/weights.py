@@ -40,11 +40,16 @@ def _result(url: str, response: httpx.Response, sent: int) -> WeightPushResult:
                             seconds=response.elapsed.total_seconds(), bytes_sent=sent)
 
 
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def push_weights_from_disk(url: str, model_dir: str | Path, version: str,
-                           timeout: float = DEFAULT_TIMEOUT_S) -> WeightPushResult:
+                           timeout: float = DEFAULT_TIMEOUT_S, token: str | None = None) -> WeightPushResult:
     """Ask the engine at `url` to load the HF checkpoint in `model_dir` and report `version`."""
     payload = {"model_path": str(model_dir), "weight_version": str(version)}
-    response = httpx.post(f"{url.rstrip('/')}/update_weights_from_disk", json=payload, timeout=timeout)
+    response = httpx.post(f"{url.rstrip('/')}/update_weights_from_disk", json=payload, headers=bearer(token),
+                          timeout=timeout)
     return _result(url, response, 0)
 
 
@@ -68,10 +73,10 @@ def serialize_state_dict(state_dict: Mapping[str, "torch.Tensor"]) -> bytes:
 
 
 def push_weights_in_memory(url: str, state_dict: Mapping[str, "torch.Tensor"], version: str,
-                           timeout: float = DEFAULT_TIMEOUT_S) -> WeightPushResult:
+                           timeout: float = DEFAULT_TIMEOUT_S, token: str | None = None) -> WeightPushResult:
     """Send the named tensors to the engine's `/update_weights_from_tensor` and report `version`."""
     blob = serialize_state_dict(state_dict)
     response = httpx.post(f"{url.rstrip('/')}/update_weights_from_tensor", content=blob,
                           params={"weight_version": str(version)},
-                          headers={"content-type": "application/octet-stream"}, timeout=timeout)
+                          headers={"content-type": "application/octet-stream", **bearer(token)}, timeout=timeout)
     return _result(url, response, len(blob))

@@ -261,6 +261,33 @@ def check_truncation(history, cfg: HealthConfig, run: RunFacts) -> Verdict | Non
     return None
 
 
+def check_param_norm(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Exploding weights: the parameter norm not finite, or grown by a large factor within one iteration."""
+    key, growth_key = "train/param_norm", "train/param_norm_growth"
+    x, growth, lr = current(history, key), current(history, growth_key), current(history, "train/lr")
+    if x is None and growth is None:
+        return None
+    at_lr = f" at lr {lr:g}" if lr is not None and math.isfinite(lr) else ""
+    values = {k: v for k, v in ((key, x), (growth_key, growth), ("train/lr", lr)) if v is not None}
+    if x is not None and not math.isfinite(x):
+        return _verdict(history, "param_norm", RED, f"weights exploding: the parameter norm is not finite{at_lr}",
+                        **values)
+    if growth is not None and (not math.isfinite(growth) or growth >= cfg.health_param_norm_growth):
+        return _verdict(history, "param_norm", RED, f"weights exploding: the parameter norm grew {growth:.3g}x in one "
+                        f"iteration{at_lr} (learning rate too high)", **values)
+    return None
+
+
+def check_non_finite(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Any metric of the rollout NaN or infinite (the journal records it as null, under `non_finite`)."""
+    m = history[-1].metrics if history else {}
+    bad = sorted(k for k, v in m.items() if isinstance(v, float) and not math.isfinite(v))
+    if not bad:
+        return None
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return _verdict(history, "non_finite", RED, f"{len(bad)} metric(s) not finite: {shown}", count=len(bad))
+
+
 Detector = Callable[[Sequence[Rollout], HealthConfig, RunFacts], "Verdict | None"]
 
 DETECTORS: dict[str, Detector] = {
@@ -275,6 +302,8 @@ DETECTORS: dict[str, Detector] = {
     "stall": check_stall,
     "router_errors": check_router_errors,
     "truncated_ratio": check_truncation,
+    "param_norm": check_param_norm,
+    "non_finite": check_non_finite,
 }
 
 

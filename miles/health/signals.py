@@ -37,6 +37,10 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in [
            "router errors, retries or no-worker answers: check the engines (/workers, RUN_DIR/logs)"),
     Signal("truncated_ratio", ("rollout/truncated_ratio",),
            "most answers hit --rollout-max-response-len: raise it"),
+    Signal("param_norm", ("train/param_norm", "train/param_norm_growth", "train/lr"),
+           "learning rate too high / weights exploding: lower --lr"),
+    Signal("non_finite", (), "a metric overflowed or is NaN: check the reward function's range (rewards near "
+                             "1e308 overflow a mean) and lower --lr"),
 ]}
 
 

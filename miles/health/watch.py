@@ -8,6 +8,7 @@ the journal through the same `judge`, so live and offline verdicts agree.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -32,13 +33,15 @@ def active_signals(run: RunFacts) -> list[str]:
 
 
 def rollouts_of(lines: Iterable[JournalLine]) -> list[Rollout]:
-    """One merged row per rollout (an eval line joins its iteration's), `health/*` keys left out."""
+    """One merged row per rollout (an eval line joins its iteration's), `health/*` keys left out; a metric
+    the journal lists as non-finite is NaN here, as it was when the live watch judged it."""
     merged: dict[int, dict[str, float]] = {}
     for line in lines:
         if line.rollout_id < 0:
             continue  # the eval before training (rollout id -1) is not an iteration
         row = merged.setdefault(line.rollout_id, {})
         row.update({k: v for k, v in line.metrics.items() if not k.startswith("health/")})
+        row.update({k: math.nan for k in line.non_finite if not k.startswith("health/")})
     return [Rollout(rid, metrics) for rid, metrics in sorted(merged.items())]
 
 

@@ -2,12 +2,14 @@
 and links that open its pages in the model-training view."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.config.secrets import child_env
 from miles.mlflow_ui.app import APP_NAME, MODEL_TRAINING, WORKFLOW_TYPE_PARAM
 from miles.record.layout import RunLayout
 from miles.serving.process import free_port, log_tail, wait_healthy
@@ -69,8 +71,9 @@ def start_ui(uri: str, run_dir: Path, timeout: float = START_TIMEOUT_S) -> Mlflo
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
             "--port", str(port), "--workers", "1", "--app-name", APP_NAME]
     with open(log_path, "ab") as log:
+        # It serves a local store: no secret-named variable of the run is needed there.
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   start_new_session=True, env=child_env(dict(os.environ)))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, timeout, process=process, path="/health")

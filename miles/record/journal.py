@@ -6,6 +6,11 @@ trackers reuse it as the point's timestamp, so re-delivering a line is recognisa
 same point) plus the mapped metric keys, step counters included. The eval of the starting
 weights, before any training, is a line of its own with rollout id -1 and `eval/step` 0.
 Lines are never rewritten, so a line's index is a stable identity (wandb's step).
+
+The journal is strict JSON (no bare NaN or Infinity, which most JSON readers refuse): a metric
+that is not finite (an overflowed eval mean, a NaN loss) is written as `null` and its name listed
+under `non_finite`. Every reader takes it the same way: no point for that metric (trackers,
+dashboard series), and the name flagged (the health watch's `non_finite` signal, `miles doctor`).
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from miles.record import layout
 
 JOURNAL_NAME = layout.JOURNAL
 REDONE_PATH = Path(layout.REDONE)  # lines of rollouts redone after a crash (see Journal)
-BOOKKEEPING = ("rollout_id", "time")
+NON_FINITE = "non_finite"  # the line's key listing its metrics that were not finite (written as null)
+BOOKKEEPING = ("rollout_id", "time", NON_FINITE)
 BASE_EVAL_ROLLOUT_ID = -1  # the line of the eval before training: it sorts before rollout 0
 
 
@@ -26,16 +32,27 @@ BASE_EVAL_ROLLOUT_ID = -1  # the line of the eval before training: it sorts befo
 class JournalLine:
     rollout_id: int
     time: float
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # finite values only (see non_finite)
+    non_finite: tuple[str, ...] = ()  # metrics recorded without a value: they were NaN or infinite
+
+    def __post_init__(self):
+        bad = {k for k, v in self.metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            object.__setattr__(self, "metrics", {k: v for k, v in self.metrics.items() if k not in bad})
+        names = tuple(sorted(bad | set(self.non_finite)))
+        object.__setattr__(self, "non_finite", names)
 
     def to_json(self) -> str:
-        return json.dumps({"rollout_id": self.rollout_id, "time": self.time, **self.metrics})
+        extra = {**{k: None for k in self.non_finite}, NON_FINITE: list(self.non_finite)} if self.non_finite else {}
+        return json.dumps({"rollout_id": self.rollout_id, "time": self.time, **self.metrics, **extra},
+                          allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> "JournalLine":
         """One line, or BadLine: a line that is not an object with an integer `rollout_id` and a finite
         `time`. Metric values that are not numbers (a hand-edited or foreign line) are dropped, so that
-        one of them cannot stop a tracker that must take numbers; NaN and Infinity are kept."""
+        one of them cannot stop a tracker that must take numbers; names under `non_finite`, and bare NaN or
+        Infinity values of a journal written before it was strict, become `non_finite`."""
         try:
             raw = json.loads(text)
         except (ValueError, RecursionError) as exc:  # ValueError covers JSONDecodeError and UnicodeDecodeError
@@ -49,8 +66,18 @@ class JournalLine:
             raise BadLine(f"rollout_id is {rollout_id!r:.50}, not an integer")
         if not isinstance(time, (int, float)) or isinstance(time, bool) or not math.isfinite(float(time)):
             raise BadLine(f"time is {time!r:.50}, not a finite number")
+        listed = raw.pop(NON_FINITE, None)
+        non_finite = tuple(n for n in listed if isinstance(n, str)) if isinstance(listed, list) else ()
         metrics = {k: v for k, v in raw.items() if _is_number(v)}
-        return cls(rollout_id=rollout_id, time=float(time), metrics=metrics)
+        return cls(rollout_id=rollout_id, time=float(time), metrics=metrics, non_finite=non_finite)
+
+
+def strict_json(metrics: dict[str, float], indent: int | None = 2) -> str:
+    """A metrics dict as strict JSON, the journal's way: non-finite values null, their names under `non_finite`
+    (for RUN_DIR/base_eval.json, which holds the same eval metrics as the journal's base-eval line)."""
+    line = JournalLine(0, 0.0, dict(metrics))
+    extra = {**{k: None for k in line.non_finite}, NON_FINITE: list(line.non_finite)} if line.non_finite else {}
+    return json.dumps({**line.metrics, **extra}, indent=indent, allow_nan=False)
 
 
 class BadLine(ValueError):

@@ -17,6 +17,24 @@ class Prompt:
     label: str | None
 
 
+def check_prompt(prompt, where: str, input_key: str, flag: str) -> None:
+    """A prompt the engines can take: text that is not empty and encodes as UTF-8 (no lone surrogate),
+    or a list/object (chat messages); numbers, booleans and null are refused (ConfigError naming `flag`)."""
+    from miles.config import ConfigError
+
+    if isinstance(prompt, (list, dict)):
+        return
+    if not isinstance(prompt, str):
+        raise ConfigError(flag, f"{where}: {input_key!r} is {prompt!r:.40}, not text")
+    if not prompt.strip():
+        raise ConfigError(flag, f"{where}: {input_key!r} is empty")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(flag, f"{where}: {input_key!r} holds a lone surrogate ({prompt[exc.start]!r} at "
+                                f"character {exc.start}), which is not text") from None
+
+
 def read_prompts(path: str | Path, input_key: str, label_key: str, flag: str = "--prompt-data") -> list[Prompt]:
     """Every line of a JSONL file as a Prompt; a missing key or bad line names the file and line."""
     from miles.config import ConfigError
@@ -41,8 +59,12 @@ def read_prompts(path: str | Path, input_key: str, label_key: str, flag: str = "
                                     f"object like {{\"{input_key}\": ...}}")
         if input_key not in record:
             raise ConfigError("--input-key", f"{path}:{lineno} has no key {input_key!r} (keys: {sorted(record)})")
-        label = record.get(label_key)
-        prompts.append(Prompt(str(record[input_key]), None if label is None else str(label)))
+        prompt, label = record[input_key], record.get(label_key)
+        check_prompt(prompt, f"{path}:{lineno}", input_key, flag)
+        if isinstance(label, (list, dict)):  # str() of it would never equal an answer: reward 0 for every sample
+            raise ConfigError(flag, f"{path}:{lineno}: {label_key!r} is a JSON {type(label).__name__}; a label must "
+                                    f"be a string or number (or null: no label)")
+        prompts.append(Prompt(prompt if isinstance(prompt, str) else str(prompt), None if label is None else str(label)))
     if not prompts:
         raise ConfigError(flag, f"{path} holds no prompts")
     return prompts

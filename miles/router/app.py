@@ -108,10 +108,9 @@ class Router:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            reason = origin_guard.refusal(origin_guard.guard_headers(scope), scope["method"], scope["path"],
-                                          self._check_host(), is_state_changing_get)
-            if reason is not None:
-                await send_json(send, 403, {"error": reason})
+            refused = origin_guard.guard_answer(scope, self._check_host(), is_state_changing_get)
+            if refused is not None:
+                await send_json(send, refused[0], {"error": refused[1]})
                 return
         if scope["type"] == "http" and scope["path"] not in ADMIN_PATHS:
             # Engine endpoints that change state (weights, pause, abort, ...) are admin too.

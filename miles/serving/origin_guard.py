@@ -14,7 +14,8 @@ touches our own clients (httpx, curl, the router's proxy), which send no `Origin
   (`http://<Host>`), or a `Sec-Fetch-Site` other than `same-origin`/`none`. Browsers send `Origin`
   on every cross-origin POST, and `Sec-Fetch-Site` on every request.
 
-Refusals are 403 with a JSON body naming the header.
+Refusals are 403 with a JSON body naming the header. The same middleware applies the JSON
+content-type rule of `content_type.py` (415).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import ipaddress
 import json
 from typing import Callable
 from urllib.parse import urlsplit
+
+from miles.serving import content_type
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SAME_ORIGIN_FETCH_SITES = frozenset({"same-origin", "none"})
@@ -78,17 +81,27 @@ def same_origin(origin: str, host: str | None) -> bool:
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.strip().lower()
 
 
-_GUARD_HEADERS = (b"host", b"origin", b"sec-fetch-site")
+_GUARD_HEADERS = (b"host", b"origin", b"sec-fetch-site") + content_type.HEADERS
 
 
 def guard_headers(scope) -> dict[str, str]:
-    """The three headers `refusal` reads, from an ASGI scope (names there are lower case); the router
-    calls this on every proxied request, so it builds no dict of the others."""
+    """The headers `refusal` and the content-type rule read, from an ASGI scope (names there are lower
+    case); the router calls this on every proxied request, so it builds no dict of the others."""
     return {name.decode(): value.decode("latin-1") for name, value in scope["headers"] if name in _GUARD_HEADERS}
 
 
+def guard_answer(scope, check_host: bool, state_changing_get: Callable[[str], bool]) -> tuple[int, str] | None:
+    """(status, reason) of a refused request: 403 by `refusal`, 415 by the JSON content-type rule; else None."""
+    headers = guard_headers(scope)
+    reason = refusal(headers, scope["method"], scope["path"], check_host, state_changing_get)
+    if reason is not None:
+        return 403, reason
+    reason = content_type.content_type_refusal(headers, scope["method"], scope["path"])
+    return (415, reason) if reason is not None else None
+
+
 class OriginGuard:
-    """ASGI middleware applying `refusal` to every HTTP request before `app` sees it."""
+    """ASGI middleware applying `refusal` and the content-type rule to every HTTP request before `app` sees it."""
 
     def __init__(self, app, bound_host: str, state_changing_get: Callable[[str], bool] = lambda path: False):
         self.app = app
@@ -97,10 +110,11 @@ class OriginGuard:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            reason = refusal(guard_headers(scope), scope["method"], scope["path"], self.check_host, self.state_changing_get)
-            if reason is not None:
+            refused = guard_answer(scope, self.check_host, self.state_changing_get)
+            if refused is not None:
+                status, reason = refused
                 body = json.dumps({"error": reason}).encode()
-                await send({"type": "http.response.start", "status": 403,
+                await send({"type": "http.response.start", "status": status,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"content-length", b"%d" % len(body))]})
                 await send({"type": "http.response.body", "body": body})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from miles.config.secrets import child_env
 from miles.serving.parent_watch import parent_env
 
 STOP_GRACE_S = 15.0
@@ -22,8 +23,10 @@ LOG_TAIL_CHARS = 4000
 # Run from the directory that holds the `miles` package, so `python -m miles...` resolves to
 # this checkout even when the caller's working directory is elsewhere.
 REPO_ROOT = str(Path(__file__).resolve().parents[2])  # the checkout (services start there)
-# Secrets in this process's environment that services get only when their launcher passes them.
-SERVICE_SECRET_ENV = frozenset({"WANDB_API_KEY", "MILES_ROUTER_ADMIN_TOKEN", "MILES_ENGINE_ADMIN_TOKEN"})
+# Secret-named variables (miles.config.secrets' name rule) a service still inherits: the Hugging Face
+# Hub token, so an engine may load a gated model by its Hub id. Every other one (tracker keys, cloud
+# credentials, MY_SERVICE_TOKEN, the run's admin tokens) a service gets only when its launcher passes it.
+SERVICE_KEEP_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 
 
 class ServiceStartError(RuntimeError):
@@ -132,7 +135,7 @@ def start_service(argv: list[str], host: str, port: int, log_path: Path, *, heal
 def service_env(extra: dict[str, str] | None) -> dict[str, str]:
     """This process's environment without the secrets a service does not need (it gets those it
     needs in `extra`), plus this pid for the service's parent watch."""
-    env = {k: v for k, v in os.environ.items() if k not in SERVICE_SECRET_ENV}
+    env = child_env(dict(os.environ), SERVICE_KEEP_ENV)
     return {**env, **(extra or {}), **parent_env()}
 
 

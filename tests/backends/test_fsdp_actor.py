@@ -52,6 +52,7 @@ def test_one_and_two_ranks_take_the_same_steps(groups):
     # two optimizer steps of 8 samples, micro-batches of 2: the per-sample normalisation makes them equal
     for key, value in one.metrics.items():
         assert two.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert one.metrics["train/param_norm"] > 0 and one.metrics["train/param_norm_growth"] > 0  # sharded: all-reduced
     assert one.metrics["train/ppo_kl"] != 0.0  # the second step trains off-policy on the first step's samples
     digests = groups[2].call("weights_digest")
     assert digests[0] == digests[1]  # both ranks see the same full model

@@ -1,0 +1,83 @@
+"""C11/C3b: flag values and prompt files that used to pass the parse, start every service and then end in a
+traceback are one-line errors naming the flag before anything starts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from miles.config import ConfigError
+from miles.prepare import prepare
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("flags, flag, message", [
+    (["--rollout-top-k", "-5"], "--rollout-top-k", "must be -1 .off. or >= 1"),
+    (["--rollout-top-k", "0"], "--rollout-top-k", "must be -1"),
+    (["--seed", "99999999999999999999999"], "--seed", "must be <="),
+    (["--seed", "-1"], "--seed", "must be >= 0"),
+    (["--rollout-max-response-len", "100000"], "--rollout-max-response-len", "exceeds the context length 256"),
+    (["--context-length", "10"], "--context-length", "exceeds the context length 10"),
+])
+def test_flag_values_that_fail_after_start_up(tmp_path, flags, flag, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        prepare(["--run-dir", str(tmp_path / "run"), *flags])
+    assert str(raised.value).startswith(flag)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": "", "label": "2"}', "'prompt' is empty"),
+    ('{"prompt": "   ", "label": "2"}', "'prompt' is empty"),
+    ('{"prompt": "\\ud800", "label": "2"}', "lone surrogate"),
+    ('{"prompt": 5, "label": "2"}', "not text"),
+    ('{"prompt": NaN, "label": "2"}', "not text"),
+    ('{"prompt": null, "label": "2"}', "not text"),
+    ('{"prompt": "1+1=", "label": ["2"]}', "'label' is a JSON list"),
+])
+def test_prompt_files_that_fail_after_start_up(tmp_path, line, message):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "1+1=", "label": "2"}\n' + line + "\n")
+    with pytest.raises(ConfigError, match=message) as raised:
+        prepare(["--run-dir", str(tmp_path / "run"), "--prompt-data", str(path)])
+    assert str(raised.value).startswith("--prompt-data") and f"{path}:2" in str(raised.value)
+
+
+def test_a_null_label_is_still_allowed(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "1+1=", "label": null}\n')
+    prepare(["--run-dir", str(tmp_path / "run"), "--prompt-data", str(path), "--custom-rm-path",
+             "tests.health.broken_rewards.always_one"])
+
+
+def test_the_cli_exits_2_with_one_line_before_any_service(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "miles.train", "--run-dir", str(run_dir), "--rollout-top-k", "-5"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("--rollout-top-k: must be -1 (off) or >= 1, got -5")
+    assert not (run_dir / "logs").exists()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("/etc", "has no config.json"),
+    ("/dev/null", "is not a directory"),
+    ("truncated", "cannot load .*: SafetensorError"),
+])
+def test_engine_model_errors_are_one_line(tmp_path, base_model, case, message):
+    import re
+    import shutil
+
+    model = case
+    if case == "truncated":
+        model = str(tmp_path / "trunc")
+        shutil.copytree(base_model, model)
+        weights = Path(model) / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    done = subprocess.run([sys.executable, "-m", "miles.engines.cli", "--model", model, "--port", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert last.startswith("miles engine: error: --model: ") and re.search(message, last), last
