@@ -6,6 +6,9 @@ import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+import httpx
 
 from miles.serving.process import ServiceProcess
 from miles.record.layout import RunLayout
@@ -16,10 +19,18 @@ class InferenceServices:
     rollout_url: str  # where /generate goes: the router, or the only engine
     engines: list[ServiceProcess] = field(default_factory=list)
     router: ServiceProcess | None = None
+    launch: Callable[[int, int | None], ServiceProcess] | None = field(default=None, repr=False)
+    admin_token: str | None = field(default=None, repr=False)
 
     @property
     def engine_urls(self) -> list[str]:
         return [engine.url for engine in self.engines]
+
+    def relaunch_engine(self, index: int, port: int) -> ServiceProcess:
+        """Start engine `index` again on `port` (its URL stays the router's worker key); once it generates."""
+        engine = self.launch(index, port)
+        self.engines[index] = engine
+        return engine
 
     def kill_engine(self, index: int) -> int:
         """Test hook (`--inject-fault kill-engine@ITER`): kill engine `index` as a crash would; its PID."""
@@ -28,12 +39,32 @@ class InferenceServices:
         engine.process.wait()
         return engine.pid
 
+    def stop_engine(self, index: int) -> int:
+        """Test hook (`--inject-fault stop-engine:N@ITER`): SIGSTOP engine `index` (alive, never answering)."""
+        engine = self.engines[index]
+        os.kill(engine.pid, signal.SIGSTOP)
+        return engine.pid
+
+    def engine_busy(self, index: int) -> bool:
+        """Whether the router has a request in flight on engine `index` (a fault fired then is mid-rollout)."""
+        if self.router is None:
+            return True
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        try:
+            workers = httpx.get(self.router.url + "/workers", headers=headers, timeout=5.0).json()["workers"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+        url = self.engines[index].url
+        return any(w.get("url") == url and w.get("inflight", 0) > 0 for w in workers)
+
     def stop(self) -> None:
         """Stop the router first (no traffic), then every engine; report the first failure."""
         errors = []
         for service in [self.router, *self.engines]:
             try:
                 if service is not None:
+                    if service.alive:
+                        os.kill(service.pid, signal.SIGCONT)  # a SIGSTOP'd service cannot take SIGTERM
                     service.stop()
             except Exception as exc:  # keep stopping the rest; re-raised below
                 errors.append(exc)
@@ -58,13 +89,19 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
     everything binds to loopback and logs to RUN_DIR/logs."""
     from miles.engines.launch import launch_engine
 
+    from miles.router.app import resolve_admin_token
+
     run_dir = Path(config.train.run_dir)
-    services = InferenceServices(rollout_url="")
+
+    def launch(i: int, port: int | None = None) -> ServiceProcess:
+        return launch_engine(config.rollout.hf_checkpoint, config.engine, host="127.0.0.1", port=port,
+                             log_path=RunLayout(run_dir).log(f"engine-{i}.log"),
+                             serve_args=timeline_args(config.engine.engine, run_dir))
+
+    services = InferenceServices(rollout_url="", launch=launch, admin_token=resolve_admin_token(config.router))
     try:
         for i in range(config.rollout.rollout_num_engines):
-            services.engines.append(launch_engine(config.rollout.hf_checkpoint, config.engine, host="127.0.0.1",
-                                                  log_path=RunLayout(run_dir).log(f"engine-{i}.log"),
-                                                  serve_args=timeline_args(config.engine.engine, run_dir)))
+            services.engines.append(launch(i))
         services.rollout_url = services.engines[0].url
         if use_router:
             from miles.router.launch import launch_router
@@ -77,3 +114,14 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
         services.stop()
         raise
     return services
+
+
+def supervise(config, services: InferenceServices):
+    """The engine supervisor of a plain run (--use-fault-tolerance), started; the trainer attaches its weights."""
+    from miles.engines.supervisor import EngineSupervisor, RouterAdmin, SupervisionPolicy
+    from miles.record.timeline import TIMELINE_NAME, TimelineWriter
+
+    router = RouterAdmin(services.router.url, services.admin_token) if services.router is not None else None
+    timeline = TimelineWriter(Path(config.train.run_dir) / TIMELINE_NAME)
+    return EngineSupervisor(list(services.engines), services.relaunch_engine,
+                            SupervisionPolicy.from_config(config.orchestration), router, timeline).start()

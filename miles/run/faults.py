@@ -1,59 +1,112 @@
-"""The `--inject-fault` test hook as a loop observer: fail the run once at a given rollout."""
+"""The `--inject-fault` test hook as a loop observer: fail the run, or one engine, once at a given rollout.
+
+`raise@R` and `kill@R` fail the process running the loop before rollout R. `kill-engine[:N]@R` (SIGKILL)
+and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 0) while rollout R is in
+flight: a thread waits until the router has a request on that engine, then fires.
+"""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from miles.config import ConfigError
 from miles.record import layout
 from miles.run.observer import Observer
 
-KINDS = ("raise", "kill", "kill-engine")
+KINDS = ("raise", "kill", "kill-engine", "stop-engine")
+ENGINE_KINDS = ("kill-engine", "stop-engine")
+SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<engine>\d+))?@(?P<at>\d+)$")
+BUSY_WAIT_S = 30.0  # how long the fault waits for a request on its engine before it fires anyway
 
 
 class InjectedFault(RuntimeError):
     """The failure `--inject-fault raise@ITER` asked for."""
 
 
+class FaultTargets(Protocol):
+    """The inference services a fault can hit (a plain run's `InferenceServices`)."""
+
+    def kill_engine(self, index: int) -> int: ...
+    def stop_engine(self, index: int) -> int: ...
+    def engine_busy(self, index: int) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str
     rollout_id: int
+    engine: int = 0
+
+    @property
+    def marker(self) -> str:
+        """The marker file's name (engine 0 unnamed, as before engines were numbered)."""
+        return f"{self.kind}@{self.rollout_id}" if self.engine == 0 else self.name
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.engine}@{self.rollout_id}" if self.kind in ENGINE_KINDS else \
+            f"{self.kind}@{self.rollout_id}"
 
 
 def parse_fault(spec: str | None) -> Fault | None:
     if not spec:
         return None
-    kind, sep, at = spec.partition("@")
-    if kind not in KINDS or not sep or not at.isdigit():
-        raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER or kill-engine@ITER, got {spec!r}")
-    return Fault(kind, int(at))
+    match = SPEC.match(spec)
+    if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in ENGINE_KINDS):
+        raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER or "
+                                            f"stop-engine[:N]@ITER, got {spec!r}")
+    return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 
 class FaultInjector(Observer):
-    """Fires the fault before its rollout, once per run: a marker in the run dir, written first, keeps
+    """Fires the fault at its rollout, once per run: a marker in the run dir, written first, keeps
     the retried chunk from failing again (a killed process cannot write it after)."""
 
-    def __init__(self, spec: str | None, run_dir: str | Path, kill_engine: Callable[[], object] | None = None):
-        self.fault, self.run_dir, self.kill_engine = parse_fault(spec), Path(run_dir), kill_engine
+    def __init__(self, spec: str | None, run_dir: str | Path, kill_engine: Callable[[], object] | None = None,
+                 targets: FaultTargets | None = None):
+        self.fault, self.run_dir, self.kill_engine, self.targets = parse_fault(spec), Path(run_dir), kill_engine, \
+            targets
+        self.fired = threading.Event()
 
     def before_iteration(self, rollout_id: int) -> None:
         fault = self.fault
         if fault is None or fault.rollout_id != rollout_id:
             return
-        marker = self.run_dir / layout.FAULTS / f"{fault.kind}@{fault.rollout_id}"
+        marker = self.run_dir / layout.FAULTS / fault.marker
         if marker.exists():
             return
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(str(os.getpid()))
-        if fault.kind == "kill-engine":
-            if self.kill_engine is None:
-                raise ConfigError("--inject-fault", "kill-engine needs the Prefect flow (`miles train`)")
-            self.kill_engine()  # engine 0's process dies as a crash would; the chunk goes on through the router
+        if fault.kind in ENGINE_KINDS:
+            self._hit_engine(fault)
             return
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)  # the process running the loop dies mid-run
         raise InjectedFault(f"--inject-fault {fault.kind}@{fault.rollout_id}: failing rollout {rollout_id} once")
+
+    def _hit_engine(self, fault: Fault) -> None:
+        if self.targets is not None:
+            threading.Thread(target=self._fire_mid_rollout, args=(fault,), name="miles-inject-fault",
+                             daemon=True).start()
+            return
+        if fault.kind != "kill-engine" or fault.engine != 0 or self.kill_engine is None:
+            raise ConfigError("--inject-fault", f"{fault.name} needs the engines of `python -m miles.train`; "
+                                                f"`miles train` can only kill-engine@ITER (engine 0)")
+        self.kill_engine()  # engine 0's process dies as a crash would; the chunk goes on through the router
+        self.fired.set()
+
+    def _fire_mid_rollout(self, fault: Fault) -> None:
+        deadline = time.monotonic() + BUSY_WAIT_S
+        while time.monotonic() < deadline and not self.targets.engine_busy(fault.engine):
+            time.sleep(0.01)  # polls the router's in-flight count, the condition the fault waits for
+        hit = self.targets.kill_engine if fault.kind == "kill-engine" else self.targets.stop_engine
+        pid = hit(fault.engine)
+        print(f"[trainer] --inject-fault {fault.name}: {'SIGKILL' if fault.kind == 'kill-engine' else 'SIGSTOP'} "
+              f"engine {fault.engine} (pid {pid})", flush=True)
+        self.fired.set()
