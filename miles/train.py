@@ -29,6 +29,8 @@ class RunSummary:
     final_metrics: dict[str, float] = field(default_factory=dict)  # the last iteration's row
     seconds: float = 0.0
     stop_reason: str | None = None  # an observer stopped the run early
+    # --use-fault-tolerance: the weight version each engine serves at the end (None: down), read off the engines
+    engine_versions: list[str | None] = field(default_factory=list)
 
 
 def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSummary:
@@ -61,8 +63,15 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
         outcome = train_rollouts(trainer, range(config.rollout.num_rollout), observers,
                                  kill_engine=lambda: services.kill_engine(0), fault_targets=services)
         last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1
-        return RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
-                          outcome.base_eval, outcome.last_metrics, time.time() - start, outcome.stop_reason)
+        summary = RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
+                             outcome.base_eval, outcome.last_metrics, time.time() - start, outcome.stop_reason)
+        if supervisor is not None:
+            supervisor.stop(finish_healing=True)  # an engine relaunching is brought back at the final weights
+            summary.engine_versions = supervisor.served_versions()
+            print("[engines] at the end: " + ", ".join(f"engine {i} at weight version {v}" if v is not None else
+                                                      f"engine {i} down" for i, v in
+                                                      enumerate(summary.engine_versions)), flush=True)
+        return summary
     finally:
         try:
             try:

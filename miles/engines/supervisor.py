@@ -118,10 +118,11 @@ class EngineSupervisor:
         self.weights: WeightSource | None = None
         self.counters = SupervisorCounters()
         self._lock = threading.Lock()  # guards slot states and counters
-        self._stop = threading.Event()
+        self._stop = threading.Event()     # the watch loop ends
+        self._abandon = threading.Event()  # a relaunch or readmission under way gives up
         self._thread: threading.Thread | None = None
         self._healers: list[threading.Thread] = []
-        self._client = httpx.Client(timeout=policy.timeout)
+        self._client = httpx.Client(timeout=policy.timeout)  # used by the watch thread only
 
     # ---- wiring ------------------------------------------------------------------------------
     def attach_weights(self, weights: WeightSource) -> None:
@@ -133,13 +134,17 @@ class EngineSupervisor:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, finish_healing: bool = False) -> None:
+        """Stop watching (idempotent). With `finish_healing`, a relaunch or readmission under way is
+        completed first (the run ends with every engine it could bring back at the current weights);
+        else it is abandoned at its next wait."""
         self._stop.set()
+        if not finish_healing:
+            self._abandon.set()
         if self._thread is not None:
             self._thread.join(timeout=self.policy.interval + self.policy.timeout + 5)
         for healer in self._healers:  # a relaunch under way finishes, so its process is the caller's to stop
             healer.join(timeout=240.0)
-        self._client.close()
 
     # ---- what the trainer reads ----------------------------------------------------------------
     def ready_urls(self) -> list[str]:
@@ -152,6 +157,17 @@ class EngineSupervisor:
             for slot in self.slots:
                 out[slot.state] += 1
             return out
+
+    def served_versions(self) -> list[str | None]:
+        """The weight version each engine reports serving now (None: it is down or does not answer)."""
+        out = []
+        for slot in self.slots:
+            try:
+                response = httpx.get(slot.url + "/get_weight_version", timeout=self.policy.timeout + 5)
+                out.append(str(response.json()["weight_version"]) if response.status_code == 200 else None)
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                out.append(None)
+        return out
 
     def take(self) -> SupervisorCounters:
         with self._lock:
@@ -243,7 +259,7 @@ class EngineSupervisor:
 
     def _relaunch(self, slot: EngineSlot, since: float) -> None:
         restart = slot.restarts + 1
-        if self._stop.wait(self.policy.delay(restart)):
+        if self._abandon.wait(self.policy.delay(restart)):
             return
         started = time.time()
         try:
@@ -265,9 +281,9 @@ class EngineSupervisor:
     def _readmit(self, slot: EngineSlot, since: float) -> None:
         """Push the current weights to the engine, then admit it at that version; the weight sync waits on
         the same lock, so the version cannot move between the push and the admission."""
-        while not self._stop.is_set():
+        while not self._abandon.is_set():
             if self.weights is None:  # the trainer has no weights yet: the engine serves the base model
-                if self._stop.wait(self.policy.interval):
+                if self._abandon.wait(self.policy.interval):
                     return
                 continue
             try:
@@ -286,7 +302,7 @@ class EngineSupervisor:
                         slot.state = STALE
                     return
                 self.log(f"[engines] engine {slot.index} readmission failed, retrying: {str(exc).splitlines()[0]}")
-                if self._stop.wait(self.policy.interval):
+                if self._abandon.wait(self.policy.interval):
                     return
                 continue
             self.log(f"[engines] engine {slot.index} readmitted at weight version {version} "
