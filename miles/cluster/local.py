@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import httpx
-
 from miles.serving.process import ServiceProcess
 from miles.record.layout import RunLayout
 
@@ -44,18 +42,6 @@ class InferenceServices:
         engine = self.engines[index]
         os.kill(engine.pid, signal.SIGSTOP)
         return engine.pid
-
-    def engine_busy(self, index: int) -> bool:
-        """Whether the router has a request in flight on engine `index` (a fault fired then is mid-rollout)."""
-        if self.router is None:
-            return True
-        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
-        try:
-            workers = httpx.get(self.router.url + "/workers", headers=headers, timeout=5.0).json()["workers"]
-        except (httpx.HTTPError, ValueError, KeyError):
-            return False
-        url = self.engines[index].url
-        return any(w.get("url") == url and w.get("inflight", 0) > 0 for w in workers)
 
     def stop(self) -> None:
         """Stop the router first (no traffic), then every engine; report the first failure."""

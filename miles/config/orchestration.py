@@ -20,7 +20,7 @@ class OrchestrationConfig:
     task_timeout: float = flag(3600.0, "seconds a task may run", minimum=1.0)
     inject_fault: str | None = flag(None, "test hook: raise@ITER or kill@ITER fails the run once at rollout ITER; "
                                           "kill-engine[:N]@ITER SIGKILLs engine N (default 0), "
-                                          "stop-engine[:N]@ITER SIGSTOPs it, both while rollout ITER is in flight")
+                                          "stop-engine[:N]@ITER SIGSTOPs it, both as rollout ITER starts")
     use_fault_tolerance: bool = flag(False, "supervise the engines (`python -m miles.train`): relaunch a dead or "
                                             "hung one on its port, readmit it once it serves the current weights, "
                                             "re-send the requests it never answered")

@@ -1,16 +1,16 @@
 """The `--inject-fault` test hook as a loop observer: fail the run, or one engine, once at a given rollout.
 
 `raise@R` and `kill@R` fail the process running the loop before rollout R. `kill-engine[:N]@R` (SIGKILL)
-and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 0) while rollout R is in
-flight: a thread waits until the router has a request on that engine, then fires.
+and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 0) as rollout R starts,
+so that rollout's requests meet the fault: refused by a dead engine (the router fails them over, or with
+one engine the client waits for its relaunch), or held by a stopped one until the supervisor finds it hung.
+(Waiting for a request in flight first was tried: the tiny rollouts end before a poll of the router sees one.)
 """
 from __future__ import annotations
 
 import os
 import re
 import signal
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
@@ -22,7 +22,6 @@ from miles.run.observer import Observer
 KINDS = ("raise", "kill", "kill-engine", "stop-engine")
 ENGINE_KINDS = ("kill-engine", "stop-engine")
 SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<engine>\d+))?@(?P<at>\d+)$")
-BUSY_WAIT_S = 30.0  # how long the fault waits for a request on its engine before it fires anyway
 
 
 class InjectedFault(RuntimeError):
@@ -34,7 +33,6 @@ class FaultTargets(Protocol):
 
     def kill_engine(self, index: int) -> int: ...
     def stop_engine(self, index: int) -> int: ...
-    def engine_busy(self, index: int) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +70,6 @@ class FaultInjector(Observer):
                  targets: FaultTargets | None = None):
         self.fault, self.run_dir, self.kill_engine, self.targets = parse_fault(spec), Path(run_dir), kill_engine, \
             targets
-        self.fired = threading.Event()
 
     def before_iteration(self, rollout_id: int) -> None:
         fault = self.fault
@@ -92,21 +89,12 @@ class FaultInjector(Observer):
 
     def _hit_engine(self, fault: Fault) -> None:
         if self.targets is not None:
-            threading.Thread(target=self._fire_mid_rollout, args=(fault,), name="miles-inject-fault",
-                             daemon=True).start()
+            hit = self.targets.kill_engine if fault.kind == "kill-engine" else self.targets.stop_engine
+            pid = hit(fault.engine)
+            print(f"[trainer] --inject-fault {fault.name}: {'SIGKILL' if fault.kind == 'kill-engine' else 'SIGSTOP'}"
+                  f" engine {fault.engine} (pid {pid}) as rollout {fault.rollout_id} starts", flush=True)
             return
         if fault.kind != "kill-engine" or fault.engine != 0 or self.kill_engine is None:
             raise ConfigError("--inject-fault", f"{fault.name} needs the engines of `python -m miles.train`; "
                                                 f"`miles train` can only kill-engine@ITER (engine 0)")
         self.kill_engine()  # engine 0's process dies as a crash would; the chunk goes on through the router
-        self.fired.set()
-
-    def _fire_mid_rollout(self, fault: Fault) -> None:
-        deadline = time.monotonic() + BUSY_WAIT_S
-        while time.monotonic() < deadline and not self.targets.engine_busy(fault.engine):
-            time.sleep(0.01)  # polls the router's in-flight count, the condition the fault waits for
-        hit = self.targets.kill_engine if fault.kind == "kill-engine" else self.targets.stop_engine
-        pid = hit(fault.engine)
-        print(f"[trainer] --inject-fault {fault.name}: {'SIGKILL' if fault.kind == 'kill-engine' else 'SIGSTOP'} "
-              f"engine {fault.engine} (pid {pid})", flush=True)
-        self.fired.set()

@@ -1,5 +1,5 @@
 """A dead or hung engine costs seconds, not rollouts (`python -m miles.train --use-fault-tolerance`), on real
-engines, router and Ray: an engine SIGKILLed or SIGSTOPped while a rollout is in flight is relaunched on
+engines, router and Ray: an engine SIGKILLed or SIGSTOPped as a rollout starts is relaunched on
 its port and readmitted at the current weights; every rollout lands in the journal exactly once."""
 from __future__ import annotations
 
