@@ -229,6 +229,13 @@ class EngineSupervisor:
         except httpx.HTTPError:
             return False
 
+    def _answers(self, slot: EngineSlot) -> bool:
+        """One /health from a healer thread (the watch's client is the watch thread's own)."""
+        try:
+            return httpx.get(slot.url + "/health", timeout=self.policy.timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def _down(self, slot: EngineSlot, why: str) -> None:
         now = time.time()
         with self._lock:
@@ -297,7 +304,10 @@ class EngineSupervisor:
                         self.counters.seconds_to_readmit.append(time.time() - since)
                         slot.down_since = None
             except Exception as exc:
-                if slot.service.process.poll() is not None:  # it died again: the watch relaunches it
+                if slot.service.process.poll() is None and not self._answers(slot):
+                    os.kill(slot.service.pid, signal.SIGKILL)  # hung while being brought up to date
+                    slot.service.process.wait()
+                if slot.service.process.poll() is not None:  # it died: the watch relaunches it
                     with self._lock:
                         slot.state = STALE
                     return
