@@ -78,7 +78,8 @@ def refuse_plain_only(config: MilesConfig) -> MilesConfig:
         raise ConfigError("--use-fault-tolerance", "engine supervision is built into `python -m miles.train`; "
                                                    "`miles train` relaunches a dead engine between chunk retries")
     fault = parse_fault(o.inject_fault)
-    if fault is not None and fault.kind in ENGINE_KINDS and (fault.kind != "kill-engine" or fault.engine != 0):
+    if fault is not None and (fault.kind == "kill-router" or fault.kind in ENGINE_KINDS
+                              and (fault.kind != "kill-engine" or fault.engine != 0)):
         raise ConfigError("--inject-fault", f"`miles train` can only kill-engine@ITER (engine 0), got "
                                             f"{o.inject_fault!r}")
     return config

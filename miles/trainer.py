@@ -216,8 +216,18 @@ class RLTrainer:
             return {}
         token = self.sync.admin_token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
-                          timeout=30.0).raise_for_status().json()
+        # supervised, a router being relaunched is waited for (within --engine-wait-timeout)
+        patience = self.config.orchestration.engine_wait_timeout if self.sync.supervisor is not None else 0.0
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
+                                  timeout=30.0).raise_for_status().json()
+                break
+            except httpx.TransportError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)  # bounded by the deadline above; the router answers once relaunched
         return {f"rollout/{key}": float(value) for key, value in stats.items()
                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
@@ -231,7 +241,7 @@ class RLTrainer:
             return {}
         counters, states = supervisor.take(), supervisor.states()
         out = {"rollout/requests_resent": float(resent), "rollout/engine_restarts": float(counters.restarts),
-               "rollout/engine_deaths": float(counters.deaths)}
+               "rollout/engine_deaths": float(counters.deaths), "rollout/router_restarts": float(counters.router_restarts)}
         out.update({f"rollout/engines_{state}": float(n) for state, n in states.items()})
         if counters.seconds_to_readmit:
             out["perf/engine_readmit_time"] = max(counters.seconds_to_readmit)

@@ -119,7 +119,11 @@ class WeightSync:
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
         self.group.call("set_weight_version", version)
-        tell_router(self.router_url, version, self.admin_token)
+        try:
+            tell_router(self.router_url, version, self.admin_token)
+        except httpx.HTTPError as exc:  # the router is down: the supervisor tells its relaunch this version
+            print(f"[engines] the router missed weight version {version} ({exc!r}); its relaunch gets it",
+                  flush=True)
 
 
 def served_version(engine_url: str, probe_ids: list[int]) -> str | None:

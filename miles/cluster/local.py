@@ -18,6 +18,7 @@ class InferenceServices:
     engines: list[ServiceProcess] = field(default_factory=list)
     router: ServiceProcess | None = None
     launch: Callable[[int, int | None], ServiceProcess] | None = field(default=None, repr=False)
+    launch_router: Callable[[int | None], ServiceProcess] | None = field(default=None, repr=False)
     admin_token: str | None = field(default=None, repr=False)
 
     @property
@@ -29,6 +30,17 @@ class InferenceServices:
         engine = self.launch(index, port)
         self.engines[index] = engine
         return engine
+
+    def relaunch_router(self, port: int) -> ServiceProcess:
+        """Start the router again on `port` with no workers (the supervisor registers them at their state)."""
+        self.router = self.launch_router(port)
+        return self.router
+
+    def kill_router(self) -> int:
+        """Test hook (`--inject-fault kill-router@ITER`): kill the router as a crash would; its PID."""
+        os.kill(self.router.pid, signal.SIGKILL)
+        self.router.process.wait()
+        return self.router.pid
 
     def kill_engine(self, index: int) -> int:
         """Test hook (`--inject-fault kill-engine@ITER`): kill engine `index` as a crash would; its PID."""
@@ -92,9 +104,12 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
         if use_router:
             from miles.router.launch import launch_router
 
-            services.router = launch_router(config.router, host="127.0.0.1", worker_urls=services.engine_urls,
-                                            log_path=RunLayout(run_dir).log("router.log"),
-                                            serve_args=timeline_flag(run_dir))
+            def start_router(port: int | None = None, workers: list[str] = ()) -> ServiceProcess:
+                return launch_router(config.router, host="127.0.0.1", port=port, worker_urls=list(workers),
+                                     log_path=RunLayout(run_dir).log("router.log"), serve_args=timeline_flag(run_dir))
+
+            services.launch_router = start_router
+            services.router = start_router(None, services.engine_urls)
             services.rollout_url = services.router.url
     except BaseException:
         services.stop()
@@ -110,4 +125,6 @@ def supervise(config, services: InferenceServices):
     router = RouterAdmin(services.router.url, services.admin_token) if services.router is not None else None
     timeline = TimelineWriter(Path(config.train.run_dir) / TIMELINE_NAME)
     return EngineSupervisor(list(services.engines), services.relaunch_engine,
-                            SupervisionPolicy.from_config(config.orchestration), router, timeline).start()
+                            SupervisionPolicy.from_config(config.orchestration), router, timeline,
+                            router_process=services.router,
+                            relaunch_router=services.relaunch_router if services.router is not None else None).start()

@@ -20,11 +20,14 @@ class OrchestrationConfig:
     task_timeout: float = flag(3600.0, "seconds a task may run", minimum=1.0)
     inject_fault: str | None = flag(None, "test hook: raise@ITER or kill@ITER fails the run once at rollout ITER; "
                                           "kill-engine[:N]@ITER SIGKILLs engine N (default 0), "
-                                          "stop-engine[:N]@ITER SIGSTOPs it, both as rollout ITER starts")
-    use_fault_tolerance: bool = flag(False, "supervise the engines (`python -m miles.train`): relaunch a dead or "
-                                            "hung one on its port, readmit it once it serves the current weights, "
-                                            "re-send the requests it never answered")
-    engine_max_restarts: int = flag(3, "relaunches per engine before it is left down (--use-fault-tolerance)",
+                                          "stop-engine[:N]@ITER SIGSTOPs it, kill-router@ITER SIGKILLs the router, all as "
+                                          "rollout ITER starts")
+    use_fault_tolerance: bool = flag(False, "supervise the engines and the router (`python -m miles.train`): "
+                                            "relaunch a dead or hung engine on its port, readmit it once it serves "
+                                            "the current weights, re-send the requests it never answered; a dead "
+                                            "router comes back on its port with every engine registered again")
+    engine_max_restarts: int = flag(3, "relaunches per engine (and of the router) before it is left down "
+                                       "(--use-fault-tolerance)",
                                     minimum=0)
     engine_health_interval: float = flag(1.0, "seconds between the supervisor's checks of each engine", minimum=0.05)
     engine_health_timeout: float = flag(2.0, "seconds an engine's /health may take before the check fails",

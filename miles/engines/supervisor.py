@@ -9,6 +9,10 @@ doubles per restart, within `--engine-max-restarts`. The new process is pushed t
 last synced (a directory the weight sync keeps) and only then admitted at that version. The weight sync
 and the readmission share one lock, so an engine is never admitted at a version the trainer has already
 moved past.
+
+The router is watched the same way when the supervisor is given it (`router_process`, `relaunch_router`):
+relaunched on its port, it is told the current weight version and every engine is registered again at
+its state (ready engines as healthy, the others stale), so traffic resumes where it was.
 """
 from __future__ import annotations
 
@@ -79,6 +83,7 @@ class SupervisorCounters:
     """Figures since the previous `take` (the trainer reads them once per iteration)."""
 
     restarts: int = 0  # relaunches begun
+    router_restarts: int = 0
     readmissions: int = 0
     deaths: int = 0
     seconds_to_readmit: list[float] = field(default_factory=list)
@@ -91,6 +96,15 @@ class RouterAdmin:
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self.timeout = timeout
+
+    def register(self, worker_url: str, ready: bool, version: int | None) -> None:
+        body = {"url": worker_url, "state": "healthy" if ready else "stale"}
+        if version is not None:
+            body["weight_version"] = str(version)
+        self._post("/add_worker", body)
+
+    def set_version(self, version: int) -> None:
+        self._post("/update_weight_version", {"weight_version": str(version)})
 
     def mark_stale(self, worker_url: str) -> None:
         self._post("/set_worker_state", {"url": worker_url, "state": "stale"})
@@ -110,9 +124,14 @@ class EngineSupervisor:
 
     def __init__(self, engines: list[ServiceProcess], relaunch: Callable[[int, int], ServiceProcess],
                  policy: SupervisionPolicy, router: RouterAdmin | None = None,
-                 timeline: TimelineWriter | None = None, log: Callable[[str], None] | None = None):
+                 timeline: TimelineWriter | None = None, log: Callable[[str], None] | None = None,
+                 router_process: ServiceProcess | None = None,
+                 relaunch_router: Callable[[int], ServiceProcess] | None = None):
         self.slots = [EngineSlot(i, e) for i, e in enumerate(engines)]
         self.relaunch_fn, self.policy, self.router = relaunch, policy, router
+        self.router_process, self.relaunch_router = router_process, relaunch_router
+        self.router_restarts = 0
+        self.router_down = threading.Event()  # set while the router is being relaunched
         self.timeline = timeline or TimelineWriter(None)
         self.log = log or (lambda line: print(line, flush=True))
         self.weights: WeightSource | None = None
@@ -196,6 +215,10 @@ class EngineSupervisor:
     # ---- the watch -----------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(self.policy.interval):
+            try:
+                self._check_router()
+            except Exception as exc:  # the watch must outlive any one bad check
+                self.log(f"[engines] supervisor check of the router failed: {exc!r}")
             for slot in self.slots:
                 try:
                     self._check(slot)
@@ -222,6 +245,47 @@ class EngineSupervisor:
             os.kill(slot.service.pid, signal.SIGKILL)  # a SIGSTOP'd process dies of SIGKILL too
             slot.service.process.wait()
             self._down(slot, f"hung (/health failed {slot.failed_checks} times in a row): killed")
+
+    def _check_router(self) -> None:
+        """Relaunch a dead router on its port (here, in the watch: engines cannot be readmitted without it),
+        then register every engine again at its state."""
+        process = self.router_process
+        if process is None or self.relaunch_router is None or process.process.poll() is None:
+            return
+        code = process.process.returncode
+        since = time.time()
+        self.router_down.set()
+        self.log(f"[engines] router died (exit {code})")
+        self.timeline.add("router_down", since, since, lane=LANE, reason=f"exit {code}")
+        if self.router_restarts >= self.policy.max_restarts:
+            self.router_process = None
+            self.log(f"[engines] router used its {self.policy.max_restarts} restarts (--engine-max-restarts); "
+                     f"left down")
+            return
+        self.router_restarts += 1
+        with self._lock:
+            self.counters.router_restarts += 1
+        if self._abandon.wait(self.policy.delay(self.router_restarts)):
+            return
+        self.router_process = self.relaunch_router(process.port)
+        self._register_all()
+        self.router_down.clear()
+        self.log(f"[engines] router relaunched in {time.time() - since:.1f} s (pid {self.router_process.pid}), "
+                 f"{len(self.slots)} engines registered again")
+        self.timeline.add("router_restart", since, time.time(), lane=LANE, restart=self.router_restarts)
+
+    def _register_all(self) -> None:
+        """The current weight version, then each engine at its state; under the weights lock so a push
+        cannot move the version in between."""
+        lock = self.weights.lock if self.weights is not None else threading.Lock()
+        with lock:
+            version = self.weights.current()[1] if self.weights is not None else None
+            if version is not None:
+                self.router.set_version(version)
+            with self._lock:
+                states = [(slot.url, slot.state == READY) for slot in self.slots]
+            for url, ready in states:
+                self.router.register(url, ready, version if ready else None)
 
     def _healthy(self, slot: EngineSlot) -> bool:
         try:

@@ -1,7 +1,8 @@
 """The `--inject-fault` test hook as a loop observer: fail the run, or one engine, once at a given rollout.
 
 `raise@R` and `kill@R` fail the process running the loop before rollout R. `kill-engine[:N]@R` (SIGKILL)
-and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 0) as rollout R starts,
+and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 0) as rollout R starts
+(`kill-router@R`: the router),
 so that rollout's requests meet the fault: refused by a dead engine (the router fails them over, or with
 one engine the client waits for its relaunch), or held by a stopped one until the supervisor finds it hung.
 (Waiting for a request in flight first was tried: the tiny rollouts end before a poll of the router sees one.)
@@ -19,7 +20,7 @@ from miles.config import ConfigError
 from miles.record import layout
 from miles.run.observer import Observer
 
-KINDS = ("raise", "kill", "kill-engine", "stop-engine")
+KINDS = ("raise", "kill", "kill-engine", "stop-engine", "kill-router")
 ENGINE_KINDS = ("kill-engine", "stop-engine")
 SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<engine>\d+))?@(?P<at>\d+)$")
 
@@ -33,6 +34,7 @@ class FaultTargets(Protocol):
 
     def kill_engine(self, index: int) -> int: ...
     def stop_engine(self, index: int) -> int: ...
+    def kill_router(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,8 @@ def parse_fault(spec: str | None) -> Fault | None:
         return None
     match = SPEC.match(spec)
     if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in ENGINE_KINDS):
-        raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER or "
-                                            f"stop-engine[:N]@ITER, got {spec!r}")
+        raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
+                                            f"stop-engine[:N]@ITER or kill-router@ITER, got {spec!r}")
     return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 
@@ -82,6 +84,13 @@ class FaultInjector(Observer):
         marker.write_text(str(os.getpid()))
         if fault.kind in ENGINE_KINDS:
             self._hit_engine(fault)
+            return
+        if fault.kind == "kill-router":
+            if self.targets is None:
+                raise ConfigError("--inject-fault", "kill-router needs the router of `python -m miles.train`")
+            pid = self.targets.kill_router()
+            print(f"[trainer] --inject-fault {fault.name}: SIGKILL the router (pid {pid}) as rollout "
+                  f"{fault.rollout_id} starts", flush=True)
             return
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)  # the process running the loop dies mid-run

@@ -98,3 +98,38 @@ def test_an_engine_past_its_restart_budget_is_left_down(router, tmp_path):
         assert listed(handle, stubs[1].url)["state"] == "stale" and supervisor.ready_urls() == [stubs[0].url]
     finally:
         cleanup(supervisor, started)
+
+
+def test_a_killed_router_comes_back_on_its_address_with_every_engine_registered_at_its_state(tmp_path):
+    from miles.config import RouterConfig
+    from miles.router.launch import launch_router
+
+    stubs = [launch_stub(), launch_stub()]
+    routers = [launch_router(RouterConfig(), worker_urls=[s.url for s in stubs], log_path=tmp_path / "router.log")]
+
+    def relaunch_router(port: int) -> ServiceProcess:
+        routers.append(launch_router(RouterConfig(), port=port, log_path=tmp_path / "router.log"))
+        return routers[-1]
+
+    url = routers[0].url
+    supervisor = EngineSupervisor([as_service(s) for s in stubs], lambda i, port: as_service(launch_stub(port=port)),
+                                  POLICY, RouterAdmin(url, None), log=lambda line: None, router_process=routers[0],
+                                  relaunch_router=relaunch_router)
+    supervisor.attach_weights(KeptWeights(tmp_path, 4))
+    supervisor.slots[1].state = "relaunching"  # as if engine 1 were being relaunched when the router died
+    supervisor.start()
+    try:
+        os.kill(routers[0].pid, signal.SIGKILL)
+        wait_for(lambda: len(routers) == 2 and not supervisor.router_down.is_set(), 60,
+                 "the router relaunched and told the engines")
+        assert routers[1].url == url and supervisor.take().router_restarts == 1  # the same address
+        listing = httpx.get(url + "/list_workers").json()["workers"]
+        assert listing == [{"url": stubs[0].url, "state": "healthy", "weight_version": "4"},
+                           {"url": stubs[1].url, "state": "stale", "weight_version": None}]
+        assert httpx.get(url + "/workers").json()["weight_version"] == "4"
+    finally:
+        supervisor.stop()
+        for router in routers:
+            router.stop()
+        for stub in stubs:
+            stub.kill()

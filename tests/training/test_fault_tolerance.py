@@ -21,8 +21,9 @@ def test_inject_fault_names_the_engine_and_refuses_bad_specs():
     assert parse_fault("kill-engine@2") == Fault("kill-engine", 2, 0)
     assert parse_fault("stop-engine:1@0") == Fault("stop-engine", 0, 1)
     assert parse_fault("kill-engine:1@3").marker == "kill-engine:1@3"
+    assert parse_fault("kill-router@1") == Fault("kill-router", 1, 0)
     assert parse_fault("kill-engine:0@3").marker == "kill-engine@3"  # the marker of before engines had numbers
-    for bad in ("raise:1@2", "stop-engine@x", "explode@1", "kill-engine:1"):
+    for bad in ("raise:1@2", "stop-engine@x", "explode@1", "kill-engine:1", "kill-router:1@2"):
         with pytest.raises(ConfigError, match="--inject-fault"):
             parse_fault(bad)
 
@@ -76,3 +77,15 @@ def test_a_sigstopped_engine_is_found_hung_killed_and_relaunched(tmp_path, ray_c
     assert_healed(summary, run_dir, engine=0, engines=2)
     reasons = [s.args["reason"] for s in read_spans(run_dir / "timeline.jsonl") if s.name == "engine_down"]
     assert len(reasons) == 1 and reasons[0].startswith("hung")
+
+
+@pytest.mark.slow
+def test_a_killed_router_comes_back_with_every_engine_and_costs_no_rollout(tmp_path, ray_cluster):
+    summary, run_dir = run_with_fault(tmp_path, 2, "kill-router@1")
+    lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
+    assert [ln.rollout_id for ln in lines] == list(range(NUM_ROLLOUT))
+    assert sum(ln.metrics["rollout/router_restarts"] for ln in lines) == 1
+    assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) == 0
+    assert summary.engine_versions == [str(NUM_ROLLOUT)] * 2
+    spans = [s.name for s in read_spans(run_dir / "timeline.jsonl") if s.lane == "engines"]
+    assert [name for name in spans if name.startswith("router_")] == ["router_down", "router_restart"]
