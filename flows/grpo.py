@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
-    config = prepare(argv, make_model=False)  # the flow makes the model in a task of its own
+    config = refuse_plain_only(prepare(argv, make_model=False))  # the flow makes the model in a task of its own
     if "--run-dir" not in argv and not any(a.startswith("--run-dir=") for a in argv):
         argv += ["--run-dir", config.train.run_dir]  # one run dir for the flow and for what is printed here
     argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
@@ -70,12 +70,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def refuse_plain_only(config: MilesConfig) -> MilesConfig:
+    """Engine supervision runs in `python -m miles.train` only so far: here a dead engine still fails its
+    chunk's task, which the flow resubmits from the chunk's last checkpoint. Say so before anything starts."""
+    from miles.run.faults import ENGINE_KINDS, parse_fault
+
+    o = config.orchestration
+    if o.use_fault_tolerance:
+        raise ConfigError("--use-fault-tolerance", "engine supervision is built into `python -m miles.train`; "
+                                                   "`miles train` relaunches a dead engine between chunk retries")
+    fault = parse_fault(o.inject_fault)
+    if fault is not None and (fault.kind == "kill-router" or fault.kind in ENGINE_KINDS
+                              and (fault.kind != "kill-engine" or fault.engine != 0)):
+        raise ConfigError("--inject-fault", f"`miles train` can only kill-engine@ITER (engine 0), got "
+                                            f"{o.inject_fault!r}")
+    return config
+
+
 @flow(name="grpo", log_prints=True)
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
     started_at = time.time()  # the scorecard's wall time: the model, the cluster and the training
-    config = export_secrets(prepare(build_argv(config_file, flags), make_model=False))
+    config = export_secrets(refuse_plain_only(prepare(build_argv(config_file, flags), make_model=False)))
     # the run's router and engines get an admin token (random unless one is given)
     with run_token(config), RunDirLock(config.train.run_dir):  # one trainer per run dir: the next one fails here
         flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs

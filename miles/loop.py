@@ -56,20 +56,23 @@ def run_loop(trainer: LoopTrainer, rollouts: range, observers: Sequence[Observer
             trainer.close(final=stopped or rollouts.stop >= config.rollout.num_rollout)
 
 
-def standard_observers(trainer, kill_engine: Callable[[], object] | None = None) -> list[Observer]:
-    """The observers of every run, in order: the --inject-fault hook (`kill_engine` kills engine 0), the
-    --on-red-flag stop and profile reactions, and the trainer's profiler (it opens and closes windows)."""
+def standard_observers(trainer, kill_engine: Callable[[], object] | None = None,
+                       fault_targets=None) -> list[Observer]:
+    """The observers of every run, in order: the --inject-fault hook (`kill_engine` kills engine 0;
+    `fault_targets`, a plain run's services, can kill or stop any engine mid-rollout), the --on-red-flag
+    stop and profile reactions, and the trainer's profiler (it opens and closes windows)."""
     config = trainer.config
-    return [FaultInjector(config.orchestration.inject_fault, config.train.run_dir, kill_engine=kill_engine),
+    return [FaultInjector(config.orchestration.inject_fault, config.train.run_dir, kill_engine=kill_engine,
+                          targets=fault_targets),
             RedFlagStopper(config), RedFlagProfiler(config, trainer.profiler), trainer.profiler]
 
 
 def train_rollouts(trainer, rollouts: range, observers: Sequence[Observer] = (),
-                   kill_engine: Callable[[], object] | None = None) -> LoopOutcome:
+                   kill_engine: Callable[[], object] | None = None, fault_targets=None) -> LoopOutcome:
     """`run_loop` with the standard observers, the live stall reaction, then `observers`. Raises `RedFlagStop`
     (after the loop saved and closed) when --on-red-flag stop ended the run, so that both drivers fail it the
     same way; a run stopped while hung has no checkpoint of the hung rollout."""
-    standard = standard_observers(trainer, kill_engine)
+    standard = standard_observers(trainer, kill_engine, fault_targets)
     stall = StallReaction(trainer.config, listeners=observers)
     try:
         outcome = run_loop(trainer, rollouts, [*standard, stall, *observers])

@@ -30,6 +30,8 @@ class RunSummary:
     final_metrics: dict[str, float] = field(default_factory=dict)  # the last iteration's row
     seconds: float = 0.0
     stop_reason: str | None = None  # an observer stopped the run early
+    # --use-fault-tolerance: the weight version each engine serves at the end (None: down), read off the engines
+    engine_versions: list[str | None] = field(default_factory=list)
 
 
 def train(config: MilesConfig, use_router: bool = True, observers=()) -> RunSummary:
@@ -54,26 +56,39 @@ def _train_services(config: MilesConfig, use_router: bool, observers) -> RunSumm
     import ray
 
     from miles.cluster.connect import connect
-    from miles.cluster.local import start_inference
+    from miles.cluster.local import start_inference, supervise
     from miles.loop import train_rollouts
     from miles.trainer import RLTrainer
 
     start = time.time()
     o = config.orchestration
     started_ray = not ray.is_initialized() and connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
-    services = None
+    services = supervisor = None
     try:
         services = start_inference(config, use_router=use_router)
-        trainer = RLTrainer.start(config, services.rollout_url, services.engine_urls)
+        if o.use_fault_tolerance:  # a dead or hung engine is relaunched and readmitted; the run goes on
+            supervisor = supervise(config, services)
+        trainer = RLTrainer.start(config, services.rollout_url, services.engine_urls, supervisor=supervisor)
         outcome = train_rollouts(trainer, range(config.rollout.num_rollout), observers,
-                                 kill_engine=lambda: services.kill_engine(0))
+                                 kill_engine=lambda: services.kill_engine(0), fault_targets=services)
         last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1
-        return RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
-                          outcome.base_eval, outcome.last_metrics, time.time() - start, outcome.stop_reason)
+        summary = RunSummary(Path(config.train.run_dir), outcome.resumed_at, last, outcome.checkpoint,
+                             outcome.base_eval, outcome.last_metrics, time.time() - start, outcome.stop_reason)
+        if supervisor is not None:
+            supervisor.stop(finish_healing=True)  # an engine relaunching is brought back at the final weights
+            summary.engine_versions = supervisor.served_versions()
+            print("[engines] at the end: " + ", ".join(f"engine {i} at weight version {v}" if v is not None else
+                                                      f"engine {i} down" for i, v in
+                                                      enumerate(summary.engine_versions)), flush=True)
+        return summary
     finally:
         try:
-            if services is not None:
-                services.stop()
+            try:
+                if supervisor is not None:
+                    supervisor.stop()  # first: no relaunch may race the services' stop
+            finally:
+                if services is not None:
+                    services.stop()
         finally:
             if started_ray:
                 ray.shutdown()

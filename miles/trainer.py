@@ -30,7 +30,7 @@ from miles.record.samples import samples_due
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import evaluate, load_eval_sets
-from miles.rollout.generate import RolloutSampling, generate_groups
+from miles.rollout.generate import RolloutSampling, generate_groups, take_resends
 from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
@@ -50,10 +50,12 @@ class RLTrainer:
     attach to them); without, `close` stops them."""
 
     @classmethod
-    def start(cls, config, rollout_url: str, engine_urls: list[str], names: RunNames | None = None) -> "RLTrainer":
+    def start(cls, config, rollout_url: str, engine_urls: list[str], names: RunNames | None = None,
+              supervisor=None) -> "RLTrainer":
         """Start the trainer's parts: the tracker (and its delivery process), the health watch, the training
         ranks (a Ray actor group, found when `names` already exist), the weight sync and the run profiler
-        (its py-spy sampler runs only inside a profiling window)."""
+        (its py-spy sampler runs only inside a profiling window). With an engine `supervisor`
+        (--use-fault-tolerance) the weight sync pushes only to ready engines and lends it the current weights."""
         require_resolved(config, "RLTrainer.start")
         run_dir = Path(config.train.run_dir)
         rollout_url, engine_urls = rollout_url.rstrip("/"), [u.rstrip("/") for u in engine_urls]
@@ -63,7 +65,7 @@ class RLTrainer:
         health = HealthWatch(config, run_dir)
         group = ActorGroup(config, config.rollout.hf_checkpoint, names)
         sync = WeightSync(group, engine_urls, router_url, run_dir / layout.WEIGHTS,
-                          in_memory=config.train.colocate, admin_token=token)
+                          in_memory=config.train.colocate, admin_token=token, supervisor=supervisor)
         profiler = RunProfiler(config, run_dir, group.actors, engine_urls, router_url, token)
         return cls(config, rollout_url, engine_urls, tracker=tracker, health=health, group=group, sync=sync,
                    profiler=profiler)
@@ -125,6 +127,7 @@ class RLTrainer:
             push_disk(stale, model_dir, version, self.sync.admin_token)
             tell_router(self.sync.router_url, version, self.sync.admin_token)
         self.group.call("set_weight_version", version)
+        self.sync.serving(model_dir, version)  # what a relaunched engine is brought up to until the next push
 
     def save_checkpoint(self, rollout_id: int) -> Path:
         with self.phase("checkpoint", rollout_id):
@@ -166,6 +169,7 @@ class RLTrainer:
 
         metrics = dict(summary.metrics)
         metrics.update(self._router_metrics())
+        metrics.update(self._fault_metrics(metrics))
         metrics.update(perf_metrics(times, step_time, summary, cfg))
         steps = cfg.train.num_steps_per_rollout
         metrics.update({"train/step": float(rollout_id * steps + steps - 1), "rollout/step": float(rollout_id)})
@@ -213,10 +217,36 @@ class RLTrainer:
             return {}
         token = self.sync.admin_token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
-                          timeout=30.0).raise_for_status().json()
+        # supervised, a router being relaunched is waited for (within --engine-wait-timeout)
+        patience = self.config.orchestration.engine_wait_timeout if self.sync.supervisor is not None else 0.0
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
+                                  timeout=30.0).raise_for_status().json()
+                break
+            except httpx.TransportError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)  # bounded by the deadline above; the router answers once relaunched
         return {f"rollout/{key}": float(value) for key, value in stats.items()
                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+    def _fault_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """`rollout/engine_restarts` and the engines' states (with --use-fault-tolerance), and
+        `rollout/requests_resent`: requests sent again because an engine never answered them (the router's
+        failovers plus the rollout client's own re-sends while no engine was ready)."""
+        resent = take_resends() + metrics.get("rollout/router_retries", 0.0)
+        supervisor = self.sync.supervisor
+        if supervisor is None:
+            return {}
+        counters, states = supervisor.take(), supervisor.states()
+        out = {"rollout/requests_resent": float(resent), "rollout/engine_restarts": float(counters.restarts),
+               "rollout/engine_deaths": float(counters.deaths), "rollout/router_restarts": float(counters.router_restarts)}
+        out.update({f"rollout/engines_{state}": float(n) for state, n in states.items()})
+        if counters.seconds_to_readmit:
+            out["perf/engine_readmit_time"] = max(counters.seconds_to_readmit)
+        return out
 
     def _eval_due(self, rollout_id: int) -> bool:
         interval = self.config.rollout.eval_interval

@@ -7,6 +7,7 @@ The router is told the new version so it can report which weights serve traffic.
 from __future__ import annotations
 
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,10 +27,26 @@ def _engine_weights():
 
 
 def push_disk(engine_urls: list[str], model_dir: Path, version: int, token: str | None = None) -> None:
+    failures = push_disk_each(engine_urls, model_dir, version, token)
+    if failures:
+        raise next(iter(failures.values()))
+
+
+def push_disk_each(engine_urls: list[str], model_dir: Path, version: int,
+                   token: str | None = None) -> dict[str, Exception]:
+    """Push to every engine in parallel; the engines that failed, with their error."""
     weights = _engine_weights()
+
+    def push(url: str) -> Exception | None:
+        try:
+            weights.push_weights_from_disk(url, str(model_dir), str(version), token=token)
+        except Exception as exc:  # reported per engine: with supervision one dead engine must not fail the push
+            return exc
+        return None
+
     with ThreadPoolExecutor(max_workers=max(1, len(engine_urls))) as pool:
-        list(pool.map(lambda url: weights.push_weights_from_disk(url, str(model_dir), str(version), token=token),
-                      engine_urls))
+        results = list(pool.map(push, engine_urls))
+    return {url: exc for url, exc in zip(engine_urls, results) if exc is not None}
 
 
 def tell_router(router_url: str | None, version: int, admin_token: str | None = None) -> None:
@@ -44,15 +61,38 @@ def tell_router(router_url: str | None, version: int, admin_token: str | None = 
 
 
 class WeightSync:
-    """Pushes the ranks' current weights to the engines; keeps only the newest exported directory."""
+    """Pushes the ranks' current weights to the engines; keeps only the newest exported directory.
+
+    With a `supervisor` (--use-fault-tolerance) it pushes only to the engines that are ready, reports an
+    engine that fails the push instead of failing the run, and keeps the directory of the current weights
+    (`current()`) for the supervisor to bring a relaunched engine up to date; `lock` keeps the two apart."""
 
     def __init__(self, group: ActorGroup, engine_urls: list[str], router_url: str | None, export_root: Path,
-                 in_memory: bool, admin_token: str | None = None):
+                 in_memory: bool, admin_token: str | None = None, supervisor=None):
         self.group, self.engine_urls, self.router_url = group, engine_urls, router_url
         self.admin_token = admin_token
         self.export_root, self.in_memory = export_root, in_memory
+        self.supervisor = supervisor
+        self.lock = threading.Lock()
+        self._current: tuple[Path, int] | None = None
+
+    def current(self) -> tuple[Path, int]:
+        """The directory of the weights the engines should serve, and their version."""
+        if self._current is None:
+            raise WeightSyncError("no weights were synced yet")
+        return self._current
+
+    def serving(self, model_dir: Path, version: int) -> None:
+        """The engines serve `model_dir` at `version` now (a fresh or resumed run)."""
+        self._current = (Path(model_dir), int(version))
+        if self.supervisor is not None:
+            self.supervisor.attach_weights(self)
 
     def push(self, version: int) -> None:
+        if self.supervisor is not None:
+            with self.lock:
+                self._push_supervised(version)
+            return
         if self.in_memory:
             state = self.group.call("export_weights", None)[0]
             weights = _engine_weights()
@@ -67,6 +107,24 @@ class WeightSync:
                     shutil.rmtree(old, ignore_errors=True)
         self.group.call("set_weight_version", version)
         tell_router(self.router_url, version, self.admin_token)
+
+    def _push_supervised(self, version: int) -> None:
+        """Push to the ready engines only; an engine that fails is marked stale for the supervisor, which
+        brings it (and any engine that is relaunching) up to `version` from the kept directory."""
+        target = self.export_root / f"v{version:06d}"
+        self.group.call("export_weights", str(target))
+        for url, exc in push_disk_each(self.supervisor.ready_urls(), target, version, self.admin_token).items():
+            self.supervisor.engine_failed(url, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        self._current = (target, version)
+        for old in self.export_root.glob("v*"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+        self.group.call("set_weight_version", version)
+        try:
+            tell_router(self.router_url, version, self.admin_token)
+        except httpx.HTTPError as exc:  # the router is down: the supervisor tells its relaunch this version
+            print(f"[engines] the router missed weight version {version} ({exc!r}); its relaunch gets it",
+                  flush=True)
 
 
 def served_version(engine_url: str, probe_ids: list[int]) -> str | None:

@@ -100,6 +100,9 @@ class MilesConfig:
         if t.mlflow_ui and (t.mlflow_tracking_uri or "").startswith(("http://", "https://")):
             raise ConfigError("--mlflow-ui", f"--mlflow-tracking-uri {t.mlflow_tracking_uri} is a tracking server "
                                              "with its own UI; --mlflow-ui serves a local store")
+        if self.orchestration.use_fault_tolerance and self.train.colocate:
+            raise ConfigError("--use-fault-tolerance", "needs the weights on disk to bring a relaunched engine up to "
+                                                       "date; --colocate pushes them in memory")
         self.profiling.validate_run(self.rollout.num_rollout, self.world_size, {
             "--run-dir": self.train.run_dir or ".", "--tensorboard-dir": self.tracking.tensorboard_dir})
 

@@ -71,6 +71,10 @@ class HealthConfig:
     health_router_error_share: float = flag(0.05, "liveness: red flag when this share of a rollout's router "
                                                   "requests failed, were retried or found no worker",
                                             minimum=0.0, maximum=1.0)
+    health_engine_flap_restarts: int = flag(3, "liveness: red flag when engines were relaunched this many times "
+                                                 "within --health-engine-flap-window rollouts (one restart: a "
+                                                 "warning)", minimum=1)
+    health_engine_flap_window: int = flag(10, "liveness: rollouts over which engine restarts are counted", minimum=1)
     health_truncated_ratio: float = flag(0.5, "liveness: red flag when this share of samples was truncated "
                                               "(warning from half of it)", minimum=0.0, maximum=1.0)
     health_param_norm_growth: float = flag(10.0, "param_norm: red flag when the weights' norm grows by this factor "

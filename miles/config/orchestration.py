@@ -18,5 +18,23 @@ class OrchestrationConfig:
     task_retries: int = flag(2, "retries per task; a training chunk runs at most this + 1 times in all", minimum=0)
     task_retry_delay: float = flag(2.0, "seconds before the first retry (doubles each time)", minimum=0.0)
     task_timeout: float = flag(3600.0, "seconds a task may run", minimum=1.0)
-    inject_fault: str | None = flag(None, "test hook: raise@ITER or kill@ITER fails the run once at rollout ITER, "
-                                          "kill-engine@ITER kills engine 0 there")
+    inject_fault: str | None = flag(None, "test hook: raise@ITER or kill@ITER fails the run once at rollout ITER; "
+                                          "kill-engine[:N]@ITER SIGKILLs engine N (default 0), "
+                                          "stop-engine[:N]@ITER SIGSTOPs it, kill-router@ITER SIGKILLs the router, all as "
+                                          "rollout ITER starts")
+    use_fault_tolerance: bool = flag(False, "supervise the engines and the router (`python -m miles.train`): "
+                                            "relaunch a dead or hung engine on its port, readmit it once it serves "
+                                            "the current weights, re-send the requests it never answered; a dead "
+                                            "router comes back on its port with every engine registered again")
+    engine_max_restarts: int = flag(3, "relaunches per engine (and of the router) before it is left down "
+                                       "(--use-fault-tolerance)",
+                                    minimum=0)
+    engine_health_interval: float = flag(1.0, "seconds between the supervisor's checks of each engine", minimum=0.05)
+    engine_health_timeout: float = flag(2.0, "seconds an engine's /health may take before the check fails",
+                                        minimum=0.05)
+    engine_hung_checks: int = flag(3, "failed /health checks in a row of a live engine before it counts as hung "
+                                      "and is killed", minimum=1)
+    engine_restart_backoff: float = flag(1.0, "seconds before an engine's first relaunch (doubles per restart, "
+                                              "at most 30 s)", minimum=0.0)
+    engine_wait_timeout: float = flag(300.0, "seconds a rollout request waits for a healthy engine (the only "
+                                             "engine relaunching) before the rollout fails", minimum=1.0)

@@ -249,6 +249,21 @@ def check_router_errors(history, cfg: HealthConfig, run: RunFacts) -> Verdict | 
     return None
 
 
+def check_engine_flapping(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Engines relaunched in this rollout: a warning for one, red once the window holds
+    --health-engine-flap-restarts of them (an engine that keeps dying is not healed by relaunching it)."""
+    key = "rollout/engine_restarts"
+    now = current(history, key)
+    if not now:
+        return None
+    restarts = sum(recent(history, key, cfg.health_engine_flap_window))
+    if restarts >= cfg.health_engine_flap_restarts:
+        return _verdict(history, "engine_flapping", RED, f"{restarts:.0f} engine restarts in the last "
+                        f"{cfg.health_engine_flap_window} rollouts", **{key: now, "restarts_in_window": restarts})
+    return _verdict(history, "engine_flapping", WARNING, f"{now:.0f} engine restart(s) in this rollout",
+                    **{key: now, "restarts_in_window": restarts})
+
+
 def check_truncation(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
     key = "rollout/truncated_ratio"
     x = current(history, key)
@@ -301,6 +316,7 @@ DETECTORS: dict[str, Detector] = {
     "pg_clipfrac": check_pg_clipfrac,
     "stall": check_stall,
     "router_errors": check_router_errors,
+    "engine_flapping": check_engine_flapping,
     "truncated_ratio": check_truncation,
     "param_norm": check_param_norm,
     "non_finite": check_non_finite,

@@ -35,6 +35,9 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in [
     Signal("router_errors", ("rollout/router_requests", "rollout/router_errors", "rollout/router_retries",
                              "rollout/router_no_worker"),
            "router errors, retries or no-worker answers: check the engines (/workers, RUN_DIR/logs)"),
+    Signal("engine_flapping", ("rollout/engine_restarts",),
+           "an engine relaunched again and again (--use-fault-tolerance): read its RUN_DIR/logs/engine-N.log "
+           "for the cause (OOM, a bad device) before it uses its --engine-max-restarts"),
     Signal("truncated_ratio", ("rollout/truncated_ratio",),
            "most answers hit --rollout-max-response-len: raise it"),
     Signal("param_norm", ("train/param_norm", "train/param_norm_growth", "train/lr"),

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,6 +47,31 @@ class GenerateError(RuntimeError):
 
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # SGLang's gateway name: one key, one engine
+# Answers that mean no engine served the request (the router had none ready, or every failover failed):
+# with --use-fault-tolerance the request is sent again until an engine is back, within --engine-wait-timeout.
+NOT_SERVED = frozenset({502, 503})
+RESEND_BACKOFF_S = (0.2, 2.0)  # first wait, cap (doubling in between)
+_resends = [0]
+_resends_lock = threading.Lock()
+
+
+def take_resends() -> int:
+    """Requests this process re-sent since the previous call (the trainer reads it once per iteration)."""
+    with _resends_lock:
+        count, _resends[0] = _resends[0], 0
+        return count
+
+
+def _count_resend() -> None:
+    with _resends_lock:
+        _resends[0] += 1
+
+
+def resend_deadline(args: Any) -> float | None:
+    """Seconds a request may wait for an engine, from the run's flags; None: fail at once (no supervision)."""
+    if args is None or not getattr(args, "use_fault_tolerance", False):
+        return None
+    return float(getattr(args, "engine_wait_timeout", 300.0))
 
 
 @dataclass
@@ -61,18 +88,38 @@ class GenerateState:
     async def generate(self, payload: dict[str, Any], routing_key: str | None = None) -> dict[str, Any]:
         """POST /generate; with `routing_key`, every request of that key goes to the same engine."""
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
-        async with self.gate:
-            try:
-                status, body = await self.client.post("/generate", payload, headers)
-            except PostFailed as exc:
-                raise GenerateError(f"{self.url}: {exc}") from None
+        wait = resend_deadline(self.args)
+        deadline = None if wait is None else time.monotonic() + wait
+        delay = RESEND_BACKOFF_S[0]
+        while True:
+            async with self.gate:
+                try:
+                    status, body, failure = *(await self.client.post("/generate", payload, headers)), None
+                except PostFailed as exc:
+                    status, body, failure = None, b"", exc
+            if status is not None and status not in NOT_SERVED:
+                break
+            # never answered by an engine: the same payload (same per-sample seeds) can go again, and gives
+            # the same tokens whichever engine serves it
+            if deadline is None or time.monotonic() + delay > deadline:
+                if failure is not None:
+                    raise GenerateError(f"{self.url}: {failure}" + _waited(wait)) from None
+                break
+            _count_resend()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESEND_BACKOFF_S[1])
         if status != 200:
             text = body[:300].decode("utf-8", "replace")
-            raise GenerateError(f"POST {self.url}/generate answered {status}: {text}")
+            raise GenerateError(f"POST {self.url}/generate answered {status}: {text}"
+                                + (_waited(wait) if status in NOT_SERVED else ""))
         try:
             return json.loads(body)
         except ValueError as exc:
             raise GenerateError(f"POST {self.url}/generate answered 200 with a body that is not JSON: {exc}") from None
+
+
+def _waited(wait: float | None) -> str:
+    return "" if wait is None else f" (no engine served it within --engine-wait-timeout {wait:g} s)"
 
 
 @dataclass(frozen=True)

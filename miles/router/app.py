@@ -31,7 +31,7 @@ from miles.record.timeline import TimelineWriter
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 # The router's own endpoints (served by FastAPI); every other path goes to a worker.
-ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/list_workers", "/workers", "/router_health", "/metrics",
+ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/set_worker_state", "/list_workers", "/workers", "/router_health", "/metrics",
                          "/router_stats", "/update_weight_version"})
 is_loopback = auth.is_loopback
 
@@ -148,15 +148,18 @@ class Router:
             self.timeline.close()
 
     # what the endpoints do
-    def add_worker(self, url: Any) -> dict:
+    def add_worker(self, url: Any, state: Any = "healthy", weight_version: Any = None) -> dict:
+        state = "healthy" if state == "ready" else state
+        if state not in ("healthy", "stale"):
+            raise AdminError(400, f"state must be 'healthy' or 'stale', got {state!r}")
         try:
             if is_own_address(url, self.listening):
                 raise WorkerError(f"worker url {url!r} is this router's own address; it would send every "
                                   f"request round in a loop")
-            worker = self.pool.add(url)
+            worker = self.pool.add(url, stale=state == "stale", weight_version=_version_or_none(weight_version))
         except WorkerError as exc:
             raise AdminError(409 if "already registered" in str(exc) else 400, str(exc)) from None
-        self.timeline.event("add_worker", url=worker.url)
+        self.timeline.event("add_worker", url=worker.url, state=worker.state)
         return {"status": "success", "worker_urls": {w.url: w.inflight for w in self.pool.workers}}
 
     def remove_worker(self, url: Any) -> dict:
@@ -168,8 +171,28 @@ class Router:
         self.timeline.event("remove_worker", url=worker.url)
         return {"status": "success", "worker_urls": self.pool.urls}
 
+    def set_worker_state(self, url: Any, state: Any, weight_version: Any = None) -> dict:
+        """stale: out of traffic now; healthy (or ready): admitted, only at the router's current weight version
+        (409 else)."""
+        state = "healthy" if state == "ready" else state
+        try:
+            if state == "stale":
+                worker = self.pool.mark_stale(url)
+                self.upstream.forget(worker.endpoint)
+            elif state == "healthy":
+                if _version_or_none(weight_version) is None:
+                    raise AdminError(400, "admitting a worker needs the weight_version it serves")
+                worker = self.pool.admit(url, str(weight_version))
+            else:
+                raise AdminError(400, f"state must be 'healthy' or 'stale', got {state!r}")
+        except WorkerError as exc:
+            raise AdminError(404 if "not registered" in str(exc) else 409, str(exc)) from None
+        self.timeline.event("worker_state", url=worker.url, state=worker.state, weight_version=worker.weight_version)
+        return {"status": "success", "url": worker.url, "state": worker.state, "weight_version": worker.weight_version}
+
     def list_workers(self) -> dict:
-        return {"urls": self.pool.urls}
+        return {"urls": self.pool.urls, "workers": [{"url": w.url, "state": w.state, "weight_version": w.weight_version}
+                                                    for w in self.pool.workers]}
 
     def describe_workers(self) -> dict:
         return {"weight_version": self.pool.weight_version, "policy": self.pool.policy,
@@ -212,7 +235,16 @@ class Router:
         @app.post("/add_worker")
         async def add_worker(request: Request):
             self.check_admin(request.headers)
-            return self.add_worker(await _url_param(request))
+            payload = await _json_object(request)
+            state = request.query_params.get("state") or payload.get("state", "healthy")
+            return self.add_worker(await _url_param(request), state, payload.get("weight_version"))
+
+        @app.post("/set_worker_state")
+        async def set_worker_state(request: Request):
+            self.check_admin(request.headers)
+            payload = await _json_object(request)
+            return self.set_worker_state(await _url_param(request), payload.get("state"),
+                                         payload.get("weight_version"))
 
         @app.post("/remove_worker")
         async def remove_worker(request: Request):
@@ -251,6 +283,14 @@ class Router:
             return Response(metrics.render(self.pool, self.stats), media_type=metrics.CONTENT_TYPE)
 
         return app
+
+
+def _version_or_none(version: Any) -> str | None:
+    if version is None:
+        return None
+    if isinstance(version, (dict, list, bool)) or str(version) == "":
+        raise AdminError(400, f"weight_version must be a non-empty string or number, got {version!r}")
+    return str(version)
 
 
 async def _json_object(request: Request) -> dict:

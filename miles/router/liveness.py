@@ -59,6 +59,10 @@ class HealthChecker:
                         worker.consecutive_failures)
             if self.timeline is not None:
                 self.timeline.event("quarantine", url=worker.url)
+        elif verdict.admitted:
+            log.warning("router: admitted stale %s at weight version %s", worker.url, worker.weight_version)
+            if self.timeline is not None:
+                self.timeline.event("admit", url=worker.url, weight_version=worker.weight_version)
         elif verdict.readmitted:
             log.warning("router: readmitted %s at weight version %s", worker.url, worker.weight_version)
             if self.timeline is not None:

@@ -31,7 +31,7 @@ class RouterCollector:
             requests.add_metric([w.url], w.requests)
             errors.add_metric([w.url], w.errors)
             inflight.add_metric([w.url], w.inflight)
-            healthy.add_metric([w.url], 1 if w.healthy else 0)
+            healthy.add_metric([w.url], 1 if w.serving else 0)
             cumulative, buckets = 0, []
             for bound, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), w.latency_counts):
                 cumulative += count

@@ -53,6 +53,9 @@ class Worker:
     url: str
     endpoint: Endpoint
     healthy: bool = True
+    # stale: registered (e.g. a relaunched engine) but not yet serving the current weights: no traffic until
+    # it is admitted at the current weight version (weight-gated readmission)
+    stale: bool = False
     inflight: int = 0
     consecutive_failures: int = 0
     consecutive_successes: int = 0
@@ -62,6 +65,17 @@ class Worker:
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     latency_sum: float = 0.0
 
+    @property
+    def state(self) -> str:
+        """healthy (takes traffic), stale (waits for the current weights) or quarantined (failed its checks)."""
+        if self.stale:
+            return "stale"
+        return "healthy" if self.healthy else "quarantined"
+
+    @property
+    def serving(self) -> bool:
+        return self.healthy and not self.stale
+
     def observe(self, seconds: float, failed: bool) -> None:
         self.requests += 1
         if failed:
@@ -70,7 +84,7 @@ class Worker:
         self.latency_sum += seconds
 
     def describe(self) -> dict:
-        return {"url": self.url, "state": "healthy" if self.healthy else "quarantined", "inflight": self.inflight,
+        return {"url": self.url, "state": self.state, "inflight": self.inflight,
                 "consecutive_failures": self.consecutive_failures,
                 "consecutive_successes": self.consecutive_successes, "weight_version": self.weight_version,
                 "requests": self.requests, "errors": self.errors}
@@ -82,6 +96,7 @@ class HealthVerdict:
 
     quarantined: bool = False
     readmitted: bool = False
+    admitted: bool = False  # a stale worker reached the current weight version
 
 
 class WorkerPool:
@@ -101,11 +116,12 @@ class WorkerPool:
         self._rr = 0
 
     # registry
-    def add(self, url: str) -> Worker:
+    def add(self, url: str, stale: bool = False, weight_version: str | None = None) -> Worker:
         url = check_worker_url(url)
         if url in self._workers:
             raise WorkerError(f"worker {url} is already registered")
-        worker = Worker(url, Endpoint.from_url(url))
+        worker = Worker(url, Endpoint.from_url(url), stale=stale,
+                        weight_version=None if weight_version is None else str(weight_version))
         self._workers[url] = worker
         self._refresh()
         return worker
@@ -134,7 +150,36 @@ class WorkerPool:
         return self._healthy
 
     def _refresh(self) -> None:
-        self._healthy = [w for w in self._workers.values() if w.healthy]
+        self._healthy = [w for w in self._workers.values() if w.serving]
+
+    def mark_stale(self, url: str) -> Worker:
+        """Take a worker out of traffic until it is admitted again (its engine died or is being relaunched)."""
+        worker = self._known(url)
+        worker.stale = True
+        self._refresh()
+        return worker
+
+    def admit(self, url: str, weight_version: str) -> Worker:
+        """Let a stale worker take traffic again, only at the router's current weight version (when one is
+        set): a worker still serving older weights would mix policies within a rollout."""
+        worker = self._known(url)
+        version = str(weight_version)
+        if self.weight_version is not None and version != self.weight_version:
+            raise WorkerError(f"worker {worker.url} is at weight version {version}; the router serves "
+                              f"{self.weight_version}, so it stays stale")
+        worker.weight_version = version
+        worker.stale = False
+        worker.healthy = True
+        worker.consecutive_failures = 0
+        self._refresh()
+        return worker
+
+    def _known(self, url: str) -> Worker:
+        key = url.rstrip("/") if isinstance(url, str) else url
+        worker = self._workers.get(key)
+        if worker is None:
+            raise WorkerError(f"worker {url!r} is not registered")
+        return worker
 
     # selection
     def choose(self, exclude: Iterable[Worker] = (), routing_key: bytes | None = None) -> Worker | None:
@@ -178,6 +223,15 @@ class WorkerPool:
             return HealthVerdict()
         worker.consecutive_failures = 0
         worker.consecutive_successes += 1
+        if worker.stale:
+            # the health loop admits a stale worker itself once it reports the current weights (a supervisor
+            # usually admits it sooner); with no version known yet only an explicit admit does
+            if (self.weight_version is not None and worker.weight_version == self.weight_version
+                    and worker.consecutive_successes >= self.readmit_successes):
+                worker.stale, worker.healthy = False, True
+                self._refresh()
+                return HealthVerdict(admitted=True)
+            return HealthVerdict()
         if worker.healthy:
             return HealthVerdict()
         current = self.weight_version is None or worker.weight_version == self.weight_version

@@ -1,59 +1,109 @@
-"""The `--inject-fault` test hook as a loop observer: fail the run once at a given rollout."""
+"""The `--inject-fault` test hook as a loop observer: fail the run, or one engine, once at a given rollout.
+
+`raise@R` and `kill@R` fail the process running the loop before rollout R. `kill-engine[:N]@R` (SIGKILL)
+and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 0) as rollout R starts
+(`kill-router@R`: the router),
+so that rollout's requests meet the fault: refused by a dead engine (the router fails them over, or with
+one engine the client waits for its relaunch), or held by a stopped one until the supervisor finds it hung.
+(Waiting for a request in flight first was tried: the tiny rollouts end before a poll of the router sees one.)
+"""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from miles.config import ConfigError
 from miles.record import layout
 from miles.run.observer import Observer
 
-KINDS = ("raise", "kill", "kill-engine")
+KINDS = ("raise", "kill", "kill-engine", "stop-engine", "kill-router")
+ENGINE_KINDS = ("kill-engine", "stop-engine")
+SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<engine>\d+))?@(?P<at>\d+)$")
 
 
 class InjectedFault(RuntimeError):
     """The failure `--inject-fault raise@ITER` asked for."""
 
 
+class FaultTargets(Protocol):
+    """The inference services a fault can hit (a plain run's `InferenceServices`)."""
+
+    def kill_engine(self, index: int) -> int: ...
+    def stop_engine(self, index: int) -> int: ...
+    def kill_router(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str
     rollout_id: int
+    engine: int = 0
+
+    @property
+    def marker(self) -> str:
+        """The marker file's name (engine 0 unnamed, as before engines were numbered)."""
+        return f"{self.kind}@{self.rollout_id}" if self.engine == 0 else self.name
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.engine}@{self.rollout_id}" if self.kind in ENGINE_KINDS else \
+            f"{self.kind}@{self.rollout_id}"
 
 
 def parse_fault(spec: str | None) -> Fault | None:
     if not spec:
         return None
-    kind, sep, at = spec.partition("@")
-    if kind not in KINDS or not sep or not at.isdigit():
-        raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER or kill-engine@ITER, got {spec!r}")
-    return Fault(kind, int(at))
+    match = SPEC.match(spec)
+    if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in ENGINE_KINDS):
+        raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
+                                            f"stop-engine[:N]@ITER or kill-router@ITER, got {spec!r}")
+    return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 
 class FaultInjector(Observer):
-    """Fires the fault before its rollout, once per run: a marker in the run dir, written first, keeps
+    """Fires the fault at its rollout, once per run: a marker in the run dir, written first, keeps
     the retried chunk from failing again (a killed process cannot write it after)."""
 
-    def __init__(self, spec: str | None, run_dir: str | Path, kill_engine: Callable[[], object] | None = None):
-        self.fault, self.run_dir, self.kill_engine = parse_fault(spec), Path(run_dir), kill_engine
+    def __init__(self, spec: str | None, run_dir: str | Path, kill_engine: Callable[[], object] | None = None,
+                 targets: FaultTargets | None = None):
+        self.fault, self.run_dir, self.kill_engine, self.targets = parse_fault(spec), Path(run_dir), kill_engine, \
+            targets
 
     def before_iteration(self, rollout_id: int) -> None:
         fault = self.fault
         if fault is None or fault.rollout_id != rollout_id:
             return
-        marker = self.run_dir / layout.FAULTS / f"{fault.kind}@{fault.rollout_id}"
+        marker = self.run_dir / layout.FAULTS / fault.marker
         if marker.exists():
             return
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(str(os.getpid()))
-        if fault.kind == "kill-engine":
-            if self.kill_engine is None:
-                raise ConfigError("--inject-fault", "kill-engine needs the Prefect flow (`miles train`)")
-            self.kill_engine()  # engine 0's process dies as a crash would; the chunk goes on through the router
+        if fault.kind in ENGINE_KINDS:
+            self._hit_engine(fault)
+            return
+        if fault.kind == "kill-router":
+            if self.targets is None:
+                raise ConfigError("--inject-fault", "kill-router needs the router of `python -m miles.train`")
+            pid = self.targets.kill_router()
+            print(f"[trainer] --inject-fault {fault.name}: SIGKILL the router (pid {pid}) as rollout "
+                  f"{fault.rollout_id} starts", flush=True)
             return
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)  # the process running the loop dies mid-run
         raise InjectedFault(f"--inject-fault {fault.kind}@{fault.rollout_id}: failing rollout {rollout_id} once")
+
+    def _hit_engine(self, fault: Fault) -> None:
+        if self.targets is not None:
+            hit = self.targets.kill_engine if fault.kind == "kill-engine" else self.targets.stop_engine
+            pid = hit(fault.engine)
+            print(f"[trainer] --inject-fault {fault.name}: {'SIGKILL' if fault.kind == 'kill-engine' else 'SIGSTOP'}"
+                  f" engine {fault.engine} (pid {pid}) as rollout {fault.rollout_id} starts", flush=True)
+            return
+        if fault.kind != "kill-engine" or fault.engine != 0 or self.kill_engine is None:
+            raise ConfigError("--inject-fault", f"{fault.name} needs the engines of `python -m miles.train`; "
+                                                f"`miles train` can only kill-engine@ITER (engine 0)")
+        self.kill_engine()  # engine 0's process dies as a crash would; the chunk goes on through the router

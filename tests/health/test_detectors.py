@@ -85,6 +85,7 @@ RED_STREAMS = {
     "stall": (dict(perf__step_time=lambda i, v: 1000.0 if i == 0 else v), 1),
     "router_errors": (dict(rollout__router_errors=lambda i, v: 40.0, rollout__router_retries=lambda i, v: 10.0), 1),
     "truncated_ratio": (dict(rollout__truncated_ratio=lambda i, v: 0.9), 1),
+    "engine_flapping": (dict(rollout__engine_restarts=lambda i, v: 1.0), CFG.health_engine_flap_restarts),
 }
 
 
@@ -146,3 +147,12 @@ def test_health_metrics_are_0_or_1_per_signal():
     metrics = health_metrics(judge(rollouts[: START + 1], CFG, RUN), RUN)
     assert metrics["health/pg_clipfrac"] == 1.0
     assert set(metrics.values()) == {0.0, 1.0} and len(metrics) == len(active_signals(RUN))
+
+
+def test_one_engine_restart_is_a_warning_and_a_flapping_engine_red():
+    once = broken(stream(0.0), START, rollout__engine_restarts=lambda i, v: 1.0 if i == 0 else 0.0)
+    mine = [(v.rollout_id, v.severity) for v in flagged(once) if v.signal == "engine_flapping"]
+    assert mine == [(START, WARNING)]
+    flapping = broken(stream(0.0), START, rollout__engine_restarts=lambda i, v: 1.0 if i % 2 == 0 else 0.0)
+    mine = [(v.rollout_id, v.severity) for v in flagged(flapping) if v.signal == "engine_flapping"]
+    assert mine[:3] == [(START, WARNING), (START + 2, WARNING), (START + 4, RED)]

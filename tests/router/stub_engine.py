@@ -1,6 +1,7 @@
 """A fast stub engine speaking the slice of SGLang's HTTP contract the router relies on (run as a process).
 
-GET /health, GET /get_server_info (with `weight_version`), POST /generate (small JSON, or SSE
+GET /health, GET /get_server_info (with `weight_version`), POST /update_weights_from_disk and GET
+/get_weight_version (the version only, nothing loaded), POST /generate (small JSON, or SSE
 with `"stream": true`), and test switches: `--generate-status 400` answers every /generate
 with that status, `--delay` holds each /generate that long, POST /stub/unhealthy fails /health.
 It is raw ASGI on uvicorn so the benchmark measures the router, not the stub.
@@ -43,6 +44,12 @@ class StubEngine:
             await reply(send, 200 if self.healthy else 503, b"{}")
         elif path == "/get_server_info":
             await reply(send, 200, json.dumps({"weight_version": self.weight_version, "pid": self.pid}).encode())
+        elif path == "/update_weights_from_disk" and method == "POST":
+            self.weight_version = str(json.loads(body)["weight_version"])
+            await reply(send, 200, json.dumps({"success": True, "message": "stub loaded nothing",
+                                               "weight_version": self.weight_version}).encode())
+        elif path == "/get_weight_version":
+            await reply(send, 200, json.dumps({"weight_version": self.weight_version}).encode())
         elif path == "/stub/unhealthy" and method == "POST":
             self.healthy = False
             await reply(send, 200, b"{}")

@@ -18,7 +18,9 @@ def test_add_worker_by_query_or_json_and_list_them(stubs, router):
     assert r.status_code == 200 and r.json() == {"status": "success", "worker_urls": {a.url: 0}}
     r = httpx.post(handle.url + "/add_worker", json={"url": b.url})
     assert r.status_code == 200 and set(r.json()["worker_urls"]) == {a.url, b.url}
-    assert httpx.get(handle.url + "/list_workers").json() == {"urls": [a.url, b.url]}
+    listed = httpx.get(handle.url + "/list_workers").json()
+    assert listed["urls"] == [a.url, b.url]
+    assert listed["workers"] == [{"url": u, "state": "healthy", "weight_version": None} for u in (a.url, b.url)]
     assert httpx.post(handle.url + "/generate", json={}).status_code == 200
 
 
@@ -34,7 +36,7 @@ def test_bad_add_worker_input_is_a_clear_4xx(router, kwargs, status, message):
     handle = router([])
     r = httpx.post(handle.url + "/add_worker", **kwargs)
     assert r.status_code == status and message in r.json()["error"]
-    assert httpx.get(handle.url + "/list_workers").json() == {"urls": []}
+    assert httpx.get(handle.url + "/list_workers").json()["urls"] == []
 
 
 def test_duplicate_add_and_unknown_remove(stubs, router):
@@ -137,3 +139,36 @@ def test_workers_endpoint_describes_each_worker(stubs, router):
     worker = wait_for(described, 30, "the health loop to read the weight version")
     assert worker["url"] == stub.url and worker["state"] == "healthy" and worker["requests"] == 1
     assert worker["inflight"] == 0 and worker["errors"] == 0 and worker["consecutive_failures"] == 0
+
+
+def test_stale_worker_gets_no_traffic_until_admitted_at_the_current_weight_version(stubs, router):
+    a = stubs()
+    handle = router([])
+    httpx.post(handle.url + "/update_weight_version", json={"weight_version": "5"}).raise_for_status()
+    r = httpx.post(handle.url + "/add_worker", json={"url": a.url, "state": "stale", "weight_version": "4"})
+    assert r.status_code == 200
+    assert httpx.get(handle.url + "/list_workers").json()["workers"] == [
+        {"url": a.url, "state": "stale", "weight_version": "4"}]
+    assert httpx.post(handle.url + "/generate", json={}).status_code == 503  # registered, but stale: no traffic
+    r = httpx.post(handle.url + "/set_worker_state", json={"url": a.url, "state": "ready", "weight_version": "4"})
+    assert r.status_code == 409 and "serves 5" in r.json()["error"]
+    r = httpx.post(handle.url + "/set_worker_state", json={"url": a.url, "state": "ready", "weight_version": "5"})
+    assert r.status_code == 200 and r.json()["state"] == "healthy"
+    assert httpx.post(handle.url + "/generate", json={}).status_code == 200
+    r = httpx.post(handle.url + "/set_worker_state", json={"url": a.url, "state": "stale"})
+    assert r.status_code == 200 and r.json()["state"] == "stale"
+    assert httpx.post(handle.url + "/generate", json={}).status_code == 503
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"url": "http://127.0.0.1:1", "state": "stale"}, 404, "not registered"),
+    ({"state": "ready"}, 400, "worker url is required"),
+    ({"url": "U", "state": "asleep"}, 400, "state must be"),
+    ({"url": "U", "state": "ready"}, 400, "needs the weight_version"),
+])
+def test_bad_set_worker_state_input_is_a_clear_4xx(stubs, router, body, status, message):
+    a = stubs()
+    handle = router([a.url])
+    body = {k: (a.url if v == "U" else v) for k, v in body.items()}
+    r = httpx.post(handle.url + "/set_worker_state", json=body)
+    assert r.status_code == status and message in r.json()["error"]

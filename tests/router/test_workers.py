@@ -120,3 +120,28 @@ def test_a_routing_key_sticks_to_one_worker_and_falls_back_to_the_same_next_one(
     for _ in range(pool.failure_threshold):
         pool.record_check(pinned, ok=False)  # ... and is then quarantined
     assert pool.choose(routing_key=key) is fallback  # every later turn goes to the same fallback
+
+
+def test_a_stale_worker_is_never_chosen_and_admitted_only_at_the_current_version():
+    pool = pool_of(2)
+    a, b = pool.workers
+    pool.set_weight_version("7")
+    pool.mark_stale(a.url)
+    assert a.state == "stale" and [pool.choose() for _ in range(5)] == [b] * 5
+    with pytest.raises(WorkerError, match="serves 7"):
+        pool.admit(a.url, "6")
+    assert a.state == "stale"
+    pool.admit(a.url, "7")
+    assert a.state == "healthy" and a in pool.healthy
+
+
+def test_health_checks_admit_a_stale_worker_only_once_it_reports_the_current_weights():
+    pool = WorkerPool(readmit_successes=2)
+    worker = pool.add("http://127.0.0.1:9000", stale=True, weight_version="0")
+    for _ in range(3):  # no version known yet: only an explicit admit lets it in
+        assert not pool.record_check(worker, True, "0").admitted
+    pool.set_weight_version("3")
+    for _ in range(3):
+        assert not pool.record_check(worker, True, "2").admitted
+    assert pool.healthy == []
+    assert pool.record_check(worker, True, "3").admitted and pool.healthy == [worker]

@@ -18,7 +18,7 @@ def test_the_router_refuses_to_add_itself(router):
     for url in (handle.url, f"http://localhost:{port}", f"http://127.0.0.1:{port}/"):
         r = httpx.post(handle.url + "/add_worker", json={"url": url}, headers=AUTH)
         assert r.status_code == 400 and "own address" in r.json()["error"], url
-    assert httpx.get(handle.url + "/list_workers").json() == {"urls": []}
+    assert httpx.get(handle.url + "/list_workers").json()["urls"] == []
 
 
 def test_a_loop_through_two_routers_is_cut_with_508(router):

@@ -1,0 +1,91 @@
+"""A dead or hung engine costs seconds, not rollouts (`python -m miles.train --use-fault-tolerance`), on real
+engines, router and Ray: an engine SIGKILLed or SIGSTOPped as a rollout starts is relaunched on
+its port and readmitted at the current weights; every rollout lands in the journal exactly once."""
+from __future__ import annotations
+
+import pytest
+
+from miles.config import ConfigError, parse_config
+from miles.record.journal import read_journal
+from miles.record.timeline import read_spans
+from miles.run.faults import Fault, parse_fault
+from tests.training.conftest import SMALL
+
+NUM_ROLLOUT = 3
+# quick checks and relaunches, so a test spends its time on the fault, not on waiting for it
+FAST = ["--use-fault-tolerance", "--engine-health-interval", "0.5", "--engine-health-timeout", "1",
+        "--engine-hung-checks", "3", "--engine-restart-backoff", "0.2", "--engine-wait-timeout", "400"]
+
+
+def test_inject_fault_names_the_engine_and_refuses_bad_specs():
+    assert parse_fault("kill-engine@2") == Fault("kill-engine", 2, 0)
+    assert parse_fault("stop-engine:1@0") == Fault("stop-engine", 0, 1)
+    assert parse_fault("kill-engine:1@3").marker == "kill-engine:1@3"
+    assert parse_fault("kill-router@1") == Fault("kill-router", 1, 0)
+    assert parse_fault("kill-engine:0@3").marker == "kill-engine@3"  # the marker of before engines had numbers
+    for bad in ("raise:1@2", "stop-engine@x", "explode@1", "kill-engine:1", "kill-router:1@2"):
+        with pytest.raises(ConfigError, match="--inject-fault"):
+            parse_fault(bad)
+
+
+def test_fault_tolerance_needs_weights_on_disk():
+    with pytest.raises(ConfigError, match="--use-fault-tolerance.*--colocate"):
+        parse_config(["--use-fault-tolerance", "--colocate"])
+
+
+def run_with_fault(tmp_path, engines: int, fault: str):
+    from miles.prepare import prepare_config
+    from miles.train import train
+
+    run_dir = tmp_path / "run"
+    config = parse_config([*SMALL, "--num-rollout", str(NUM_ROLLOUT), "--eval-interval", "100",
+                           "--rollout-num-engines", str(engines), "--inject-fault", fault, *FAST,
+                           "--run-dir", str(run_dir)])
+    summary = train(prepare_config(config))  # stops (SIGCONT, then terminate) every engine it started
+    return summary, run_dir
+
+
+def assert_healed(summary, run_dir, engine: int, engines: int) -> None:
+    # every rollout exactly once, none redone, the run finished
+    lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
+    assert [ln.rollout_id for ln in lines] == list(range(NUM_ROLLOUT))
+    assert summary.last_rollout_id == NUM_ROLLOUT - 1 and summary.first_rollout_id == 0
+    # the engine was relaunched once, and every engine serves the final weights (one version per rollout)
+    assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) == 1
+    assert summary.engine_versions == [str(NUM_ROLLOUT)] * engines
+    spans = [s for s in read_spans(run_dir / "timeline.jsonl") if s.lane == "engines"]
+    restarts = [s for s in spans if s.name == "engine_restart"]
+    assert [s.args["engine"] for s in restarts] == [engine]
+    assert 0 <= restarts[0].args["weight_version"] <= NUM_ROLLOUT and restarts[0].end >= restarts[0].start
+
+
+@pytest.mark.slow
+def test_sigkill_of_one_of_two_engines_mid_rollout_costs_no_rollout(tmp_path, ray_cluster):
+    summary, run_dir = run_with_fault(tmp_path, 2, "kill-engine:1@1")
+    assert_healed(summary, run_dir, engine=1, engines=2)
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_only_engine_waits_for_its_relaunch(tmp_path, ray_cluster):
+    summary, run_dir = run_with_fault(tmp_path, 1, "kill-engine@1")
+    assert_healed(summary, run_dir, engine=0, engines=1)
+
+
+@pytest.mark.slow
+def test_a_sigstopped_engine_is_found_hung_killed_and_relaunched(tmp_path, ray_cluster):
+    summary, run_dir = run_with_fault(tmp_path, 2, "stop-engine:0@1")
+    assert_healed(summary, run_dir, engine=0, engines=2)
+    reasons = [s.args["reason"] for s in read_spans(run_dir / "timeline.jsonl") if s.name == "engine_down"]
+    assert len(reasons) == 1 and reasons[0].startswith("hung")
+
+
+@pytest.mark.slow
+def test_a_killed_router_comes_back_with_every_engine_and_costs_no_rollout(tmp_path, ray_cluster):
+    summary, run_dir = run_with_fault(tmp_path, 2, "kill-router@1")
+    lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
+    assert [ln.rollout_id for ln in lines] == list(range(NUM_ROLLOUT))
+    assert sum(ln.metrics["rollout/router_restarts"] for ln in lines) == 1
+    assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) == 0
+    assert summary.engine_versions == [str(NUM_ROLLOUT)] * 2
+    spans = [s.name for s in read_spans(run_dir / "timeline.jsonl") if s.lane == "engines"]
+    assert [name for name in spans if name.startswith("router_")] == ["router_down", "router_restart"]
