@@ -5,6 +5,7 @@ The driver loop around it (resume, base eval, iterate, save, close) is `miles.lo
 """
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 from pathlib import Path

@@ -6,6 +6,7 @@ rollout/step; `miles.record.names`), as every tracker plots it, so runs of the s
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +51,10 @@ def curves_of(lines: list[JournalLine], rules: tuple[Rule, ...] = DEFAULT_RULES)
             if axis in line.metrics or (axis != EVAL_AXIS and line.rollout_id >= 0):
                 step = _int(line.metrics.get(axis, line.rollout_id))
                 reached[axis] = max(reached.get(axis, step), step)
-        for key, value in line.metrics.items():
+        # the journal keeps only finite values and names the others under non_finite: those are NaN here,
+        # so a not-finite value is judged as one (an error), not as missing
+        points = {**line.metrics, **{key: math.nan for key in line.non_finite}}
+        for key, value in points.items():
             if key in STEP_KEYS or rule_for(key, rules) is None:
                 continue
             curves.setdefault(key, {})[_int(line.metrics.get(step_key(key), line.rollout_id))] = float(value)
