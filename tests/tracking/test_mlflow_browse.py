@@ -66,8 +66,11 @@ def test_mlflow_ui_flag_serves_the_store_and_is_checked(tmp_path):
         parse_config(["--mlflow-ui"])
     with pytest.raises(ConfigError, match="--mlflow-ui: --mlflow-tracking-uri http://mlflow:5000 is a tracking server"):
         parse_config(["--mlflow-ui", "--use-mlflow", "--mlflow-tracking-uri", "http://mlflow:5000"])
+    from miles.config.commands import runnable
+
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert ui_command(store) == f"mlflow ui --backend-store-uri {store} --host 127.0.0.1 --port 5000 --app-name miles"
+    # spelled as it runs when pasted: bare `mlflow` with the venv on PATH, `.venv/bin/mlflow` without
+    assert ui_command(store) == f"{runnable('mlflow')} ui --backend-store-uri {store} --host 127.0.0.1 --port 5000 --app-name miles"
     ui = start_ui(store, tmp_path)
     try:
         assert ui.url.startswith("http://127.0.0.1:")
