@@ -20,10 +20,17 @@ FORMAT = "miles-trusted-run/1"
 RULES_NAME = "rules.json"
 
 
-def history_dir(path: Path, flag: str = "--history") -> Path:
+def history_dir(path: Path | str, flag: str = "--history", creating: bool = False) -> Path:
+    """The history directory named by `flag`. It must exist unless `creating` (--history-add makes it):
+    a mistyped name would otherwise be an empty history, a cold start that passes any run."""
+    if "://" in str(path) or str(path).startswith("mlflow:"):
+        raise ConfigError(flag, f"{path} is a URI: a history is a directory of trusted-run records (an MLflow "
+                                f"experiment is not read as one; see docs/user-guide/compare.md)")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(flag, f"{path} is not a directory")
+    if not path.exists() and not creating:
+        raise ConfigError(flag, f"{path} does not exist (the first `--history-add` of a run that passed makes it)")
     return path
 
 

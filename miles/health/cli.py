@@ -233,6 +233,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.history:
         from miles.compare.trusted import history_dir
 
-        history = HistoryArgs(str(history_dir(args.history)), args.history_mode, args.history_min_runs,
+        history = HistoryArgs(str(history_dir(args.history, creating=args.history_add)), args.history_mode, args.history_min_runs,
                               args.history_add)
     return health_report(args.target, args.mlflow_tracking_uri, overrides, history)

@@ -131,3 +131,27 @@ def test_usage_and_unreadable_runs(runs, tmp_path):
     (broken / "metrics.jsonl").mkdir()
     done = miles("compare", broken, baselines[0])
     assert done.returncode == 3 and "cannot read" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_k_sigma_band_widens_the_corridor_where_baselines_spread(tmp_path):
+    """Baselines that disagree at a step (rewards 0.2, 0.5, 0.8 at rollout 2: sample std 0.3) make room for
+    the run's 0.1 there: 3 sigma (0.9) is the widest tolerance, where 20% of the mean (0.1) and 0.05 would
+    put the bound at 0.4. The same run with k_sigma 0 is outside at that step."""
+    baselines = []
+    for name, reward in (("b1", 0.2), ("b2", 0.5), ("b3", 0.8)):
+        run = copy_run(tmp_path / name)
+        edit_journal(run, lambda r, v=reward: r["rollout_id"] == 2 and r.update({"rollout/raw_reward": v}))
+        baselines.append(run)
+    run = copy_run(tmp_path / "run")
+    edit_journal(run, lambda r: r["rollout_id"] == 2 and r.update({"rollout/raw_reward": 0.1}))
+    code, report = compare_json(run, *baselines)
+    point = next(p for p in signal(report, "rollout/raw_reward")["points"] if p["step"] == 2)
+    assert point["verdict"] == "within" and point["std"] == pytest.approx(0.3)
+    assert point["bound"] == pytest.approx(0.5 - 3 * 0.3)
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"rules": [{"pattern": "rollout/raw_reward", "worse": "down", "rel": 0.2,
+                                            "abs": 0.05, "k_sigma": 0}]}))
+    code, report = compare_json(run, *baselines, "--rules", rules)
+    reward = signal(report, "rollout/raw_reward")
+    assert code == 1 and reward["verdict"] == "outside" and reward["first_step"] == 2
+    assert next(p for p in reward["points"] if p["step"] == 2)["bound"] == pytest.approx(0.4)

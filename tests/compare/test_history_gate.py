@@ -79,3 +79,14 @@ def test_history_flags_are_checked(tmp_path, flags, message):
     run = copy_run(tmp_path / "a")
     done = miles("doctor", run, *[str(tmp_path / f) if f == "H" else f for f in flags])
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_a_history_that_is_not_a_directory_of_records_is_refused(tmp_path):
+    """A mistyped DIR or a URI would be an empty history: a cold start that passes any run in enforce mode."""
+    run = copy_run(tmp_path / "a")
+    missing = doctor(run, tmp_path / "typo", "--history-mode", "enforce")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    uri = doctor(run, "http://127.0.0.1:5000", "--history-mode", "enforce")
+    assert uri.returncode == 2 and "is a URI" in uri.stderr
+    made = doctor(run, tmp_path / "new", "--history-add")  # the first add makes the directory
+    assert made.returncode == 0 and (tmp_path / "new" / "a.json").is_file()

@@ -64,8 +64,6 @@ def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(start_run, tmp
     assert f"[health] diagnose bundle {bundle}" in run.output()
 
 
-@pytest.mark.skip(reason="known failure after the merge with engine supervision (issue 29): the run does not stop "
-                         "within the test's wait once the engine is SIGSTOPped; open in issue 24")
 def test_a_stopped_engine_is_named_and_on_red_flag_stop_ends_the_hung_run(start_run, tmp_path):
     run = start_run("--on-red-flag", "stop")
     wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts", run)

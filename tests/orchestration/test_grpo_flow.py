@@ -39,12 +39,18 @@ def test_a_raising_chunk_is_resubmitted_and_resumes_from_the_interval_checkpoint
 
 @pytest.mark.slow
 def test_a_chunk_whose_worker_is_killed_is_resubmitted(run_grpo):
-    state, run_dir = run_grpo("--inject-fault", "kill@1")
+    from prefect.artifacts import Artifact
+
+    baseline = Path(__file__).parents[1] / "dashboard" / "recorded_run"  # a real recorded run, as a baseline
+    state, run_dir = run_grpo("--inject-fault", "kill@1", "--baseline-run-dirs", str(baseline))
     assert state.is_completed(), state.message
     assert journal_steps(run_dir) == [0, 1, 2, 3]
     attempts = sorted((r for r in task_runs_of(state.state_details.flow_run_id) if r.name == "train_chunk[0-2]"),
                       key=lambda r: r.expected_start_time)
     assert [r.state.type.value for r in attempts] == ["CRASHED", "COMPLETED"]
+    # the run against its baseline reaches Prefect as the comparison artifact (miles compare's verdicts)
+    compared = Artifact.get("grpo-compare").data
+    assert "rollout/raw_reward" in compared and str(baseline) in compared, compared
 
 
 # non-default values of every engine flag the embedded engine has, and two router flags
