@@ -71,19 +71,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def refuse_plain_only(config: MilesConfig) -> MilesConfig:
-    """Engine supervision runs in `python -m miles.train` only so far: here a dead engine still fails its
-    chunk's task, which the flow resubmits from the chunk's last checkpoint. Say so before anything starts."""
-    from miles.run.faults import ENGINE_KINDS, parse_fault
+    """Without --use-fault-tolerance a dead engine fails its chunk's task, which the flow resubmits from the
+    chunk's last checkpoint after relaunching the engine; a stopped engine or a killed router would only
+    hang or fail that chunk. So those faults need the supervisor; say so before anything starts."""
+    from miles.run.faults import parse_fault
 
     o = config.orchestration
-    if o.use_fault_tolerance:
-        raise ConfigError("--use-fault-tolerance", "engine supervision is built into `python -m miles.train`; "
-                                                   "`miles train` relaunches a dead engine between chunk retries")
     fault = parse_fault(o.inject_fault)
-    if fault is not None and (fault.kind == "kill-router" or fault.kind in ENGINE_KINDS
-                              and (fault.kind != "kill-engine" or fault.engine != 0)):
-        raise ConfigError("--inject-fault", f"`miles train` can only kill-engine@ITER (engine 0), got "
-                                            f"{o.inject_fault!r}")
+    if fault is not None and not o.use_fault_tolerance and fault.kind in ("stop-engine", "kill-router"):
+        raise ConfigError("--inject-fault", f"{o.inject_fault!r} needs --use-fault-tolerance in `miles train` "
+                                            f"(without it only kill-engine[:N]@ITER, healed by a chunk retry)")
     return config
 
 

@@ -16,6 +16,7 @@ from miles.health import HealthReport, Verdict
 ITERATION_EVENT = "miles.training.iteration"
 FINISHED_EVENT = "miles.training.finished"
 RED_FLAG_EVENT = "miles.health.red-flag"
+ENGINE_EVENT = "miles.engines."  # + the supervisor's state change: engine_down, engine_restart, router_down, ...
 
 
 def run_resource(run_name: str) -> dict[str, str]:
@@ -40,6 +41,15 @@ def emit_red_flag(run_name: str, verdict: Verdict) -> None:
                resource={"prefect.resource.id": f"miles.run.{run_name}", "prefect.resource.name": run_name,
                          "miles.signal": verdict.signal, "miles.severity": verdict.severity},
                payload=verdict.as_json())
+
+
+def emit_engine_state(run_name: str, change: str, fields: dict) -> None:
+    """One engine or router state change of the supervisor (--use-fault-tolerance), e.g.
+    `miles.engines.engine_down` with the engine's index as a resource label and the reason in the payload."""
+    resource = {"prefect.resource.id": f"miles.run.{run_name}", "prefect.resource.name": run_name}
+    if "engine" in fields:
+        resource["miles.engine"] = str(fields["engine"])
+    emit_event(ENGINE_EVENT + change, resource=resource, payload={k: v for k, v in fields.items()})
 
 
 def emit_health(run_name: str, rollout_id: int, num_rollout: int, report: HealthReport) -> None:

@@ -13,7 +13,7 @@ from miles.cluster.names import RunNames
 from miles.config import MilesConfig
 from miles.run.observer import Observer
 from miles.config.run_info import run_name
-from tasks.health import diagnose_artifacts, emit_finished, emit_health, emit_red_flag
+from tasks.health import diagnose_artifacts, emit_engine_state, emit_finished, emit_health, emit_red_flag
 from tasks.logs import library_logs_to_prefect
 
 
@@ -77,16 +77,40 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> Chunk
     """The driver loop over the chunk's rollouts, on the run's named ranks (they outlive the chunk;
     the trackers are closed at its end, so the next chunk may run in another process). A red-flag
     stop fails the task with the flag; the flow does not resubmit it."""
-    from miles.cluster.service_actors import kill_engine
+    from miles.cluster.supervised_actors import ActorServices
     from miles.loop import train_rollouts
     from miles.trainer import RLTrainer
 
+    targets = ActorServices(config, services.names)  # --inject-fault hits the actors' services
     with library_logs_to_prefect():
-        trainer = RLTrainer.start(config, services.router_url, services.engine_urls, services.names)
-        outcome = train_rollouts(trainer, chunk.rollouts, [HealthEvents(config)],
-                                 kill_engine=lambda: kill_engine(services.names, 0))
+        supervisor = start_supervisor(config, services)
+        try:
+            trainer = RLTrainer.start(config, services.router_url, services.engine_urls, services.names,
+                                      supervisor=supervisor)
+            outcome = train_rollouts(trainer, chunk.rollouts, [HealthEvents(config)],
+                                     kill_engine=lambda: targets.kill_engine(0), fault_targets=targets)
+        finally:
+            if supervisor is not None:  # an engine relaunching now is brought back before the next chunk
+                supervisor.stop(finish_healing=True)
     return ChunkResult(chunk.first, chunk.stop, outcome.resumed_at, len(outcome.rollout_ids), outcome.last_metrics,
                        outcome.stop_reason)
+
+
+def start_supervisor(config: MilesConfig, services: RunServices):
+    """With --use-fault-tolerance, the chunk's engine supervisor over the run's actors: a dead or hung engine
+    (or router) is relaunched and readmitted while the chunk goes on, each state change a Prefect event."""
+    if not config.orchestration.use_fault_tolerance:
+        return None
+    from miles.cluster.supervised_actors import supervise_actors
+    from miles.router.app import resolve_admin_token
+
+    name, context = run_name(config.train.run_dir), contextvars.copy_context()
+
+    def on_event(change: str, fields: dict) -> None:  # from the supervisor's threads, in this task's context
+        context.copy().run(emit_engine_state, name, change, fields)
+
+    return supervise_actors(config, services.names, services.router_url, resolve_admin_token(config.router),
+                            on_event=on_event)
 
 
 @task(name="train_chunk", task_run_name="train_chunk[{chunk.first}-{chunk.stop}]", log_prints=True)

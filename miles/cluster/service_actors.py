@@ -50,13 +50,23 @@ class ServiceActor:
             self.handle = self._launch(port=self.handle.port)
         return self.info(name)
 
+    def exit_code(self) -> int | None:
+        """The service process's exit status, None while it runs (the engine supervisor's check)."""
+        return self.handle.exit_code()
+
     def kill_service(self) -> int:
-        """Test hook: kill the service process as a crash would; its PID."""
-        os.kill(self.handle.pid, signal.SIGKILL)
-        self.handle.process.wait()
+        """Kill the service process as a crash would (a fault, or the supervisor ending a hung one); its PID."""
+        self.handle.kill()
+        return self.handle.pid
+
+    def stop_service(self) -> int:
+        """Test hook (`--inject-fault stop-engine`): SIGSTOP the service (alive, never answering); its PID."""
+        os.kill(self.handle.pid, signal.SIGSTOP)
         return self.handle.pid
 
     def stop(self) -> None:
+        if self.handle.alive:
+            os.kill(self.handle.pid, signal.SIGCONT)  # a SIGSTOP'd service cannot take SIGTERM
         self.handle.stop()
 
 

@@ -22,7 +22,7 @@ class OrchestrationConfig:
                                           "kill-engine[:N]@ITER SIGKILLs engine N (default 0), "
                                           "stop-engine[:N]@ITER SIGSTOPs it, kill-router@ITER SIGKILLs the router, all as "
                                           "rollout ITER starts")
-    use_fault_tolerance: bool = flag(False, "supervise the engines and the router (`python -m miles.train`): "
+    use_fault_tolerance: bool = flag(False, "supervise the engines and the router (both drivers): "
                                             "relaunch a dead or hung engine on its port, readmit it once it serves "
                                             "the current weights, re-send the requests it never answered; a dead "
                                             "router comes back on its port with every engine registered again")

@@ -16,8 +16,6 @@ its state (ready engines as healthy, the others stale), so traffic resumes where
 """
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,11 +26,22 @@ import httpx
 
 from miles.engines.weights import push_weights_from_disk
 from miles.record.timeline import TimelineWriter
-from miles.serving.process import ServiceProcess
 
 MAX_BACKOFF_S = 30.0
 LANE = "engines"
 READY, DOWN, RELAUNCHING, STALE, FAILED = "ready", "down", "relaunching", "stale", "failed"
+
+
+class Supervised(Protocol):
+    """A service the supervisor can watch: a local process (`ServiceProcess`, a plain run) or one a Ray
+    actor owns (`miles.cluster.service_actors.ActorService`, the Prefect flow)."""
+
+    url: str
+    pid: int
+    port: int
+
+    def exit_code(self) -> int | None: ...
+    def kill(self) -> None: ...
 
 
 class WeightSource(Protocol):
@@ -66,7 +75,7 @@ class EngineSlot:
     """One supervised engine: its current process, state and history."""
 
     index: int
-    service: ServiceProcess
+    service: Supervised
     state: str = READY
     restarts: int = 0
     failed_checks: int = 0
@@ -122,12 +131,12 @@ class EngineSupervisor:
     """Owns the engines' liveness: `start()` the watch thread, `ready_urls()` for the weight sync,
     `take()` the counters, `stop()` at the end. `relaunch(index, port)` starts a new engine process."""
 
-    def __init__(self, engines: list[ServiceProcess], relaunch: Callable[[int, int], ServiceProcess],
+    def __init__(self, engines: list[Supervised], relaunch: Callable[[int, int], Supervised],
                  policy: SupervisionPolicy, router: RouterAdmin | None = None,
                  timeline: TimelineWriter | None = None, log: Callable[[str], None] | None = None,
-                 router_process: ServiceProcess | None = None,
-                 relaunch_router: Callable[[int], ServiceProcess] | None = None,
-                 engine_token: str | None = None):
+                 router_process: Supervised | None = None,
+                 relaunch_router: Callable[[int], Supervised] | None = None,
+                 engine_token: str | None = None, on_event: Callable[[str, dict], None] | None = None):
         self.engine_token = engine_token  # the run's token: a relaunched engine's weight push carries it
         self.slots = [EngineSlot(i, e) for i, e in enumerate(engines)]
         self.relaunch_fn, self.policy, self.router = relaunch, policy, router
@@ -135,6 +144,7 @@ class EngineSupervisor:
         self.router_restarts = 0
         self.router_down = threading.Event()  # set while the router is being relaunched
         self.timeline = timeline or TimelineWriter(None)
+        self.on_event = on_event  # each state change (the flow emits a Prefect event per call)
         self.log = log or (lambda line: print(line, flush=True))
         self.weights: WeightSource | None = None
         self.counters = SupervisorCounters()
@@ -203,6 +213,8 @@ class EngineSupervisor:
                 return
             slot.state = STALE
         self.log(f"[engines] engine {slot.index} missed a weight update ({reason}); marked stale")
+        now = time.time()
+        self._changed("engine_stale", now, now, engine=slot.index, reason=reason)
         self._tell_router(slot, stale=True)
 
     def wait_ready(self, count: int, timeout: float) -> bool:
@@ -232,7 +244,7 @@ class EngineSupervisor:
             state = slot.state
         if state in (RELAUNCHING, FAILED):
             return
-        code = slot.service.process.poll()
+        code = slot.service.exit_code()
         if code is not None:
             self._down(slot, f"died (exit {code})")
             return
@@ -244,25 +256,27 @@ class EngineSupervisor:
             return
         slot.failed_checks += 1
         if slot.failed_checks >= self.policy.hung_checks:
-            os.kill(slot.service.pid, signal.SIGKILL)  # a SIGSTOP'd process dies of SIGKILL too
-            slot.service.process.wait()
+            slot.service.kill()  # a SIGSTOP'd process dies of SIGKILL too
             self._down(slot, f"hung (/health failed {slot.failed_checks} times in a row): killed")
 
     def _check_router(self) -> None:
         """Relaunch a dead router on its port (here, in the watch: engines cannot be readmitted without it),
         then register every engine again at its state."""
         process = self.router_process
-        if process is None or self.relaunch_router is None or process.process.poll() is None:
+        if process is None or self.relaunch_router is None:
             return
-        code = process.process.returncode
+        code = process.exit_code()
+        if code is None:
+            return
         since = time.time()
         self.router_down.set()
         self.log(f"[engines] router died (exit {code})")
-        self.timeline.add("router_down", since, since, lane=LANE, reason=f"exit {code}")
+        self._changed("router_down", since, since, reason=f"exit {code}")
         if self.router_restarts >= self.policy.max_restarts:
             self.router_process = None
             self.log(f"[engines] router used its {self.policy.max_restarts} restarts (--engine-max-restarts); "
                      f"left down")
+            self._changed("router_failed", since, time.time(), restarts=self.router_restarts)
             return
         self.router_restarts += 1
         with self._lock:
@@ -274,7 +288,7 @@ class EngineSupervisor:
         self.router_down.clear()
         self.log(f"[engines] router relaunched in {time.time() - since:.1f} s (pid {self.router_process.pid}), "
                  f"{len(self.slots)} engines registered again")
-        self.timeline.add("router_restart", since, time.time(), lane=LANE, restart=self.router_restarts)
+        self._changed("router_restart", since, time.time(), restart=self.router_restarts)
 
     def _register_all(self) -> None:
         """The current weight version, then each engine at its state; under the weights lock so a push
@@ -288,6 +302,16 @@ class EngineSupervisor:
                 states = [(slot.url, slot.state == READY) for slot in self.slots]
             for url, ready in states:
                 self.router.register(url, ready, version if ready else None)
+
+    def _changed(self, name: str, start: float, end: float, **fields) -> None:
+        """One state change: a span in the run's timeline (the dashboard's engines lane) and, when the
+        caller listens (the flow's Prefect events), a call with its name and fields."""
+        self.timeline.add(name, start, end, lane=LANE, **fields)
+        if self.on_event is not None:
+            try:
+                self.on_event(name, {**fields, "seconds": round(end - start, 3)})
+            except Exception as exc:  # a listener must not stop the healing
+                self.log(f"[engines] the {name} event was not sent: {exc!r}")
 
     def _healthy(self, slot: EngineSlot) -> bool:
         try:
@@ -308,13 +332,14 @@ class EngineSupervisor:
             slot.state, slot.failed_checks, slot.down_since = DOWN, 0, now
             self.counters.deaths += 1
         self.log(f"[engines] engine {slot.index} {why}")
-        self.timeline.add("engine_down", now, now, lane=LANE, engine=slot.index, reason=why)
+        self._changed("engine_down", now, now, engine=slot.index, reason=why)
         self._tell_router(slot, stale=True)
         if slot.restarts >= self.policy.max_restarts:
             with self._lock:
                 slot.state = FAILED
             self.log(f"[engines] engine {slot.index} used its {self.policy.max_restarts} restarts "
                      f"(--engine-max-restarts); left down")
+            self._changed("engine_failed", now, time.time(), engine=slot.index, restarts=slot.restarts)
             return
         with self._lock:
             slot.state = RELAUNCHING
@@ -348,7 +373,7 @@ class EngineSupervisor:
             slot.service, slot.restarts = service, restart
         self.log(f"[engines] engine {slot.index} relaunched in {time.time() - since:.1f} s "
                  f"(pid {service.pid}, restart {restart}/{self.policy.max_restarts})")
-        self.timeline.add("engine_relaunch", started, time.time(), lane=LANE, engine=slot.index, restart=restart)
+        self._changed("engine_relaunch", started, time.time(), engine=slot.index, restart=restart)
         self._readmit(slot, since)
 
     def _readmit(self, slot: EngineSlot, since: float) -> None:
@@ -370,10 +395,9 @@ class EngineSupervisor:
                         self.counters.seconds_to_readmit.append(time.time() - since)
                         slot.down_since = None
             except Exception as exc:
-                if slot.service.process.poll() is None and not self._answers(slot):
-                    os.kill(slot.service.pid, signal.SIGKILL)  # hung while being brought up to date
-                    slot.service.process.wait()
-                if slot.service.process.poll() is not None:  # it died: the watch relaunches it
+                if slot.service.exit_code() is None and not self._answers(slot):
+                    slot.service.kill()  # hung while being brought up to date
+                if slot.service.exit_code() is not None:  # it died: the watch relaunches it
                     with self._lock:
                         slot.state = STALE
                     return
@@ -383,7 +407,7 @@ class EngineSupervisor:
                 continue
             self.log(f"[engines] engine {slot.index} readmitted at weight version {version} "
                      f"({time.time() - since:.1f} s after it went down)")
-            self.timeline.add("engine_restart", since, time.time(), lane=LANE, engine=slot.index,
+            self._changed("engine_restart", since, time.time(), engine=slot.index,
                               weight_version=version)
             return
 

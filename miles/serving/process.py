@@ -7,6 +7,7 @@ deadline, and a service that dies first raises with the tail of its log.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -107,6 +108,18 @@ class ServiceProcess:
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def exit_code(self) -> int | None:
+        """The process's exit status, None while it runs (a supervisor's liveness check)."""
+        return self.process.poll()
+
+    def kill(self) -> None:
+        """SIGKILL, as a supervisor ends a hung service (a SIGSTOP'd process dies of it too), and reap it."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
 
     def __enter__(self) -> "ServiceProcess":
         return self

@@ -1,5 +1,6 @@
-"""`miles train` refuses what only `python -m miles.train` does (engine supervision, engine and router
-faults it cannot inject), naming the flag, before anything starts."""
+"""`miles train` refuses the faults that need engine supervision when it is off (a stopped engine or a killed
+router would only hang or fail a chunk), naming the flag, before anything starts; with
+--use-fault-tolerance every fault kind passes."""
 from __future__ import annotations
 
 import pytest
@@ -8,17 +9,17 @@ from flows.grpo import refuse_plain_only
 from miles.config import ConfigError, parse_config
 
 
-@pytest.mark.parametrize("flags, flag", [
-    (["--use-fault-tolerance"], "--use-fault-tolerance"),
-    (["--inject-fault", "kill-router@1"], "--inject-fault"),
-    (["--inject-fault", "stop-engine@1"], "--inject-fault"),
-    (["--inject-fault", "kill-engine:1@1"], "--inject-fault"),
-])
-def test_plain_driver_only_flags_are_refused(flags, flag):
-    with pytest.raises(ConfigError, match=flag):
+@pytest.mark.parametrize("flags", [["--inject-fault", "kill-router@1"], ["--inject-fault", "stop-engine@1"],
+                                   ["--inject-fault", "stop-engine:1@1"]])
+def test_faults_that_need_the_supervisor_are_refused_without_it(flags):
+    with pytest.raises(ConfigError, match="--inject-fault.*needs --use-fault-tolerance"):
         refuse_plain_only(parse_config(flags))
 
 
-def test_what_the_flow_can_do_passes():
-    config = parse_config(["--inject-fault", "kill-engine@1"])
+@pytest.mark.parametrize("flags", [
+    ["--inject-fault", "kill-engine@1"], ["--inject-fault", "kill-engine:1@1"], ["--use-fault-tolerance"],
+    ["--use-fault-tolerance", "--inject-fault", "stop-engine:1@1"],
+    ["--use-fault-tolerance", "--inject-fault", "kill-router@2"]])
+def test_what_the_flow_can_do_passes(flags):
+    config = parse_config(flags)
     assert refuse_plain_only(config) is config

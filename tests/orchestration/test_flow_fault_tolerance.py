@@ -1,0 +1,36 @@
+"""Engine supervision in the Prefect flow (`miles train --use-fault-tolerance`): an engine SIGSTOPped as a
+rollout starts is found hung by the chunk's supervisor, killed through its Ray actor, relaunched on its
+port and readmitted at the current weights while the chunk goes on: no chunk fails or is resubmitted,
+every rollout is in the journal once, and each state change is a Prefect event."""
+from __future__ import annotations
+
+import pytest
+
+from miles.record.journal import read_journal
+from miles.record.timeline import read_spans
+from tests.health.test_prefect_health import read_events
+from tests.orchestration.conftest import journal_steps, task_runs_of
+
+FAST = ["--engine-health-interval", "0.5", "--engine-health-timeout", "1", "--engine-hung-checks", "3",
+        "--engine-restart-backoff", "0.2", "--engine-wait-timeout", "400"]
+
+
+@pytest.mark.slow
+def test_a_stopped_engine_is_healed_inside_the_chunk(run_grpo):
+    state, run_dir = run_grpo("--rollout-num-engines", "2", "--use-fault-tolerance",
+                              "--inject-fault", "stop-engine:1@1", *FAST)
+    assert state.is_completed(), state.message
+    assert journal_steps(run_dir) == [0, 1, 2, 3]  # nothing lost, nothing doubled
+    chunks = [r for r in task_runs_of(state.state_details.flow_run_id) if r.name.startswith("train_chunk[")]
+    assert sorted(r.name for r in chunks) == ["train_chunk[0-2]", "train_chunk[2-4]"]  # none resubmitted
+    assert all(r.state.is_completed() and r.run_count == 1 for r in chunks)
+    lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
+    assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) == 1
+    spans = [s for s in read_spans(run_dir / "timeline.jsonl") if s.lane == "engines"]
+    down = [s for s in spans if s.name == "engine_down"]
+    assert [s.args["engine"] for s in down] == [1] and down[0].args["reason"].startswith("hung")
+    (restart,) = [s for s in spans if s.name == "engine_restart"]
+    assert restart.args["engine"] == 1 and 0 <= restart.args["weight_version"] <= 4
+    events = read_events("miles.engines.engine_restart", run_dir.name)
+    assert [e["resource"]["miles.engine"] for e in events] == ["1"]
+    assert read_events("miles.engines.engine_down", run_dir.name)[0]["payload"]["reason"].startswith("hung")
