@@ -1,0 +1,49 @@
+"""A stall inside the Prefect flow: the health watch of the chunk's task writes the diagnose bundle once and
+leaves it on the flow run as artifacts (a link to the bundle, the verdict in words)."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from tests.diagnose.conftest import HANG_REWARD, bundles, rollouts_done
+
+STALL = ["--health-stall-factor", "3", "--health-stall-min-s", "4", "--health-stall-check-interval", "1"]
+
+
+def hold_rollout_until_bundle(run_dir, hang_file, seen: dict, deadline_s: float = 900.0) -> None:
+    """Hold the 4th rollout in its reward until the stall bundle is written, then let the run go on
+    (always: a flow left hanging would hang the test)."""
+    end = time.monotonic() + deadline_s
+    try:
+        while rollouts_done(run_dir) < 3 and time.monotonic() < end:
+            time.sleep(0.5)  # poll interval; bounded by the deadline
+        hang_file.touch()
+        while not bundles(run_dir) and time.monotonic() < end:
+            time.sleep(0.5)
+        seen["bundles"] = bundles(run_dir)
+    finally:
+        hang_file.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_a_stall_in_the_flow_leaves_the_bundle_as_artifacts(run_grpo, tmp_path, monkeypatch):
+    from prefect.artifacts import Artifact
+
+    hang_file = tmp_path / "hang"
+    monkeypatch.setenv("MILES_TEST_HANG_FILE", str(hang_file))  # the local Ray cluster's workers inherit it
+    seen: dict = {}
+    watcher = threading.Thread(target=hold_rollout_until_bundle, args=(tmp_path / "run", hang_file, seen),
+                               daemon=True)
+    watcher.start()
+    state, run_dir = run_grpo("--num-rollout", "6", "--custom-rm-path", HANG_REWARD, *STALL)
+    watcher.join(timeout=60)
+    assert state.is_completed(), state.message
+    (bundle,) = seen["bundles"]
+    assert bundles(run_dir) == [bundle]  # written once
+    link = Artifact.get("grpo-diagnose-bundle")
+    assert link is not None and bundle.name in link.data and link.type == "link", link
+    verdict = Artifact.get("grpo-diagnose").data
+    assert re.search(r"stalled in `rollout` of rollout [3-5]", verdict) and bundle.name in verdict, verdict
