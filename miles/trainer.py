@@ -25,7 +25,7 @@ from miles.health import HealthWatch
 from miles.run.phases import timed
 from miles.profiling.driver import RunProfiler
 from miles.record import layout
-from miles.record.journal import JOURNAL_NAME, read_journal, strict_json
+from miles.record.journal import JOURNAL_NAME, base_eval_json, read_journal
 from miles.record.row import PREFIX, format_eval_result
 from miles.record.samples import samples_due
 from miles.rollout.advantages import compute_advantages
@@ -284,7 +284,7 @@ class RLTrainer:
             result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
                               seed=self.config.train.seed, step=0, generate_fn=self.generate_fn, args=self.args)
         self.tracker.log_base_eval(self.args, result.data, dict(result.metrics))
-        (self.run_dir / layout.BASE_EVAL).write_text(strict_json(result.metrics))
+        (self.run_dir / layout.BASE_EVAL).write_text(base_eval_json(result.metrics))
         return result.metrics
 
     # ---- shutdown ---------------------------------------------------------------------------
