@@ -107,7 +107,7 @@ async function showMetrics(view) {
   for (const [ns, keys] of Object.entries(metrics.namespaces)) {
     view.append(el("h2", {}, ns + "/"));
     // a series that never moved (the health watch's 0s, a router that saw no error) says so in one line
-    const isFlat = (key) => metrics.series[key].y.length > 1 && metrics.series[key].y.every(v => v === metrics.series[key].y[0]);
+    const isFlat = (key) => { const y = metrics.series[key].y; return y.length > 1 && y.every(v => v === y[0]); };
     const flat = keys.filter(isFlat);
     if (flat.length) {
       view.append(el("div", {class: "legend flat", "data-namespace": ns},
