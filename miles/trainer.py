@@ -25,7 +25,7 @@ from miles.health import HealthWatch
 from miles.run.phases import timed
 from miles.profiling.driver import RunProfiler
 from miles.record import layout
-from miles.record.journal import JOURNAL_NAME, read_journal, strict_json
+from miles.record.journal import JOURNAL_NAME, base_eval_json, read_journal
 from miles.record.row import PREFIX, format_eval_result
 from miles.record.samples import samples_due
 from miles.rollout.advantages import compute_advantages
@@ -213,7 +213,12 @@ class RLTrainer:
 
     def _router_metrics(self) -> dict[str, float]:
         """`rollout/router_*`: the router's requests, errors, retries, latency and worker counts since
-        the last iteration (none when rollouts go straight to one engine)."""
+        the last iteration, or since the eval after it (none when rollouts go straight to one engine)."""
+        return {f"rollout/{key}": value for key, value in self._take_router_stats().items()}
+
+    def _take_router_stats(self) -> dict[str, float]:
+        """The router's counters since they were last taken, which starts a new window (reading
+        /router_stats resets them); {} without a router."""
         if self.sync.router_url is None:
             return {}
         token = self.sync.admin_token
@@ -230,7 +235,7 @@ class RLTrainer:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.5)  # bounded by the deadline above; the router answers once relaunched
-        return {f"rollout/{key}": float(value) for key, value in stats.items()
+        return {key: float(value) for key, value in stats.items()
                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
     def _fault_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -261,6 +266,7 @@ class RLTrainer:
         print(f"{PREFIX}eval after rollout {rollout_id}: {self._eval_what()} ...", flush=True)
         result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
                           seed=self.config.train.seed, step=rollout_id, generate_fn=self.generate_fn, args=self.args)
+        self._take_router_stats()  # the eval's requests: not the next rollout's (its window starts now)
         self.tracker.log_eval(rollout_id, self.args, result.data, dict(result.metrics))
         print(format_eval_result(f"eval after rollout {rollout_id}:", result.metrics, self._base_eval()), flush=True)
         return result.metrics
@@ -283,8 +289,9 @@ class RLTrainer:
         with self.phase("eval", 0):
             result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
                               seed=self.config.train.seed, step=0, generate_fn=self.generate_fn, args=self.args)
+        self._take_router_stats()  # rollout 0's router window holds its own requests, not the base eval's
         self.tracker.log_base_eval(self.args, result.data, dict(result.metrics))
-        (self.run_dir / layout.BASE_EVAL).write_text(strict_json(result.metrics))
+        (self.run_dir / layout.BASE_EVAL).write_text(base_eval_json(result.metrics))
         return result.metrics
 
     # ---- shutdown ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from miles.record import layout
-from miles.record.journal import NON_FINITE
+from miles.record.journal import NON_FINITE, base_eval_names
 
 # what the dashboard reads (miles.record.layout names every file of RUN_DIR)
 JOURNAL_NAME, TIMELINE_NAME, SAMPLES_DIR, TOKENS_DIR = layout.JOURNAL, layout.TIMELINE, layout.SAMPLES, layout.TOKENS
@@ -177,7 +177,7 @@ class RunFiles:
                 loaded = json.loads(data)
             except (ValueError, RecursionError):
                 return {}
-            return loaded if isinstance(loaded, dict) else {}
+            return base_eval_names(loaded) if isinstance(loaded, dict) else {}
         return self._cached(self.run_dir / BASE_EVAL, parse) or {}
 
     def sample_rollouts(self) -> list[int]:

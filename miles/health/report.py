@@ -39,6 +39,17 @@ MULTI_TURN_PANEL = Panel("multi_turn: turns per trajectory, tool use",
                          ("multi_turn/round_number_mean", "multi_turn/tool_use_ratio"))
 
 
+def eval_panel(lines: list[JournalLine]) -> Panel | None:
+    """The headline result: every eval set's pass@k on eval/step (the base eval at 0, then each eval during
+    training); None when the run evaluated nothing."""
+    keys = sorted({k for ln in lines for k in ln.metrics if k.startswith("eval/") and "-pass_at_" in k})
+    if not keys:
+        return None
+    ys = series(lines, keys[0])[1]  # the first set's pass@1 (sorted: pass_at_1 before pass_at_2) in the title
+    headline = f": {keys[0].split('/', 1)[1]} {ys[0]:.3f} -> {ys[-1]:.3f}" if len(ys) > 1 else ""
+    return Panel(f"held-out eval pass@k{headline}", tuple(keys))
+
+
 def series(lines: list[JournalLine], key: str) -> tuple[list[float], list[float]]:
     points = [(ln.metrics.get(step_key(key), ln.rollout_id), ln.metrics[key]) for ln in lines if key in ln.metrics]
     return [p[0] for p in points], [p[1] for p in points]
@@ -51,17 +62,27 @@ def red_flag_rollouts(lines: list[JournalLine], signal: str) -> list[int]:
 
 
 def write_report(lines: list[JournalLine], path: Path, clip_grad: float = 1.0, title: str = "") -> Path:
+    report_figure(lines, clip_grad, title).savefig(path, dpi=80)
+    return path
+
+
+def report_figure(lines: list[JournalLine], clip_grad: float = 1.0, title: str = ""):
+    """The report as a matplotlib Figure (not drawn on any display)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; also safe off the main thread
     from matplotlib.figure import Figure
 
     shown = panels(clip_grad)
+    evals = eval_panel(lines)
+    if evals is not None:  # the result first, then what to watch
+        shown.insert(0, evals)
     if any(MULTI_TURN_PANEL.keys[0] in ln.metrics for ln in lines):  # a multi-turn run: its turn count too
         shown.append(MULTI_TURN_PANEL)
-    rows = -(-len(shown) // 4)
-    fig = Figure(figsize=(16, 4 * rows), constrained_layout=True)
-    axes = fig.subplots(rows, 4).flatten()
+    columns = 4 if len(shown) <= 8 else 5
+    rows = -(-len(shown) // columns)
+    fig = Figure(figsize=(4 * columns, 4 * rows), constrained_layout=True)
+    axes = fig.subplots(rows, columns).flatten()
     for ax in axes[len(shown):]:
         ax.set_visible(False)
     for ax, panel in zip(axes, shown):
@@ -75,6 +96,8 @@ def write_report(lines: list[JournalLine], path: Path, clip_grad: float = 1.0, t
                 plotted = True
         if not plotted:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.set_xticks([])
+            ax.set_yticks([])  # no made-up 0-1 axis
             continue
         if panel.hline is not None:
             ax.axhline(panel.hline, color="red", linestyle="--", linewidth=1, label=panel.hline_label)
@@ -89,5 +112,4 @@ def write_report(lines: list[JournalLine], path: Path, clip_grad: float = 1.0, t
         ax.legend(fontsize=7)
     others = [s for s in ("stall", "router_errors", "truncated_ratio") if red_flag_rollouts(lines, s)]
     fig.suptitle((title or "What to watch") + (f"  (red flags: {', '.join(others)})" if others else ""))
-    fig.savefig(path, dpi=80)
-    return path
+    return fig

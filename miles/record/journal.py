@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.record import layout
+from miles.record.names import map_metrics, metric_key
 
 JOURNAL_NAME = layout.JOURNAL
 REDONE_PATH = Path(layout.REDONE)  # lines of rollouts redone after a crash (see Journal)
@@ -78,6 +79,18 @@ def strict_json(metrics: dict[str, float], indent: int | None = 2) -> str:
     line = JournalLine(0, 0.0, dict(metrics))
     extra = {**{k: None for k in line.non_finite}, NON_FINITE: list(line.non_finite)} if line.non_finite else {}
     return json.dumps({**line.metrics, **extra}, indent=indent, allow_nan=False)
+
+
+def base_eval_json(metrics: dict[str, float]) -> str:
+    """RUN_DIR/base_eval.json's text: the base eval's metrics under the journal's (tracker-safe) names,
+    `eval/arithmetic-pass_at_1` rather than the evaluator's `eval/arithmetic-pass@1`."""
+    return strict_json(map_metrics(metrics))
+
+
+def base_eval_names(raw: dict) -> dict:
+    """A base_eval.json read back under the journal's names (files written before they were mapped hold
+    `pass@k`)."""
+    return {metric_key(k): v for k, v in raw.items()}
 
 
 class BadLine(ValueError):

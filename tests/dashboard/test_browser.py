@@ -49,6 +49,38 @@ def test_metrics_view(browser, served):
     browser.screenshot(SHOTS / "metrics.png")
 
 
+def test_metric_legends_have_the_lines_colours(browser, served):
+    browser.open(served.url + "/#metrics")
+    panel = "[...document.querySelectorAll('.watch-panel')].find(p => p.querySelector('h3').textContent" \
+            ".startsWith('rollout_time vs train_time'))"
+    strokes = browser.script(f"return [...{panel}.querySelectorAll('path.series')].map(p => p.getAttribute('stroke'))")
+    swatches = browser.script(f"return [...{panel}.querySelectorAll('.legend .legend-item')].map(i => "
+                              "[i.textContent, getComputedStyle(i.querySelector('.swatch')).borderTopColor])")
+    hex_rgb = lambda h: "rgb({}, {}, {})".format(*(int(h[i:i + 2], 16) for i in (1, 3, 5)))  # noqa: E731
+    assert len(set(strokes)) == 2 and [name for name, _ in swatches] == ["perf/rollout_time", "perf/train_time"]
+    assert [colour for _, colour in swatches] == [hex_rgb(c) for c in strokes]  # each name beside its line's colour
+    # the threshold's entry is a dashed red swatch
+    dashed = browser.script("return [...document.querySelectorAll('.watch-panel .swatch.dashed')]"
+                            ".map(s => getComputedStyle(s).borderTopStyle)")
+    assert dashed == ["dashed", "dashed"]  # grad_norm's clip_grad, pg_clipfrac's 0.2
+
+
+def test_metrics_axes_and_flat_series(browser, served):
+    browser.open(served.url + "/#metrics")
+    # step axes tick at whole steps only (the 4-rollout run's middle is 2, not 1.5)
+    ticks = browser.script("return [...document.querySelectorAll('.metric-panel text[text-anchor=\"middle\"]')]"
+                           ".map(t => t.textContent)")  # the x ticks (the y ticks and axis label end-anchored)
+    assert ticks and all(float(t).is_integer() for t in ticks), sorted(set(ticks))
+    # the health watch's 0s are one line, not ten flat charts
+    titles = browser.script("return [...document.querySelectorAll('.metric-panel h3')].map(h => h.textContent)")
+    assert not any(t.startswith("health/") for t in titles)
+    flat = browser.text('.legend.flat[data-namespace="health"]')
+    assert flat.startswith("flat over the run (10): ") and "health/grad_norm = 0" in flat
+    journal = [json.loads(line) for line in (RECORDED / "metrics.jsonl").read_text().splitlines()]
+    moving = {k for k in journal[1] if k.startswith("train/") and k != "train/step" and len({row.get(k) for row in journal[1:]}) > 1}
+    assert moving and moving <= set(titles)  # what moved is still drawn
+
+
 def test_health_verdicts_are_marked_on_their_panels(browser, run_copy):
     verdicts = [{"rollout_id": 2, "signal": "grad_norm", "severity": "warning",
                  "message": "grad_norm above clip_grad in 3 of the last 4 iterations", "values": {"grad_norm": 2.2}},
@@ -76,6 +108,15 @@ def test_timeline_view(browser, served):
     # it opens on the iterations: the engine's start-up probes before them are out of view
     assert len(browser.find_all("#timeline-svg rect.span")) == sum(s["end"] >= first for s in recorded)
     browser.screenshot(SHOTS / "timeline.png")
+    # the last time tick ends inside the chart instead of being cut off at its right edge
+    inside = browser.script("const svg = document.getElementById('timeline-svg').getBoundingClientRect();"
+                            "const ticks = [...document.querySelectorAll('#timeline-svg text[y=\"12\"]')];"
+                            "return ticks.length === 5 && ticks.every(t => t.getBoundingClientRect().right <= svg.right);")
+    assert inside
+    # the legend names the phases and events this run has, not every one there could be
+    legend = browser.script("return [...document.querySelectorAll('#timeline-svg + .legend span')].map(s => s.textContent)")
+    assert sorted(legend) == sorted({s["name"] for s in recorded})
+    assert "quarantine" not in legend and "rollout" in legend
     browser.script("document.getElementById('timeline-svg').dispatchEvent(new MouseEvent('dblclick'))")
     assert len(browser.find_all("#timeline-svg rect.span")) == len(recorded)  # zoomed out: everything
     labels = browser.script("return [...document.querySelectorAll('#timeline-svg text')].map(t => t.textContent)")
@@ -89,6 +130,12 @@ def test_rollouts_view_and_filters(browser, served):
     rows = browser.find_all("#samples-table tr.sample-row")
     assert len(rows) == 16  # the last logged rollout, all samples
     assert browser.find_all("#samples-table td.zero")  # rollout 2 has a zero-std group
+    # the expected answer is beside each response
+    headers = browser.script("return [...document.querySelectorAll('#samples-table th')].map(h => h.textContent)")
+    assert headers[-3:] == ["prompt", "label", "response"]
+    labels = browser.script("return [...document.querySelectorAll('#samples-table td.label')].map(td => td.textContent)")
+    recorded = [json.loads(line) for line in (RECORDED / "samples" / "rollout_000002.jsonl").read_text().splitlines()]
+    assert labels == [row["label"] for row in recorded]
     browser.screenshot(SHOTS / "rollouts.png")
     browser.open(served.url + "/#rollouts?rollout=2&min_reward=1")
     rewards = browser.script("return [...document.querySelectorAll('#samples-table tr.sample-row td:nth-child(3)')]"
@@ -106,6 +153,27 @@ def test_click_on_a_sample_opens_its_tokens(browser, served):
     colours = browser.script("return [...document.querySelectorAll('#token-strip .tok')].map(t => t.style.backgroundColor)")
     assert len(set(colours)) > 1  # coloured by log-prob, not uniform
     browser.screenshot(SHOTS / "tokens.png")
+
+
+def test_a_zero_difference_is_charted_on_a_non_negative_axis(browser, run_copy):
+    row = {"rollout_id": 4, "index": 0, "group_index": 0, "prompt": "2+2=", "response": "4", "label": "4",
+           "reward": 1.0, "response_length": 3, "status": "completed"}
+    (run_copy / "samples" / "rollout_000004.jsonl").write_text(json.dumps(row) + "\n")
+    same = [-0.25, -0.5, -0.125]  # training and rollout log-probs equal: |difference| 0 on every token
+    tokens = {"index": 0, "group_index": 0, "ids": [1, 2, 3], "text": ["4", "", ""], "rollout_log_probs": same,
+              "log_probs": same, "entropy": [0.5, 0.25, 0.5], "loss_mask": [1, 1, 1]}
+    (run_copy / "tokens" / "rollout_000004.jsonl").write_text(json.dumps(tokens) + "\n")
+    served = serve(run_copy)
+    try:
+        browser.open(served.url + "/#sample/4/0?color=abs_diff")
+        axis = browser.script(
+            "const p = [...document.querySelectorAll('#token-charts .panel')].find(p => p.querySelector('h3')"
+            ".textContent === '|difference| per token');"
+            "return [...p.querySelectorAll('text')].filter(t => t.getAttribute('text-anchor') === 'end')"
+            ".map(t => t.textContent)")
+        assert axis[:3] == ["0", "0.5", "1"]  # not -0.5 .. 0.5
+    finally:
+        served.stop()
 
 
 def test_conversation_view_dims_observation_tokens(browser, run_copy):

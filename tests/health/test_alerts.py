@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from miles.health.alerts import AlertLimiter, alert_text, alert_title, red_flags_in
-from miles.health.report import red_flag_rollouts, write_report
+from miles.health.report import red_flag_rollouts, report_figure, write_report
 from miles.record.journal import JournalLine
 from miles.tracking.sinks.base import Delivery
 from miles.tracking.sinks.wandb_sink import WandbSink
@@ -54,3 +54,22 @@ def test_wandb_sink_alerts_once_per_signal(tmp_path):
 def test_report_marks_red_flag_rollouts(tmp_path):
     assert red_flag_rollouts(lines(), "grad_norm") == [2, 3] and red_flag_rollouts(lines(), "loss") == []
     assert write_report(lines(), tmp_path / "report.png").stat().st_size > 0
+
+
+def test_report_leads_with_the_eval_pass_at_k_from_the_base_eval_on():
+    evals = {-1: 0.229, 19: 0.613, 39: 0.747, 59: 0.796}  # as the first-hour review's run journaled them
+    journal = [JournalLine(-1, 999.0, {"eval/step": 0.0, "eval/arithmetic-pass_at_1": evals[-1],
+                                       "eval/arithmetic-pass_at_4": 0.4})]
+    for i in range(60):
+        metrics = {"rollout/step": i, "train/step": i, "train/loss": 0.1}
+        if i in evals:
+            metrics.update({"eval/step": float(i), "eval/arithmetic-pass_at_1": evals[i],
+                            "eval/arithmetic-pass_at_4": 0.5})
+        journal.append(JournalLine(i, 1000.0 + i, metrics))
+    first = report_figure(journal, title="run").axes[0]
+    assert first.get_title() == "held-out eval pass@k: arithmetic-pass_at_1 0.229 -> 0.796"
+    curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in first.get_lines()}
+    assert curves["eval/arithmetic-pass_at_1"] == ([0.0, 19.0, 39.0, 59.0], list(evals.values()))
+    assert curves["eval/arithmetic-pass_at_4"][0] == [0.0, 19.0, 39.0, 59.0] and first.get_xlabel() == "eval/step"
+    # a run without evals has no such panel: the first is the loss
+    assert report_figure(journal[1:2]).axes[0].get_title() == "loss"

@@ -85,6 +85,23 @@ def test_doctor_passes_a_healthy_run(tmp_path, capsys):
     assert "red flags: none" in capsys.readouterr().out
 
 
+def test_doctor_shows_the_figures_behind_an_ok_row(tmp_path, capsys):
+    rollouts = stream()
+    run_live(tmp_path, rollouts)
+    capsys.readouterr()
+    assert doctor([str(tmp_path)]) == 0
+    rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[2:-1]}
+    entropy = [r.metrics["train/entropy_loss"] for r in rollouts]
+    assert rows["entropy_loss"].split()[1] == "ok"
+    assert f"entropy_loss {entropy[0]:.3g}->{entropy[-1]:.3g} [{min(entropy):.3g}, {max(entropy):.3g}]" \
+        in rows["entropy_loss"]
+    clipped = sum(r.metrics["train/grad_norm"] >= CONFIG.train.clip_grad for r in rollouts)
+    assert f">=clip_grad in {clipped}/{len(rollouts)}" in rows["grad_norm"]
+    # a signal the run is not judged on has its row, saying why, rather than none
+    assert rows["kl_loss"].split()[1] == "off" and "no --use-kl-loss" in rows["kl_loss"]
+    assert rows["non_finite"].endswith(f"non-finite values in 0 of {len(rollouts)} rollouts")
+
+
 def test_doctor_uses_the_runs_own_thresholds(tmp_path, capsys):
     config = parse_config(["--health-pg-clipfrac-red", "0.9", "--health-pg-clipfrac-warn", "0.85"])
     run_live(tmp_path, clipfrac_run(), config)

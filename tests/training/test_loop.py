@@ -3,6 +3,7 @@ the eval before training at eval/step 0 everywhere, --save-interval, an observer
 cleanly, and the phase hook seeing the driver's phases."""
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 
 import pytest
@@ -91,6 +92,8 @@ def test_loop_logs_base_eval_saves_at_interval_and_stops_when_asked(tmp_path, ra
     base, first, second = (ln.metrics for ln in lines)
     assert base["eval/step"] == 0 and base["eval/arithmetic"] == pytest.approx(summary.base_eval["eval/arithmetic"])
     assert not any(k.startswith(("train/", "rollout/", "perf/")) for k in base)
+    on_file = json.loads((run_dir / "base_eval.json").read_text())  # the journal's names, pass_at_1 not pass@1
+    assert "eval/arithmetic-pass_at_1" in on_file and on_file.items() <= base.items()
     assert "eval/step" not in first and not any(k.startswith("eval/") for k in first)  # no eval after rollout 0
     assert second["eval/step"] == 1 and "eval/arithmetic" in second  # --eval-interval 2
     # the stop closed the trackers as the end of the run: every tracker equals the journal, base eval included

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
-from miles.record.journal import Journal, JournalLine
+import pytest
+
+from miles.dashboard.run_files import RunFiles
+from miles.record.journal import Journal, JournalLine, base_eval_json
 from miles.record.layout import RunLayout
 from miles.run.scorecard import scorecard
 
@@ -57,3 +60,16 @@ def test_what_the_files_do_not_hold_is_said_missing(tmp_path):
 def test_without_a_measured_wall_time_the_journal_span_is_named_as_such(tmp_path):
     write_run(tmp_path)
     assert dict(scorecard(tmp_path).rows())["rollouts"] == "3 (0..2); 30s from the first to the last journal line"
+
+
+@pytest.mark.parametrize("written", ["journal names", "old pass@k names"])
+def test_base_eval_json_has_the_journal_names_and_old_files_still_read(tmp_path, written):
+    evaluated = {"eval/arithmetic-pass@1": 0.229, "eval/arithmetic-pass@4": 0.5, "eval/step": 0.0}
+    text = base_eval_json(evaluated) if written == "journal names" else json.dumps(evaluated)
+    if written == "journal names":  # what the trainer writes: the names of the journal's base-eval line
+        assert sorted(json.loads(text)) == ["eval/arithmetic-pass_at_1", "eval/arithmetic-pass_at_4", "eval/step"]
+    journal = Journal(tmp_path)  # no base-eval line in the journal: the scorecard's base is the file's
+    journal.append(JournalLine(0, 110.0, {"rollout/raw_reward": 0.5, "eval/arithmetic-pass_at_1": 0.3}))
+    (tmp_path / "base_eval.json").write_text(text)
+    assert dict(scorecard(tmp_path).rows())["held-out eval"].startswith("eval/arithmetic-pass_at_1: 0.229 (base)")
+    assert RunFiles(tmp_path).base_eval()["eval/arithmetic-pass_at_4"] == 0.5

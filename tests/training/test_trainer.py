@@ -68,6 +68,27 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
         router.stop()
 
 
+def test_a_rollouts_router_window_leaves_out_the_evals_requests(small_config, ray_cluster, engine, tmp_path):
+    from miles.router import start_router
+
+    config = small_config()  # 4 prompts x 4 samples per rollout, an eval (8 prompts x 2) after rollout 1
+    router = start_router(config.router, worker_urls=[engine.url])
+    trainer = RLTrainer.start(prepare_config(config), router.url, [engine.url])
+    try:
+        assert trainer.resume() == 0
+        trainer.evaluate_base()  # its 16 requests go through the router before rollout 0
+        results = [trainer.run_iteration(r) for r in range(3)]
+        assert "eval/arithmetic" in results[1].metrics
+        # each rollout's window holds its own requests (one batched request per prompt): neither the base
+        # eval's 8 (before rollout 0) nor the 8 of the eval after rollout 1 (once counted in rollout 2)
+        prompts = config.rollout.rollout_batch_size
+        assert [r.metrics["rollout/router_requests"] for r in results] == [prompts] * 3
+        assert all(r.metrics["rollout/router_errors"] == 0 for r in results)
+    finally:
+        trainer.close()
+        router.stop()
+
+
 def check_dashboard_files(run_dir: Path, samples) -> None:
     """The phase timeline of both iterations, and the per-token file of the logged one only
     (--log-samples-interval 10 logs rollout 0)."""

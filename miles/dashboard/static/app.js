@@ -50,6 +50,10 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// One legend entry: a swatch of the line's colour (dashed for a threshold or bound), then its name.
+const legendItem = (name, color, dashed) => el("span", {class: "legend-item"},
+  el("i", {class: "swatch" + (dashed ? " dashed" : ""), style: `border-top-color: ${color}`}), name);
+
 // Any value as text (a hand-edited sample may hold null or a number where text belongs).
 const asText = (v) => (v === null || v === undefined) ? "" : (typeof v === "string" ? v : JSON.stringify(v));
 const fmt = (v) => (v === null || v === undefined) ? "–" : (typeof v === "number" ? Number(v.toPrecision(4)) : v);
@@ -88,8 +92,9 @@ async function showMetrics(view) {
     const series = Object.entries(p.series).map(([k, s]) => ({name: k, x: s.x, y: s.y}));
     if (!series.length) { box.append(el("div", {class: "na"}, "not logged")); continue; }
     lineChart(box, series, {threshold: p.threshold, flags: p.flag_steps, xlabel: Object.values(p.series)[0].step_key});
-    const legend = el("div", {class: "legend"}, ...series.map(s => el("span", {}, s.name)));
-    if (p.threshold_label) legend.append(el("span", {class: "flag"}, "- - " + p.threshold_label));
+    const legend = el("div", {class: "legend"},
+      ...series.map((s, k) => legendItem(s.name, COLORS[k % COLORS.length])));
+    if (p.threshold_label) legend.append(legendItem(p.threshold_label, "#dc2626", true));
     box.append(legend);
     for (const v of p.verdicts.slice(-3)) {
       box.append(el("div", {class: "flag"}, `rollout ${v.rollout_id} ${v.severity}: ${v.message}`));
@@ -101,9 +106,16 @@ async function showMetrics(view) {
   }
   for (const [ns, keys] of Object.entries(metrics.namespaces)) {
     view.append(el("h2", {}, ns + "/"));
+    // a series that never moved (the health watch's 0s, a router that saw no error) says so in one line
+    const isFlat = (key) => { const y = metrics.series[key].y; return y.length > 1 && y.every(v => v === y[0]); };
+    const flat = keys.filter(isFlat);
+    if (flat.length) {
+      view.append(el("div", {class: "legend flat", "data-namespace": ns},
+        `flat over the run (${flat.length}): ` + flat.map(k => `${k} = ${fmt(metrics.series[k].y[0])}`).join(", ")));
+    }
     const g = el("div", {class: "grid"});
     view.append(g);
-    for (const key of keys) {
+    for (const key of keys.filter(k => !isFlat(k))) {
       const s = metrics.series[key];
       const box = el("div", {class: "panel metric-panel"}, el("h3", {}, key));
       g.append(box);
@@ -159,7 +171,8 @@ async function showTimeline(view) {
     }
     for (let k = 0; k <= 4; k++) {
       const t = range[0] + span * k / 4;
-      svgEl("text", {x: px(t), y: 12, "text-anchor": "middle"}, svg).textContent = (t - data.start).toFixed(2) + " s";
+      svgEl("text", {x: px(t), y: 12, "text-anchor": k === 4 ? "end" : "middle", class: "time-tick"}, svg)
+        .textContent = (t - data.start).toFixed(2) + " s";
     }
     svg._toTime = (clientX) => {
       const box = svg.getBoundingClientRect();
@@ -178,8 +191,9 @@ async function showTimeline(view) {
   });
   svg.addEventListener("dblclick", () => { range = full.slice(); draw(); });
   draw();
-  view.append(el("div", {class: "legend"}, ...Object.entries(PHASE_COLORS).map(([n, c]) =>
-    el("span", {style: `border-left: 10px solid ${c}; padding-left: 4px`}, n))));
+  const seen = new Set(data.spans.map(sp => sp.name));
+  view.append(el("div", {class: "legend", id: "timeline-legend"}, ...Object.entries(PHASE_COLORS)
+    .filter(([n]) => seen.has(n)).map(([n, c]) => el("span", {style: `border-left: 10px solid ${c}; padding-left: 4px`}, n))));
   view.append(el("h2", {}, "Profiler windows"));
   if (!data.profiler.available) {
     view.append(el("div", {class: "legend"}, "Profiler summaries: not available (no profiler/summaries.jsonl)"));
@@ -240,13 +254,14 @@ async function showRollouts(view) {
   const data = await api(`/api/rollouts/${rid}?` + q.toString());
   view.append(el("div", {class: "legend", id: "rollout-count"}, `${data.samples.length} of ${data.total} samples`));
   const table = el("table", {id: "samples-table"}, el("tr", {}, ...["#", "group", "reward", "length", "status",
-    "turns", "zero std", "prompt", "response"].map(h => el("th", {}, h))));
+    "turns", "zero std", "prompt", "label", "response"].map(h => el("th", {}, h))));
   for (const s of data.samples) {
     const row = el("tr", {class: "sample-row", "data-index": s.index},
       el("td", {}, String(s.index)), el("td", {}, String(s.group_index ?? "–")), el("td", {}, String(fmt(s.reward))),
       el("td", {}, String(s.response_length)), el("td", {}, asText(s.status)), el("td", {}, String(s.turns)),
       el("td", {class: s.zero_std ? "zero" : ""}, s.zero_std ? "zero std" : ""),
-      el("td", {class: "text"}, asText(s.prompt).slice(-120)), el("td", {class: "text"}, asText(s.response).slice(0, 160)));
+      el("td", {class: "text"}, asText(s.prompt).slice(-120)), el("td", {class: "text label"}, asText(s.label).slice(0, 80)),
+      el("td", {class: "text"}, asText(s.response).slice(0, 160)));
     row.onclick = () => { location.hash = `#sample/${rid}/${s.index}`; };
     table.append(row);
   }
@@ -410,7 +425,7 @@ async function showCompare(view) {
     if (!series.length) { box.append(el("div", {class: "na"}, "not logged")); continue; }
     const outside = s.points.filter(p => p.verdict !== "within").map(p => p.step);
     lineChart(box, series, {flags: outside, xlabel: s.axis});
-    box.append(el("div", {class: "legend"}, ...series.map(x => el("span", {style: `color:${x.color}`}, x.name))));
+    box.append(el("div", {class: "legend"}, ...series.map(x => legendItem(x.name, x.color, Boolean(x.dash)))));
   }
   view.append(el("h2", {}, "Eval prompts whose pass rate changed most"));
   const pd = data.prompts;

@@ -18,6 +18,15 @@ function niceNumber(v) {
   return Number(v.toPrecision(3)).toString();
 }
 
+// The x ticks: both ends and the middle; on an integer axis (steps, token positions) each rounded to a
+// whole number inside the range (no "29.5" on a step axis), without repeats.
+function xTicks(range, integral) {
+  const mid = (range[0] + range[1]) / 2;
+  if (!integral) return [range[0], mid, range[1]];
+  const ticks = [Math.ceil(range[0]), Math.round(mid), Math.floor(range[1])].filter(x => x >= range[0] && x <= range[1]);
+  return [...new Set(ticks)];
+}
+
 // series: [{name, x: [], y: [], color?, dash? (a dashed line, no points), cls?}]; opts: {threshold, flags: [x...], xlabel}
 function lineChart(container, series, opts) {
   opts = opts || {};
@@ -25,6 +34,7 @@ function lineChart(container, series, opts) {
   const allX = series.flatMap(s => s.x);
   const full = [Math.min(...allX), Math.max(...allX)];
   let range = full.slice();
+  const integral = allX.every(Number.isInteger);  // a step or token axis: its ticks are whole numbers
   const W = 400, H = 170, L = 44, R = 6, T = 6, B = 22;
 
   function draw() {
@@ -34,7 +44,11 @@ function lineChart(container, series, opts) {
     if (opts.threshold !== null && opts.threshold !== undefined) ys.push(opts.threshold);
     let lo = Math.min(...ys), hi = Math.max(...ys);
     if (!isFinite(lo)) { lo = 0; hi = 1; }
-    if (lo === hi) { lo -= 0.5 * (Math.abs(lo) || 1); hi += 0.5 * (Math.abs(hi) || 1); }
+    // a constant series gets room around it; one at 0 (a |difference| that is all 0) stays on [0, 1],
+    // never a negative axis for a value that cannot be negative
+    if (lo === hi) {
+      if (lo === 0) hi = 1; else { const pad = 0.5 * Math.abs(lo); lo -= pad; hi += pad; }
+    }
     const span = range[1] - range[0] || 1;
     const px = (x) => L + (x - range[0]) / span * (W - L - R);
     const py = (y) => T + (hi - y) / (hi - lo) * (H - T - B);
@@ -43,8 +57,8 @@ function lineChart(container, series, opts) {
     for (const y of [lo, (lo + hi) / 2, hi]) {
       svgEl("text", {x: L - 3, y: py(y) + 3, "text-anchor": "end"}, svg).textContent = niceNumber(y);
     }
-    for (const x of [range[0], (range[0] + range[1]) / 2, range[1]]) {
-      svgEl("text", {x: px(x), y: H - 8, "text-anchor": "middle"}, svg).textContent = niceNumber(x);
+    for (const x of xTicks(range, integral)) {
+      svgEl("text", {x: px(x), y: H - 8, "text-anchor": "middle", class: "x-tick"}, svg).textContent = niceNumber(x);
     }
     if (opts.xlabel) svgEl("text", {x: W - R, y: H - 1, "text-anchor": "end"}, svg).textContent = opts.xlabel;
     if (opts.threshold !== null && opts.threshold !== undefined) {
