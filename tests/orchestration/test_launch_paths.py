@@ -21,6 +21,7 @@ README_MULTI_NODE = [
     "ray start --address=127.0.0.1:6379",
     "miles train --ray-address 127.0.0.1:6379 --num-rollout 3",
     "python -m miles.train --ray-address 127.0.0.1:6379 --num-rollout 3",
+    "ray job submit --address=http://127.0.0.1:8265 --working-dir . -- python -m miles.train --num-rollout 3 --use-mlflow",
 ]
 TINY = ["--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--eval-interval", "none"]
 RUN_TIMEOUT_S = 480
@@ -112,3 +113,32 @@ def test_a_wrong_token_is_named_as_an_authentication_error(head, tmp_path):
 def proc_ok(proc: subprocess.CompletedProcess) -> bool:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return True
+
+
+@pytest.mark.slow
+def test_ray_job_submit_with_the_working_dir_on_two_one_cpu_nodes(tmp_path):
+    """The multi-node recipe as a job (the first-hour review's failing case): a 1-CPU head and a 1-CPU
+    second node with token auth, the checkout uploaded with --working-dir (the job's driver imports the
+    uploaded copy first), MLflow on; the run finishes and the engine loads torch."""
+    head = start_head(num_cpus=1)
+    try:
+        head.join_node(num_cpus=1)
+        assert head.alive_nodes() == 2
+        env = {**head.cli_env(), "PYTHONPATH": ""}
+        run_dir, job_id = tmp_path / "run", f"miles-test-{tmp_path.name}-wd"
+        submit = with_ports(README_MULTI_NODE[4], head)
+        cut = submit.index("--")
+        proc = run([*submit[:cut], "--submission-id", job_id, *submit[cut:], *TINY, "--run-dir", str(run_dir)], env)
+        assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, \
+            proc.stdout[-3000:] + proc.stderr[-3000:] + engine_log(run_dir)
+        assert journal_rollouts(run_dir) == [0]
+        assert "Ignoring upload" in proc.stderr or "Uploading package" in proc.stderr  # the working dir went up
+        assert "Cannot load" not in engine_log(run_dir)
+        assert (run_dir / "mlflow.db").exists()
+    finally:
+        head.stop()
+
+
+def engine_log(run_dir: Path) -> str:
+    log = run_dir / "logs" / "engine-0.log"
+    return log.read_text(errors="replace")[-3000:] if log.exists() else "(no engine log)"
