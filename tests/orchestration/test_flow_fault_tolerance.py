@@ -21,6 +21,9 @@ def test_a_stopped_engine_is_healed_inside_the_chunk(run_grpo):
                               "--inject-fault", "stop-engine:1@1", *FAST)
     assert state.is_completed(), state.message
     assert journal_steps(run_dir) == [0, 1, 2, 3]  # nothing lost, nothing doubled
+    # the report links the flow run that trains (the subflow), not only the parent Prefect prints first
+    training = state.result().links["prefect-training-run"]
+    assert "/runs/flow-run/" in training and str(state.state_details.flow_run_id) not in training
     chunks = [r for r in task_runs_of(state.state_details.flow_run_id) if r.name.startswith("train_chunk[")]
     assert sorted(r.name for r in chunks) == ["train_chunk[0-2]", "train_chunk[2-4]"]  # none resubmitted
     assert all(r.state.is_completed() and r.run_count == 1 for r in chunks)
