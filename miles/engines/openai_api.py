@@ -96,6 +96,8 @@ class OpenAIRoutes:
     # ---- parsing --------------------------------------------------------------------------------------
     def _call(self, body: dict, prompts: list[list[int]], default_max: int | None,
               tool_calls: bool = False) -> OpenAICall:
+        """The call a /v1 body asks for, checked; run off the event loop (`off_loop`): the body's lists
+        (stop strings, stop token ids) are walked here."""
         sampling = {k: body[k] for k in PASSTHROUGH if k in body}
         if tool_calls:
             stop_at_call_end(sampling)
@@ -168,7 +170,7 @@ class OpenAIRoutes:
     async def completions(self, request: Request):
         body = _object(await read_json(request))
         prompts = await self.frontend.off_loop(self._completion_prompts, body)
-        call = self._call(body, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        call = await self.frontend.off_loop(self._call, body, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS)
         if call.stream:
             return self._stream(call, chat=False)
         results = await self._run(call)
@@ -182,8 +184,8 @@ class OpenAIRoutes:
     async def chat_completions(self, request: Request):
         body = _object(await read_json(request))
         parser = request_parser(body, self.tool_call_parser)
-        call = self._call(body, [await self.frontend.off_loop(self._chat_prompt, body, parser)], None,
-                          tool_calls=parser is not None)
+        prompt = await self.frontend.off_loop(self._chat_prompt, body, parser)
+        call = await self.frontend.off_loop(self._call, body, [prompt], None, parser is not None)
         if call.stream:
             if parser is not None:
                 raise RequestError("streaming is not supported with tools", param="stream")
