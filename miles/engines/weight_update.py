@@ -91,10 +91,11 @@ def check_tensors(named: dict[str, torch.Tensor], model: torch.nn.Module, requir
 
 
 def max_tensor_body(model: torch.nn.Module) -> int:
-    """The largest /update_weights_from_tensor body the engine reads: every parameter once, in float32 or
-    its own wider dtype, plus room for the safetensors header (names, shapes, offsets)."""
-    data = sum(p.numel() * max(4, p.element_size()) for p in model.parameters())  # tied ones counted once
-    names = sum(1 for _ in model.named_parameters(remove_duplicate=False))
+    """The largest /update_weights_from_tensor body the engine reads: every parameter and buffer once, in
+    float32 or its own wider dtype, plus room for the safetensors header (names, shapes, offsets)."""
+    tensors = [*model.parameters(), *model.buffers()]  # tied ones counted once
+    data = sum(t.numel() * max(4, t.element_size()) for t in tensors)
+    names = len(model.state_dict(keep_vars=True)) + sum(1 for _ in model.named_parameters(remove_duplicate=False))
     return data + names * 1024 + 2**20
 
 
