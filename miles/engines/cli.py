@@ -88,6 +88,7 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
     from miles.serving import auth
     from miles.engines.model_runner import ModelRunner
+    from miles.engines import weight_update
     from miles.engines.server import EngineServer
     from miles.record.timeline import TimelineWriter
     from miles.serving.limits import BodyLimit, guarded_protocol
@@ -108,7 +109,9 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
                           admin_token=resolve_admin_token(serve))
     print(f"miles engine: serving {model_dir} on http://{serve.host}:{serve.port} ({runner.device}, "
           f"max batch {engine.engine_max_batch_size})", file=sys.stderr, flush=True)
-    app = BodyLimit(server.app, int(engine.engine_max_body_mb * 2**20), exempt=frozenset({"/update_weights_from_tensor"}))
+    # a weight push is as large as the model: its own bound, from the served model's parameters
+    app = BodyLimit(server.app, int(engine.engine_max_body_mb * 2**20),
+                    per_path={"/update_weights_from_tensor": weight_update.max_tensor_body(runner.model)})
     # web pages the user opens must not reach the admin endpoints (origin_guard.py)
     app = OriginGuard(app, serve.host, state_changing_get=lambda path: not auth.is_open_engine_path(path))
     uvicorn.run(app, host=serve.host, port=serve.port, log_level=serve.log_level,

@@ -31,7 +31,13 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/compl
 # OpenAI request fields that map one-to-one onto SGLang sampling params.
 PASSTHROUGH = ("temperature", "top_p", "top_k", "stop", "seed", "ignore_eos", "stop_token_ids",
                "frequency_penalty", "presence_penalty", "repetition_penalty", "min_p", "skip_special_tokens",
-               "no_stop_trim")
+               "no_stop_trim", "logit_bias")
+# OpenAI fields this engine does not implement, with the values that ask for nothing beyond what it does
+# (absent or null always pass); any other value is a 400 naming the field, so that no client believes
+# it was honoured. tool_choice "none" is honoured only without tools (with them, calls are still parsed).
+DEFAULT_ONLY = {"top_logprobs": (0,), "response_format": ({"type": "text"},), "tool_choice": ("auto",),
+                "parallel_tool_calls": (True,), "echo": (False,), "best_of": (1,), "suffix": ("",)}
+MAX_N = 128  # choices of one request: more would hold a share of the queue and batch for one client
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,8 @@ class OpenAIRoutes:
     # ---- parsing --------------------------------------------------------------------------------------
     def _call(self, body: dict, prompts: list[list[int]], default_max: int | None,
               tool_calls: bool = False) -> OpenAICall:
+        """The call a /v1 body asks for, checked; run off the event loop (`off_loop`): the body's lists
+        (stop strings, stop token ids) are walked here."""
         sampling = {k: body[k] for k in PASSTHROUGH if k in body}
         if tool_calls:
             stop_at_call_end(sampling)
@@ -103,13 +111,27 @@ class OpenAIRoutes:
         fallback = default_max or min(DEFAULT_MAX_NEW_TOKENS, self.frontend.runner.context_length - longest)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         sampling["max_new_tokens"] = fallback if max_tokens is None else max_tokens
-        if isinstance(body.get("min_tokens"), int):
-            sampling["min_new_tokens"] = body["min_tokens"]
+        for name, allowed in DEFAULT_ONLY.items():
+            value = body.get(name)
+            if value is None or any(value == a and type(value) is type(a) for a in allowed):
+                continue
+            if name == "tool_choice" and value == "none" and not tool_calls:
+                continue  # no tools: no call is what happens anyway
+            raise RequestError(f"{name}={value!r:.200} is not supported by the embedded engine (only "
+                               f"{' or '.join(repr(a) for a in allowed)}, or leave it out)", param=name)
+        if body.get("min_tokens") is not None:
+            min_tokens = body["min_tokens"]
+            if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
+                raise RequestError(f"min_tokens must be an integer >= 0, got {min_tokens!r:.200}", param="min_tokens")
+            sampling["min_new_tokens"] = min_tokens
         if not isinstance(sampling["max_new_tokens"], int) or isinstance(sampling["max_new_tokens"], bool) \
                 or sampling["max_new_tokens"] < 0:
             raise RequestError(f"max_tokens must be an integer >= 0, got {max_tokens!r}", param="max_tokens")
         params = parse_sampling_params(sampling)
         n = _int_field(body, "n", 1, 1)
+        if n > MAX_N:
+            raise RequestError(f"n={n} asks for more choices than one request may ({MAX_N}); send several "
+                               f"requests", param="n")
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError(f"stream must be true or false, got {stream!r}", param="stream")
@@ -168,7 +190,7 @@ class OpenAIRoutes:
     async def completions(self, request: Request):
         body = _object(await read_json(request))
         prompts = await self.frontend.off_loop(self._completion_prompts, body)
-        call = self._call(body, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        call = await self.frontend.off_loop(self._call, body, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS)
         if call.stream:
             return self._stream(call, chat=False)
         results = await self._run(call)
@@ -182,8 +204,8 @@ class OpenAIRoutes:
     async def chat_completions(self, request: Request):
         body = _object(await read_json(request))
         parser = request_parser(body, self.tool_call_parser)
-        call = self._call(body, [await self.frontend.off_loop(self._chat_prompt, body, parser)], None,
-                          tool_calls=parser is not None)
+        prompt = await self.frontend.off_loop(self._chat_prompt, body, parser)
+        call = await self.frontend.off_loop(self._call, body, [prompt], None, parser is not None)
         if call.stream:
             if parser is not None:
                 raise RequestError("streaming is not supported with tools", param="stream")

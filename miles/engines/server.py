@@ -237,7 +237,10 @@ class EngineServer:
             return weight_failure("give \"model_path\": the checkpoint directory to load")
         version = body.get("weight_version")
         if version is not None and not isinstance(version, str):
-            return weight_failure(f"weight_version must be a string, got {version!r}")
+            return weight_failure(f"weight_version must be a string, got {version!r:.200}")
+        for name in ("model_path", "weight_version"):
+            if not _encodable(body.get(name)):  # a lone surrogate: no such path, and no answer could quote it
+                return weight_failure(f"{name} is not valid Unicode text (it holds a lone surrogate)")
         path = body["model_path"]
         try:
             named = await run_in_threadpool(self._read_checked_dir, path)
@@ -249,7 +252,7 @@ class EngineServer:
 
     async def update_weights_from_tensor(self, request: Request):
         version = request.query_params.get("weight_version") or request.headers.get("x-weight-version")
-        data = await request.body()
+        data = await request.body()  # bounded by the model's size (BodyLimit's own limit for this path)
         try:
             named = await run_in_threadpool(self._read_checked_bytes, data)
         except weight_update.WeightUpdateError as exc:
@@ -336,6 +339,18 @@ class AsgiEndpoint:
         except RequestError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status)
         await response(scope, receive, send)
+
+
+def _encodable(value) -> bool:
+    """Whether a JSON string value can be written back as UTF-8 (JSON's \\ud800 escape decodes to a lone
+    surrogate, which Python strings hold but UTF-8 cannot)."""
+    if value is None:
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def weight_failure(message: str) -> JSONResponse:

@@ -114,6 +114,9 @@ def _boolean(name: str, value: Any) -> bool:
 # their number and length bound the time one request can add to every step of its batch.
 MAX_STOP_STRINGS = 256
 MAX_STOP_CHARS = 4096
+# Likewise every stop token id is compared with each new token, and the min_new_tokens ban list is
+# rebuilt from them at every step: bounded like the stop strings.
+MAX_STOP_TOKEN_IDS = 256
 
 
 def _stop_strings(value: Any) -> tuple[str, ...]:
@@ -139,12 +142,15 @@ def _short(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
-def _token_ids(name: str, value: Any) -> tuple[int, ...]:
+def _token_ids(name: str, value: Any, limit: int) -> tuple[int, ...]:
     if value is None:
         return ()
+    if isinstance(value, list) and len(value) > limit:  # before looking at each one
+        raise RequestError(f"sampling_params.{name} holds {len(value)} ids; at most {limit} are accepted",
+                           param=name)
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                               for t in value):
-        raise RequestError(f"sampling_params.{name} must be a list of token ids, got {value!r}", param=name)
+        raise RequestError(f"sampling_params.{name} must be a list of token ids, got {_short(value)}", param=name)
     return tuple(value)
 
 
@@ -190,7 +196,7 @@ def parse_sampling_params(raw: Any) -> SamplingParams:
         if raw.get(name) is not None:
             out[name] = _boolean(name, raw[name])
     out["stop"] = _stop_strings(raw.get("stop"))
-    out["stop_token_ids"] = _token_ids("stop_token_ids", raw.get("stop_token_ids"))
+    out["stop_token_ids"] = _token_ids("stop_token_ids", raw.get("stop_token_ids"), MAX_STOP_TOKEN_IDS)
     return SamplingParams(**out)
 
 

@@ -68,7 +68,10 @@ def read_safetensors_bytes(data: bytes) -> dict[str, torch.Tensor]:
 
 def check_tensors(named: dict[str, torch.Tensor], model: torch.nn.Module, require_all: bool) -> None:
     """Every name must be a parameter of `model` with the same shape; with `require_all`, every
-    parameter must be given (under any of its tied names)."""
+    parameter must be given (under any of its tied names). No tensor at all, or one holding a NaN or an
+    infinity, is refused too: swapping either in would change the weight version and serve garbage."""
+    if not named:
+        raise WeightUpdateError("the update holds no tensors; send at least one parameter of the served model")
     live = model.state_dict()
     for name, tensor in named.items():
         if name not in live:
@@ -78,11 +81,22 @@ def check_tensors(named: dict[str, torch.Tensor], model: torch.nn.Module, requir
                                     f"{tuple(live[name].shape)}")
         if not (tensor.is_floating_point() or tensor.dtype == live[name].dtype):
             raise WeightUpdateError(f"tensor {name!r} has dtype {tensor.dtype}; expected floating point")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise WeightUpdateError(f"tensor {name!r} holds NaN or infinite values; the served weights are kept")
     if require_all:
         missing = [names[0] for names in _tied_groups(model) if not any(n in named for n in names)]
         if missing:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise WeightUpdateError(f"the checkpoint lacks {len(missing)} parameter(s) of the served model: {shown}")
+
+
+def max_tensor_body(model: torch.nn.Module) -> int:
+    """The largest /update_weights_from_tensor body the engine reads: every parameter and buffer once, in
+    float32 or its own wider dtype, plus room for the safetensors header (names, shapes, offsets)."""
+    tensors = [*model.parameters(), *model.buffers()]  # tied ones counted once
+    data = sum(t.numel() * max(4, t.element_size()) for t in tensors)
+    names = len(model.state_dict(keep_vars=True)) + sum(1 for _ in model.named_parameters(remove_duplicate=False))
+    return data + names * 1024 + 2**20
 
 
 def _tied_groups(model: torch.nn.Module) -> list[list[str]]:

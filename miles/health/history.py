@@ -86,6 +86,11 @@ def read_run_config(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(params, dict):
         raise UnreadableRun(f"cannot read {path}: a YAML {type(params).__name__}, not a mapping of settings")
+    odd = [k for k in params if not isinstance(k, str)]  # `1: 2` or `~: x`: no setting has such a name
+    if odd:
+        odd = odd[0]
+        raise UnreadableRun(f"cannot read {path}: the setting name {odd!r:.80} is a YAML "
+                            f"{type(odd).__name__}, not a string")
     return params
 
 

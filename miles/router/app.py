@@ -62,7 +62,9 @@ def check_bind(host: str, admin_token: str | None) -> None:
 
 def is_own_address(url: Any, listening: list[tuple[str, int]]) -> bool:
     """Whether `url` resolves to an address this router listens on (a wildcard bind counts every
-    loopback and unspecified address on its port)."""
+    loopback and unspecified address on its port). An IPv4-mapped IPv6 address (::ffff:127.0.0.1) is
+    its IPv4 one, and an unspecified target (0.0.0.0, ::) is this host: connecting to it reaches any
+    local listener."""
     if not isinstance(url, str) or not listening:
         return False
     try:
@@ -70,14 +72,21 @@ def is_own_address(url: Any, listening: list[tuple[str, int]]) -> bool:
         infos = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
     except (ValueError, OSError):
         return False  # not resolvable: the pool's own check reports the bad URL
-    targets = {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
+    targets = {_plain(ipaddress.ip_address(info[4][0].split("%")[0])) for info in infos}
     for host, port in listening:
         if port != endpoint.port:
             continue
-        own = ipaddress.ip_address(host.strip("[]"))
-        if own in targets or (own.is_unspecified and any(t.is_loopback or t.is_unspecified for t in targets)):
+        own = _plain(ipaddress.ip_address(host.strip("[]")))
+        if own in targets or any(t.is_unspecified for t in targets) or \
+                (own.is_unspecified and any(t.is_loopback for t in targets)):
             return True
     return False
+
+
+def _plain(address: ipaddress.IPv4Address | ipaddress.IPv6Address):
+    """An IPv4-mapped IPv6 address as the IPv4 address it is."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
 
 
 class Router:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Iterable
 from urllib.parse import urlsplit
@@ -19,6 +20,12 @@ POLICIES = ("least-inflight", "round-robin", "power-of-two")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+# What an http://host:port URL is made of (an IPv6 literal with its zone, the characters of a path, query
+# or fragment so that those get their own message below). Anything else (a NUL, a space, a newline, a
+# quote, non-ASCII) names no worker and, stored, would be written into the router's log lines as is.
+URL_CHARS = re.compile(r"[A-Za-z0-9\-._~:/\[\]@%?#&=+]*")
+
+
 class WorkerError(ValueError):
     """A bad worker URL, a duplicate, or an unknown worker; the message names it."""
 
@@ -26,6 +33,9 @@ class WorkerError(ValueError):
 def check_worker_url(url: object) -> str:
     if not isinstance(url, str) or not url:
         raise WorkerError(f"worker url must be a non-empty string, got {url!r}")
+    odd = next((c for c in url if not URL_CHARS.fullmatch(c)), None)
+    if odd is not None:
+        raise WorkerError(f"worker url {url!r:.200} holds {odd!r}, which no http://host:port URL has")
     if not url.startswith(("http://", "https://")):
         raise WorkerError(f"worker url {url!r} is not an http(s) URL")
     if url.startswith("https://"):

@@ -87,19 +87,20 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
 
 class BodyLimit:
     """ASGI middleware: reads the request body up to `max_bytes` (413 past it), then hands the app the whole
-    body at once; paths in `exempt` pass through unread and unlimited."""
+    body at once; a path in `per_path` has its own limit instead (the engine's weight push: the model's size)."""
 
-    def __init__(self, app, max_bytes: int, exempt: frozenset[str] = frozenset()):
+    def __init__(self, app, max_bytes: int, per_path: dict[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
-        self.exempt = exempt
+        self.per_path = dict(per_path or {})
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.exempt:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.per_path.get(scope["path"], self.max_bytes)
         for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                return await send_too_large(send, self.max_bytes)
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                return await send_too_large(send, limit)
         parts, size = [], 0
         while True:
             message = await receive()
@@ -107,8 +108,8 @@ class BodyLimit:
                 return  # the client left before its body was read
             parts.append(message.get("body", b""))
             size += len(parts[-1])
-            if size > self.max_bytes:
-                return await send_too_large(send, self.max_bytes)
+            if size > limit:
+                return await send_too_large(send, limit)
             if not message.get("more_body"):
                 break
         body = {"type": "http.request", "body": b"".join(parts), "more_body": False}

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session", help="with --follow: the trainer session to follow (default: the current one)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to keep retrying a failed tracker")
     parser.add_argument("--retry-interval", type=float, default=1.0, help="seconds between tries of a failed tracker")
+    parser.add_argument("--allow-dir", type=Path, action="append", default=[], metavar="DIR",
+                        help="without --follow: let a tracker write under DIR too (a run started with "
+                             "--tensorboard-dir, --wandb-dir or a local MLflow store outside its run dir); "
+                             "otherwise replay-spool writes only inside RUN_DIR")
     args = parser.parse_args(argv)
     for flag, value in (("--timeout", args.timeout), ("--retry-interval", args.retry_interval)):
         if value < 0:
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.follow:
             status, undelivered = follow(run_dir, args.session, scrubber, args.retry_interval)
         else:
-            status, undelivered = "replayed", replay(run_dir, args.timeout, args.retry_interval, scrubber)
+            status, undelivered = "replayed", replay(run_dir, args.timeout, args.retry_interval, scrubber,
+                                                  args.allow_dir)
     except (DeliveryBusy, StateError) as exc:
         print(f"miles replay-spool: error: {exc}", file=sys.stderr)
         return 2

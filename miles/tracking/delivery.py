@@ -14,6 +14,7 @@ import logging
 import os
 import time
 import traceback
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +24,9 @@ from miles.config.secrets import Scrubber, env_scrubber
 from miles.record import layout
 from miles.record.journal import JOURNAL_NAME, JournalFollower
 from miles.record.samples import samples_path
-from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink
-from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DELIVERY_PATH, DeliveryState, SinkState,
-                                  StateError, TrainerFile, pending, recorded_lines, try_delivery_lock)
+from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink, spec_problem
+from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DELIVERY_PATH, TRAINER_PATH, DeliveryState,
+                                  SinkState, StateError, TrainerFile, pending, recorded_lines, try_delivery_lock)
 
 log = logging.getLogger("miles.tracking")
 LINES_PER_DELIVERY = 50
@@ -244,9 +245,47 @@ def acquire_lock(run_dir: Path, wait_s: float):
     return lock
 
 
-def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber: Scrubber | None = None) -> dict[str, int]:
+# the options of a spec that name where its tracker writes on this machine
+WRITE_OPTIONS = {"tensorboard": ("log_dir",), "wandb": ("directory",), "mlflow": ("artifact_dir", "tracking_uri")}
+
+
+def local_store(uri: str) -> str | None:
+    """The file or directory an MLflow tracking URI writes to on this machine; None for a server."""
+    if uri.startswith("sqlite:///"):
+        return uri[len("sqlite:///"):]  # sqlite:////abs/path is absolute, sqlite:///rel relative
+    if uri.startswith("file:"):
+        return urllib.parse.urlsplit(uri).path
+    return None if "://" in uri or uri.startswith("sqlite:") else uri
+
+
+def check_specs(run_dir: Path, specs: dict[str, SinkSpec], todo: set[str], allowed: list[Path],
+                source: dict[str, Path]) -> None:
+    """StateError in one line for a spec its sink cannot be built from, or one of `todo` (the trackers
+    about to be written) that would write outside the run dir and the `allowed` directories: the state
+    files are files in the run dir, and whoever can edit them must not get files written elsewhere by
+    the user who replays them. `source`: the state file each spec was read from."""
+    roots = [Path(run_dir).resolve()] + [Path(a).resolve() for a in allowed]
+    for name, spec in specs.items():
+        problem = spec_problem(spec)
+        if problem is not None:
+            raise StateError(f"{source[name]}: tracker {name!r}: {problem}")
+        for option in WRITE_OPTIONS[spec.kind] if name in todo else ():
+            value = spec.options.get(option)
+            where = local_store(value) if option == "tracking_uri" and value is not None else value
+            if where is None:
+                continue
+            target = Path(where).resolve()  # as the sink opens it (a relative one: from here)
+            if not any(target.is_relative_to(root) for root in roots):
+                raise StateError(f"{source[name]}: tracker {name!r}: option {option} names {where!r:.200}, "
+                                 f"outside the run dir; replay-spool writes only inside it (pass --allow-dir DIR "
+                                 f"if the run was started with its {spec.kind} files in DIR)")
+
+
+def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber: Scrubber | None = None,
+           allowed: list[Path] | None = None) -> dict[str, int]:
     """Deliver every spooled line, upload the artifacts, finish the tracker runs; returns what is
-    still undelivered per tracker (empty: all done)."""
+    still undelivered per tracker (empty: all done). Trackers write only inside the run dir and the
+    `allowed` directories (StateError before anything is written otherwise)."""
     with acquire_lock(run_dir, 0.0):
         sinks, lines = DeliveryState.load(run_dir).sinks, recorded_lines(run_dir)
         for name, sink in sinks.items():
@@ -256,8 +295,11 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber:
                                  f"remove {name}'s entry to deliver every line to a new {name} run)")
         # the delivery state's spec has the run id its tracker opened; one never opened, the trainer's
         specs = {**TrainerFile.load(run_dir).trackers, **{name: s.spec for name, s in sinks.items()}}
-        todo = {name: spec for name, spec in specs.items() if spec.kind in SINK_CLASSES and
-                (name not in sinks or sinks[name].cursor < lines or not sinks[name].uploaded)}
+        specs = {name: spec for name, spec in specs.items() if spec.kind in SINK_CLASSES}
+        todo = {name: spec for name, spec in specs.items()
+                if name not in sinks or sinks[name].cursor < lines or not sinks[name].uploaded}
+        check_specs(run_dir, specs, set(todo), allowed or [],
+                    {name: run_dir / (DELIVERY_PATH if name in sinks else TRAINER_PATH) for name in specs})
         return DeliveryLoop(run_dir, todo, scrubber or env_scrubber(), retry_interval).finish(True, timeout)
 
 

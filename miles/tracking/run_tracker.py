@@ -28,7 +28,7 @@ from miles.record.row import format_eval, format_row
 from miles.record.samples import samples_due, write_samples
 from miles.config.run_info import describe, run_name, run_tags
 from miles.tracking.delivery_process import DeliveryProcess
-from miles.tracking.hooks import load_hooks
+from miles.tracking.hooks import EVAL_FLAG, ROLLOUT_FLAG, load_hooks
 from miles.tracking.sinks.base import SinkSpec
 from miles.tracking.sinks.wandb_sink import new_run_id, resolve_mode
 from miles.tracking.state import CONFIG_ARTIFACT, DeliveryState, TrainerFile, spooled
@@ -133,6 +133,21 @@ class RunTracker:
                 raise TimeoutError(f"trackers not open after {timeout}s")
             time.sleep(0.05)  # poll interval, bounded by the deadline
 
+    def _hook(self, hook, flag: str, rollout_id: int, *args: Any) -> bool:
+        """Call a custom logger; whether it replaced the default logging. A logger that raises is the
+        user's code failing at logging, not the run failing: a warning naming its flag, and the default
+        logging takes over for that rollout, so its metrics still reach the journal and the trackers."""
+        if hook is None:
+            return False
+        try:
+            return bool(hook(rollout_id, *args))
+        except Exception as exc:  # any error of user code; the run goes on
+            path = getattr(self.config.tracking, flag.lstrip("-").replace("-", "_"))
+            log.warning("tracking: the custom logger %s (%s) raised at rollout %d: %s: %s; this rollout is "
+                        "logged the default way", path, flag, rollout_id, type(exc).__name__,
+                        self.scrubber.scrub(" ".join(str(exc).split()))[:300])
+            return False
+
     def log_rollout(self, rollout_id: int, args: Any, samples: list, extra_metrics: dict,
                     rollout_time: float) -> None:
         """Miles' custom rollout logger, then the default logging unless it returned True: the loop's
@@ -141,15 +156,14 @@ class RunTracker:
         self._require_open()
         if samples_due(self.config.tracking.log_samples_interval, rollout_id) and not self.recorded(rollout_id):
             write_samples(self.run_dir, rollout_id, samples)
-        if self.hooks.rollout is not None and self.hooks.rollout(rollout_id, args, samples, extra_metrics,
-                                                                 rollout_time):
+        if self._hook(self.hooks.rollout, ROLLOUT_FLAG, rollout_id, args, samples, extra_metrics, rollout_time):
             return  # Miles: True means the custom logger replaced the default one
         self.pending.setdefault(rollout_id, {}).update(map_metrics(extra_metrics))
 
     def log_eval(self, rollout_id: int, args: Any, data: dict, extra_metrics: dict) -> None:
         """Miles' custom eval logger, likewise for the loop's `eval/` metrics of `data`."""
         self._require_open()
-        if self.hooks.eval is not None and self.hooks.eval(rollout_id, args, data, extra_metrics):
+        if self._hook(self.hooks.eval, EVAL_FLAG, rollout_id, args, data, extra_metrics):
             return
         if not self.recorded(rollout_id):  # a redone rollout keeps its first eval's prompts, as its line
             write_eval_prompts(self.run_dir, rollout_id, rollout_id, data)
@@ -159,7 +173,7 @@ class RunTracker:
         """The eval of the starting weights: the eval logger (as rollout 0), then, unless it returned
         True, a journal line of its own at `eval/step` 0 (rollout id -1: before rollout 0)."""
         self._require_open()
-        if self.hooks.eval is not None and self.hooks.eval(0, args, data, extra_metrics):
+        if self._hook(self.hooks.eval, EVAL_FLAG, 0, args, data, extra_metrics):
             return
         metrics = map_metrics({**extra_metrics, "eval/step": 0})
         write_eval_prompts(self.run_dir, BASE_EVAL_ROLLOUT_ID, 0, data)

@@ -113,3 +113,71 @@ def test_disk_checkpoint_missing_tensors_is_refused(own_engine, base_model, tmp_
     save_file(tensors, tmp_path / "model.safetensors")
     with pytest.raises(WeightPushError, match="lacks 1 parameter"):
         push_weights_from_disk(own_engine.url, tmp_path, "bad")
+
+
+def test_an_empty_tensor_set_is_refused_and_the_version_kept(own_engine):
+    """E16b: a valid safetensors blob with no tensor used to be 'updated 0 tensors' and change the version."""
+    from safetensors.torch import save
+
+    before, version = probe(own_engine.url)
+    empty = httpx.post(own_engine.url + "/update_weights_from_tensor", content=save({}),
+                       params={"weight_version": "empty"}, headers={"content-type": "application/octet-stream"})
+    assert empty.status_code == 400 and "no tensors" in empty.json()["message"], empty.text
+    assert probe(own_engine.url) == (before, version)
+
+
+def test_non_finite_weights_are_refused(own_engine, base_model, base_state, tmp_path):
+    """E15b: an all-NaN copy of the model (from disk) or one infinite tensor (in memory) is refused; the
+    served weights stay."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    before, version = probe(own_engine.url)
+    shutil.copy(base_model / "config.json", tmp_path / "config.json")
+    save_file({k: torch.full_like(v, float("nan")) for k, v in base_state.items()
+               if k != "lm_head.weight"}, tmp_path / "model.safetensors")  # tied: stored once, as HF does
+    with pytest.raises(WeightPushError, match="NaN or infinite"):
+        push_weights_from_disk(own_engine.url, tmp_path, "nan")
+    bad = base_state["model.norm.weight"].clone()
+    bad[0] = float("inf")
+    with pytest.raises(WeightPushError, match="model.norm.weight.*NaN or infinite"):
+        push_weights_in_memory(own_engine.url, {"model.norm.weight": bad}, "inf")
+    assert probe(own_engine.url) == (before, version)
+
+
+def test_a_weight_push_larger_than_the_model_is_refused_unread(own_engine, base_model):
+    """E16b: the endpoint had no bound (200 MB read before the 400); now it reads at most the served
+    model's parameters in float32 plus header room, then 413."""
+    from miles.engines.weight_update import max_tensor_body
+
+    limit = max_tensor_body(AutoModelForCausalLM.from_pretrained(base_model))
+    sent = 0
+
+    def body():
+        nonlocal sent
+        for _ in range(limit // 2**20 + 8):
+            sent += 2**20
+            yield b"\0" * 2**20
+
+    over = httpx.post(own_engine.url + "/update_weights_from_tensor", content=body(),
+                      headers={"content-type": "application/octet-stream"}, timeout=120)
+    assert over.status_code == 413 and str(limit) in over.text, over.text
+    # a Content-Length past the limit is answered before any byte of the body is sent
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(own_engine.url)
+    with socket.create_connection((where.hostname, where.port), timeout=60) as conn:
+        conn.sendall(f"POST /update_weights_from_tensor HTTP/1.1\r\nHost: {where.netloc}\r\n"
+                     f"Content-Type: application/octet-stream\r\nContent-Length: {limit + 1}\r\n\r\n".encode())
+        assert conn.recv(4096).startswith(b"HTTP/1.1 413")
+
+
+def test_a_lone_surrogate_model_path_is_a_400_naming_it(own_engine):
+    """E14: JSON's \\ud800 escape gave a 500 (the error text quoting it could not be encoded)."""
+    for field in ("model_path", "weight_version"):
+        body = '{"model_path": "/tmp", "weight_version": "v"}'.replace(f'"{field}": "', f'"{field}": "\\ud800')
+        answer = httpx.post(own_engine.url + "/update_weights_from_disk", content=body,
+                            headers={"content-type": "application/json"})
+        assert answer.status_code == 400 and field in answer.json()["message"], answer.text

@@ -44,6 +44,9 @@ UNREADABLE_CONFIGS = {
     "clip_grad abc": "clip_grad: abc\n",
     "rollout_batch_size lots": "rollout_batch_size: lots\n",
     "a health flag of the wrong type": "health_loss_window: [1]\n",
+    "an int key": "1: 2\n",
+    "a null key": "~: 2\n",
+    "a bool key beside good ones": "clip_grad: 1.0\ntrue: 1\n",
 }
 
 

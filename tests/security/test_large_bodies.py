@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from miles.engines.sglang_request import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from miles.engines.sglang_request import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 
 from .conftest import generate
 
@@ -89,6 +89,23 @@ def test_stop_string_lists_are_bounded(engine):
     huge = generate(engine.url, stop=[f"{i:06d}" for i in range(200_000)])
     assert huge.status_code == 400
     at_limit = generate(engine.url, stop=[f"s{i:06d}" for i in range(MAX_STOP_STRINGS)])
+    assert at_limit.status_code == 200, at_limit.text
+
+
+def test_stop_token_id_lists_are_bounded(engine):
+    """200k stop token ids were accepted and scanned at every step of the batch; now more than
+    MAX_STOP_TOKEN_IDS is a 400 naming the field, on /generate and on both /v1 routes."""
+    huge = [5] * 200_000  # ids inside the tiny model's vocabulary: only the bound refuses them
+    over = generate(engine.url, stop_token_ids=[5] * (MAX_STOP_TOKEN_IDS + 1))
+    assert over.status_code == 400, over.text
+    assert over.json()["error"]["param"] == "stop_token_ids" and str(MAX_STOP_TOKEN_IDS) in over.text
+    assert generate(engine.url, stop_token_ids=huge).status_code == 400
+    for path, body in (("/v1/completions", {"prompt": "12+34="}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        answer = httpx.post(engine.url + path, json={**body, "max_tokens": 2, "stop_token_ids": huge}, timeout=120)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "stop_token_ids" and len(answer.content) < 2000
+    at_limit = generate(engine.url, stop_token_ids=[2 + i % 50 for i in range(MAX_STOP_TOKEN_IDS)])  # tiny vocab
     assert at_limit.status_code == 200, at_limit.text
 
 

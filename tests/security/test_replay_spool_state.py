@@ -61,6 +61,19 @@ def _set(field, value):
     return change
 
 
+def _with_option(text: str, key: str, option: str, value) -> str:
+    state = json.loads(text)
+    spec = state[key]["tensorboard"]["spec"] if key == "sinks" else state[key]["tensorboard"]
+    spec["options"][option] = value
+    return json.dumps(state)
+
+
+def _without_option(text: str, option: str) -> str:
+    state = json.loads(text)
+    state["sinks"]["tensorboard"]["spec"]["options"].pop(option)
+    return json.dumps(state)
+
+
 CORRUPT = {
     "delivery.json empty": ("delivery.json", lambda text: ""),
     "delivery.json truncated": ("delivery.json", lambda text: text[: len(text) // 2]),
@@ -73,6 +86,9 @@ CORRUPT = {
                                                                                  "artifacts": "/etc/passwd"})),
     "a tracker spec with an extra key": ("trainer.json", lambda text: json.dumps({**json.loads(text), "trackers": {
         "mlflow": {"kind": "mlflow", "options": {}, "extra": 1}}})),
+    "an unknown option in a delivered spec": ("delivery.json", lambda text: _with_option(text, "sinks", "zz", 1)),
+    "a missing option in a delivered spec": ("delivery.json", lambda text: _without_option(text, "log_dir")),
+    "an option of the wrong type": ("delivery.json", lambda text: _with_option(text, "sinks", "log_dir", 5)),
 }
 
 
@@ -141,3 +157,41 @@ def test_only_files_inside_the_run_dir_are_uploaded(tmp_path):
     assert any(p.name == "metrics.jsonl" for p in uploaded)  # the run's own artifacts still go up
     assert not any(p.name in ("outside-secret.txt", "link-out") for p in uploaded)
     assert all(b"probe-outside-secret-7731" not in p.read_bytes() for p in uploaded)
+
+
+@pytest.mark.parametrize("state_file", ["delivery.json", "trainer.json"])
+def test_tracker_writes_outside_the_run_dir_are_refused(run_copy, tmp_path, state_file):
+    """DD2: a log_dir elsewhere in either state file: one line, exit 2, nothing written there; the run's
+    owner lets it through with --allow-dir."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    path = run_copy / "tracking" / state_file
+    state = json.loads(path.read_text())
+    if state_file == "delivery.json":
+        state["sinks"]["tensorboard"]["spec"]["options"]["log_dir"] = str(elsewhere / "tb")
+        for sink in state["sinks"].values():
+            sink["cursor"] = 0  # so the replay has lines to write
+    else:
+        state["trackers"]["tensorboard"]["options"]["log_dir"] = str(elsewhere / "tb")
+        edit_delivery(run_copy, lambda d: d["sinks"].pop("tensorboard"))  # never opened: the trainer's spec
+    path.write_text(json.dumps(state))
+    done = replay_spool(run_copy)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "log_dir" in line and "outside the run dir" in line and state_file in line, line
+    assert list(elsewhere.iterdir()) == []
+    done = replay_spool(run_copy, "--allow-dir", str(elsewhere))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert list((elsewhere / "tb").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("option,value", [("artifact_dir", "{elsewhere}/art"),
+                                          ("tracking_uri", "sqlite:///{elsewhere}/other.db")])
+def test_mlflow_writes_outside_the_run_dir_are_refused(run_copy, tmp_path, option, value):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    edit_delivery(run_copy, lambda d: d["sinks"]["mlflow"]["spec"]["options"].update(
+        {option: value.format(elsewhere=elsewhere)}) or d["sinks"]["mlflow"].update(uploaded=False))
+    done = replay_spool(run_copy)
+    assert done.returncode == 2 and option in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert list(elsewhere.iterdir()) == []

@@ -15,7 +15,8 @@ from .conftest import AUTH, generate
 def test_the_router_refuses_to_add_itself(router):
     handle = router(worker_urls=[])
     port = handle.port
-    for url in (handle.url, f"http://localhost:{port}", f"http://127.0.0.1:{port}/"):
+    for url in (handle.url, f"http://localhost:{port}", f"http://127.0.0.1:{port}/",
+                f"http://0.0.0.0:{port}", f"http://[::ffff:127.0.0.1]:{port}", f"http://[::]:{port}"):  # R5
         r = httpx.post(handle.url + "/add_worker", json={"url": url}, headers=AUTH)
         assert r.status_code == 400 and "own address" in r.json()["error"], url
     assert httpx.get(handle.url + "/list_workers").json()["urls"] == []
@@ -51,6 +52,17 @@ def test_odd_worker_urls_are_refused_and_credentials_never_shown(router, url, me
     assert r.status_code == 400 and message in r.json()["error"]
     assert "hunter2" not in r.text
     assert "hunter2" not in httpx.get(handle.url + "/metrics").text
+
+
+@pytest.mark.parametrize("url", ["http://a\u0000b:1", "http://exa mple:1", "http://127.0.0.1:3\n1999",
+                                 'http://"x":1', "http://x':1", "http://127.0.0.1:31999\t", "http://caf\u00e9:1"])
+def test_worker_urls_with_control_characters_spaces_or_quotes_are_refused(router, url):
+    """R2b: such URLs were stored as given, and the newline one forged lines in router.log."""
+    handle = router(worker_urls=[])
+    r = httpx.post(handle.url + "/add_worker", json={"url": url}, headers=AUTH)
+    assert r.status_code == 400 and "no http://host:port URL has" in r.json()["error"], r.text
+    assert "\n" not in r.json()["error"]
+    assert httpx.get(handle.url + "/list_workers").json()["urls"] == []
 
 
 @pytest.mark.parametrize("url", ["https://x", "http://h:notaport"])

@@ -35,6 +35,12 @@ def hook_module(tmp_path, monkeypatch):
 
         def two_args(rollout_id, args):
             return True
+
+        def raising(rollout_id, args, samples, extra, rollout_time):
+            raise RuntimeError("logger broke at rollout %d" % rollout_id)
+
+        def eval_raising(rollout_id, args, data, extra_metrics):
+            raise KeyError("arith")
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     CALLS.clear()
@@ -108,3 +114,20 @@ def test_base_eval_is_its_own_line_at_eval_step_0_unless_the_eval_logger_replace
         assert [ln.rollout_id for ln in lines] == [-1, 0]
         assert lines[0].metrics == {"eval/arith": 0.5, "eval/step": 0.0}
         assert "eval/step" not in lines[1].metrics  # no eval with rollout 0: no eval step on its line
+
+
+def test_a_raising_logger_is_a_warning_naming_its_flag_and_the_default_logging_takes_over(run_dir, hook_module,
+                                                                                           caplog):
+    """Probe C7: a custom logger that raised ended the run with a traceback (no checkpoint); it is the
+    user's logging failing, so the run goes on and that rollout's metrics reach the journal as if the
+    logger had returned False."""
+    with caplog.at_level("WARNING", logger="miles.tracking"):
+        metrics = run_one(run_dir, "--custom-rollout-log-function-path", f"{hook_module}.raising",
+                          "--custom-eval-rollout-log-function-path", f"{hook_module}.eval_raising")
+    assert metrics["rollout/response_len/mean"] == 3.0 and metrics["rollout/extra_note"] == 2.0
+    assert metrics["eval/arith"] == 0.5
+    warnings = [r.getMessage() for r in caplog.records if "raised at rollout" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert "--custom-rollout-log-function-path" in warnings[0] and "logger broke at rollout 0" in warnings[0]
+    assert f"{hook_module}.raising" in warnings[0]
+    assert "--custom-eval-rollout-log-function-path" in warnings[1] and "KeyError" in warnings[1]

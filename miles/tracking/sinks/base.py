@@ -7,6 +7,7 @@ replay-spool` rebuilds the same sink from `RUN_DIR/tracking/delivery.json`.
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -61,6 +62,30 @@ SINK_CLASSES = {
     "mlflow": "miles.tracking.sinks.mlflow_sink:MlflowSink",
     "tensorboard": "miles.tracking.sinks.tensorboard_sink:TensorBoardSink",
 }
+
+
+# the JSON types a spec option may hold, by the annotation of its constructor parameter
+OPTION_TYPES = {"str": (str,), "str | None": (str, type(None)), "bool": (bool,),
+                "dict[str, str] | None": (dict, type(None))}
+
+
+def spec_problem(spec: SinkSpec) -> str | None:
+    """Why `build_sink` cannot build `spec` from its options (a name its sink does not take, one it
+    needs and lacks, a value of the wrong JSON type); None when it can. The kind must be known."""
+    module, cls = SINK_CLASSES[spec.kind].split(":")
+    wanted = {n: p for n, p in inspect.signature(getattr(importlib.import_module(module), cls)).parameters.items()
+              if n != "params"}
+    unknown = [n for n in spec.options if n not in wanted]
+    if unknown:
+        return f"option {unknown[0]!r:.80} is not one a {spec.kind} tracker takes ({', '.join(wanted)})"
+    missing = [n for n, p in wanted.items() if p.default is p.empty and n not in spec.options]
+    if missing:
+        return f"option {missing[0]!r} is missing"
+    for name, value in spec.options.items():
+        types = OPTION_TYPES.get(str(wanted[name].annotation))
+        if types is not None and not isinstance(value, types):
+            return f"option {name!r} must be {wanted[name].annotation}, got {value!r:.80}"
+    return None
 
 
 def build_sink(spec: SinkSpec, params: dict[str, Any]) -> Sink:
