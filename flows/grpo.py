@@ -87,7 +87,25 @@ def refuse_plain_only(config: MilesConfig) -> MilesConfig:
     return config
 
 
-@flow(name="grpo", log_prints=True)
+def flow_run_name_from_run_dir() -> str:
+    """The `grpo` flow run's name from its first log line on: its run dir's name when the flags (or their
+    YAML) give one; otherwise Prefect's usual random name, until `describe_flow_run` renames the run after
+    the run dir `prepare` picks."""
+    from prefect.context import FlowRunContext
+    from prefect.utilities.names import generate_slug
+
+    from miles.config import parse_config
+
+    context = FlowRunContext.get()
+    parameters = (context.parameters if context else None) or {}
+    try:
+        run_dir = parse_config(build_argv(parameters.get("config_file"), parameters.get("flags"))).train.run_dir
+    except (ConfigError, SystemExit, OSError, ValueError):  # a bad flag is reported by the flow itself
+        run_dir = None
+    return run_name(run_dir) if run_dir else generate_slug(2)
+
+
+@flow(name="grpo", flow_run_name=flow_run_name_from_run_dir, log_prints=True)
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none

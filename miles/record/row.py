@@ -23,10 +23,12 @@ def _secs(value: float | None) -> str:
 
 
 def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], show_kl: bool) -> str:
-    """`[trainer] iter 12/3000 | loss=0.412 reward=0.61 kl=0.018` then the timing and
-    optimiser lines, their `|` under the first one; a missing metric prints as n/a."""
+    """`[trainer] iter 12 (13/3000) | loss=0.412 reward=0.61 kl=0.018` then the timing and optimiser lines,
+    their `|` under the first one; a missing metric prints as n/a. `iter 12` is the rollout id (the one
+    checkpoints and eval lines name, from 0), `13/3000` how many of the run's rollouts are done with it, so
+    the last row reads `(3000/3000)`."""
     get = metrics.get
-    head = f"{PREFIX}iter {rollout_id}/{num_rollout} "
+    head = f"{PREFIX}iter {rollout_id} ({rollout_id + 1}/{num_rollout}) "
     first = f"loss={_num(get('train/loss'), '.3f')} reward={_num(get('rollout/raw_reward'), '.2f')}"
     if show_kl:
         first += f" kl={_num(get('train/kl_loss'), '.3f')}"
