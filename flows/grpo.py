@@ -239,9 +239,10 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
     tags = sorted({*flow_run.tags, f"backend:{config.train.train_backend}", f"task:{task_name(config)}"})
     with get_client(sync_client=True) as client:
         client.update_flow_run(flow_run.id, name=run_name(config.train.run_dir), tags=tags)
-    source = config_source(config_file, flags)
-    create_markdown_artifact(key="grpo-run", description=describe(config, config.train.run_dir), markdown="\n".join([
-        f"## {run_name(config.train.run_dir)}", "", describe(config, config.train.run_dir), "",
+    source, name = config_source(config_file, flags), run_name(config.train.run_dir)
+    # the description is the artifact list's one-line caption: it names what the body holds, not the body again
+    create_markdown_artifact(key="grpo-run", description=f"config, flags and run dir of {name}", markdown="\n".join([
+        f"## {name}", "", describe(config, config.train.run_dir), "",
         f"- config: `{source}`" if source else "- config: flags only (no YAML)",
         f"- flags: `{' '.join(flags or []) or '(none)'}`", f"- run dir: `{config.train.run_dir}`"]))
     return url_for(flow_run) or ""
