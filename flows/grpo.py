@@ -58,16 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     server = ensure_server()
     ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
     print_where_to_look(config, server, ui)
+    stopped = False
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         try:
             report = grpo(flags=argv)
         except RedFlagStop as exc:  # --on-red-flag stop: checkpointed, the flow run Failed with this message
             print(f"miles train: stopped: {exc}", file=sys.stderr, flush=True)
-            return 1
-    if ui is not None and (link := mlflow_link(config, Path(report.run_dir), ui.url)):
+            # the scorecard all the same: what was trained, the red flag, the checkpoint it stopped at
+            stopped, report = True, RunReport(run_dir=config.train.run_dir, iterations=0)
+    if (ui is not None or stopped) and (link := mlflow_link(config, Path(report.run_dir), ui.url if ui else None)):
         report.links["mlflow-run"] = link
     print_finished(report, server, config, ui, seconds=time.time() - started_at)
-    return 0
+    return 1 if stopped else 0
 
 
 def refuse_plain_only(config: MilesConfig) -> MilesConfig:
