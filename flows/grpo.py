@@ -58,16 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     server = ensure_server()
     ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
     print_where_to_look(config, server, ui)
+    stopped = False
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         try:
             report = grpo(flags=argv)
         except RedFlagStop as exc:  # --on-red-flag stop: checkpointed, the flow run Failed with this message
             print(f"miles train: stopped: {exc}", file=sys.stderr, flush=True)
-            return 1
-    if ui is not None and (link := mlflow_link(config, Path(report.run_dir), ui.url)):
+            # the scorecard all the same: what was trained, the red flag, the checkpoint it stopped at
+            stopped, report = True, RunReport(run_dir=config.train.run_dir, iterations=0)
+    if (ui is not None or stopped) and (link := mlflow_link(config, Path(report.run_dir), ui.url if ui else None)):
         report.links["mlflow-run"] = link
     print_finished(report, server, config, ui, seconds=time.time() - started_at)
-    return 0
+    return 1 if stopped else 0
 
 
 def refuse_plain_only(config: MilesConfig) -> MilesConfig:
@@ -84,7 +86,25 @@ def refuse_plain_only(config: MilesConfig) -> MilesConfig:
     return config
 
 
-@flow(name="grpo", log_prints=True)
+def flow_run_name_from_run_dir() -> str:
+    """The `grpo` flow run's name from its first log line on: its run dir's name when the flags (or their
+    YAML) give one; otherwise Prefect's usual random name, until `describe_flow_run` renames the run after
+    the run dir `prepare` picks."""
+    from prefect.context import FlowRunContext
+    from prefect.utilities.names import generate_slug
+
+    from miles.config import parse_config
+
+    context = FlowRunContext.get()
+    parameters = (context.parameters if context else None) or {}
+    try:
+        run_dir = parse_config(build_argv(parameters.get("config_file"), parameters.get("flags"))).train.run_dir
+    except (ConfigError, SystemExit, OSError, ValueError):  # a bad flag is reported by the flow itself
+        run_dir = None
+    return run_name(run_dir) if run_dir else generate_slug(2)
+
+
+@flow(name="grpo", flow_run_name=flow_run_name_from_run_dir, log_prints=True)
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
@@ -218,9 +238,10 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
     tags = sorted({*flow_run.tags, f"backend:{config.train.train_backend}", f"task:{task_name(config)}"})
     with get_client(sync_client=True) as client:
         client.update_flow_run(flow_run.id, name=run_name(config.train.run_dir), tags=tags)
-    source = config_source(config_file, flags)
-    create_markdown_artifact(key="grpo-run", description=describe(config, config.train.run_dir), markdown="\n".join([
-        f"## {run_name(config.train.run_dir)}", "", describe(config, config.train.run_dir), "",
+    source, name = config_source(config_file, flags), run_name(config.train.run_dir)
+    # the description is the artifact list's one-line caption: it names what the body holds, not the body again
+    create_markdown_artifact(key="grpo-run", description=f"config, flags and run dir of {name}", markdown="\n".join([
+        f"## {name}", "", describe(config, config.train.run_dir), "",
         f"- config: `{source}`" if source else "- config: flags only (no YAML)",
         f"- flags: `{' '.join(flags or []) or '(none)'}`", f"- run dir: `{config.train.run_dir}`"]))
     return url_for(flow_run) or ""

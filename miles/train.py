@@ -120,11 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     from miles.backends.base import NonFiniteError
     from miles.health import RedFlagStop
     from miles.compare.run_end import compare_at_end
-    from miles.config.run_info import describe
     from miles.prepare import make_base_model, prepare
-    from miles.tracking.run_description import describe_mlflow_run
 
     config = prepare(argv, prog="python -m miles.train", make_model=False)  # checked before anything starts
+    started_at = time.time()  # the scorecard's wall time of a run that stops: the model, Ray, the training
     print_where_to_look(config)  # before the long work: the tiny model's first build, Ray, the engines
     make_base_model(config)
     mlflow_uri = config.tracking.mlflow_tracking_uri
@@ -135,18 +134,30 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(config)
     except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
         print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        print_scorecard(config, time.time() - started_at)  # what the run did before it stopped
         return 1
     except RedFlagStop as exc:  # --on-red-flag stop: checkpointed; a failed run, not a crash
         print(f"[trainer] stopped: {exc}", flush=True)
+        print_scorecard(config, time.time() - started_at)
         return 1
     if summary.stop_reason:
         print(f"[trainer] stopped early: {summary.stop_reason}", flush=True)
-    card = scorecard(summary.run_dir, config.train.save, summary.seconds, next_steps(config))
-    print(card.text("python -m miles.train: scorecard"), flush=True)
-    if config.tracking.use_mlflow:
-        describe_mlflow_run(summary.run_dir, mlflow_uri, describe(config, summary.run_dir), card.markdown())
+    print_scorecard(config, summary.seconds)
     compare_at_end(config)  # with --baseline-run-dirs: the verdicts, and the MLflow run's tags
     return 0
+
+
+def print_scorecard(config: MilesConfig, seconds: float) -> None:
+    """The run's scorecard in the terminal and as its MLflow run's description, whether it finished or was
+    stopped (a red flag, a non-finite gradient): read back from what the run dir holds."""
+    from miles.config.run_info import describe
+    from miles.tracking.run_description import describe_mlflow_run
+
+    run_dir = Path(config.train.run_dir)
+    card = scorecard(run_dir, config.train.save, seconds, next_steps(config))
+    print(card.text("python -m miles.train: scorecard"), flush=True)
+    if config.tracking.use_mlflow:
+        describe_mlflow_run(run_dir, config.tracking.mlflow_tracking_uri, describe(config, run_dir), card.markdown())
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 which writes the run report and uploads it)."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,12 +15,13 @@ from miles.compare.comparison import format_markdown
 from miles.compare.run_end import compare_at_end
 from miles.config import MilesConfig
 from miles.health import RED, Verdict, read_health_log
-from miles.mlflow_ui.launch import DEFAULT_PORT, is_server_uri, page_url
+from miles.mlflow_ui.launch import DEFAULT_PORT, is_server_uri, page_url, ui_command
 from miles.profiling.window import trace_root
 from miles.record.journal import read_journal
 from miles.record.layout import RunLayout, has_traces
+from miles.record.names import STEP_KEYS
 from miles.config.run_info import describe
-from miles.run.scorecard import scorecard
+from miles.run.scorecard import read_base_eval, scorecard
 from miles.tracking.run_description import describe_mlflow_run
 from tasks.logs import library_logs_to_prefect
 from tasks.training import RunServices
@@ -57,6 +59,38 @@ def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -
     return page_url(base, experiment.experiment_id, mine[0].info.run_id)
 
 
+FINAL_ORDER = ("eval", "rollout", "passrate", "train", "multi_turn", "perf")  # then the rest; health/* last
+
+
+def _rounded(value: float) -> float | str:
+    """Four significant digits (a table of 0.908854166666667 is unreadable); not finite: its name."""
+    return float(f"{value:.4g}") if math.isfinite(value) else str(value)
+
+
+def final_metrics_table(final: dict[str, float], base: dict[str, float]) -> list[dict[str, float | str]]:
+    """The `grpo-final-metrics` rows: the headline namespaces first (eval, reward, pass rates, train), perf and
+    the health watch's per-signal values last, each value rounded; an eval key measured on the starting
+    weights too has that `base` value beside it. The step axes are left out (the description names the rollout)."""
+    def order(key: str) -> tuple[int, str]:
+        namespace = key.split("/", 1)[0]
+        rank = FINAL_ORDER.index(namespace) if namespace in FINAL_ORDER else \
+            len(FINAL_ORDER) + (namespace == "health")
+        return rank, key
+
+    return [{"metric": key, "final": _rounded(final[key]),
+             "base": _rounded(base[key]) if key in base else ""}
+            for key in sorted((k for k in final if k not in STEP_KEYS), key=order)]
+
+
+def mlflow_link_description(config: MilesConfig) -> str:
+    """The `grpo-mlflow-run` caption: a local store (SQLite or files) has no UI until one serves it, so the
+    link says how, with the command whose address it points at."""
+    uri = config.tracking.mlflow_tracking_uri
+    if is_server_uri(uri) or config.tracking.mlflow_ui:  # a tracking server, or the UI `--mlflow-ui` started
+        return f"the MLflow run of {config.train.run_dir}"
+    return f"the MLflow run of {config.train.run_dir}; serve its store first: {ui_command(uri)}"
+
+
 def red_flags(verdicts: list[Verdict]) -> list[str]:
     """One line per red-flagged signal of the run's health log: first rollout, how often, the values."""
     out = []
@@ -86,8 +120,10 @@ def finish_run(config: MilesConfig, services: RunServices, started_at: float | N
         stop_named_group(services.names, config.world_size)
     journal = read_journal(RunLayout(path).journal)
     final = dict(journal[-1].metrics) if journal else {}
-    create_table_artifact(key="grpo-final-metrics", table=[{"metric": k, "value": v} for k, v in sorted(final.items())],
-                          description=f"final metrics of {run_dir}")
+    base = {**read_base_eval(path), **next((ln.metrics for ln in journal if ln.rollout_id < 0), {})}
+    last = f" (rollout {journal[-1].rollout_id})" if journal else ""
+    create_table_artifact(key="grpo-final-metrics", table=final_metrics_table(final, base),
+                          description=f"final metrics of {run_dir}{last}, beside the base eval's")
     links = {}
     if (mlflow_url := mlflow_link(config, path)) is not None:
         links["mlflow-run"] = mlflow_url
@@ -95,7 +131,8 @@ def finish_run(config: MilesConfig, services: RunServices, started_at: float | N
     if has_traces(traces):  # every run leaves its pids there; that is not a trace
         links["traces"] = traces.resolve().as_uri()
     for key, url in links.items():
-        create_link_artifact(key=f"grpo-{key}", link=url, description=f"{key} of {run_dir}")
+        create_link_artifact(key=f"grpo-{key}", link=url, description=mlflow_link_description(config)
+                             if key == "mlflow-run" else f"{key} of {run_dir}")
     verdicts = read_health_log(path)
     flags = red_flags(verdicts)
     warnings = sorted({v.signal for v in verdicts if v.severity != RED})

@@ -1,6 +1,7 @@
 """Full weights as an HF checkpoint (the layout every backend saves and the engines load), read back, hashed."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -15,6 +16,22 @@ TIED_HEAD = "lm_head.weight"
 TIED_EMBED = "model.embed_tokens.weight"
 # Files of the base checkpoint that are not weights (config, tokenizer, generation config).
 SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".index.json")
+
+
+@contextlib.contextmanager
+def no_loading_bar():
+    """transformers' progress bars (its "Loading weights" bar, the Hub's downloads) off while the block
+    runs, then back as they were: a training rank loads the model the engine has just loaded, and a
+    second bar for the same weights is only noise in the run's output."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def drop_tied(state: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:

@@ -106,6 +106,29 @@ def plain_prefixes() -> None:
 
 
 @contextlib.contextmanager
+def quiet_token_auth():
+    """Token auth for a local cluster, without Ray's two lines about it. Left unset, RAY_AUTH_MODE makes
+    `ray.init` turn token auth on and WARN that it did (every run), and log "Generated new authentication
+    token" the first time on a machine. Set here to the same mode, the warning goes; the token file
+    (~/.ray/auth_token) is still made when missing, with its log line held back. An explicit
+    RAY_AUTH_MODE (`disabled` too) is left as it is."""
+    import logging
+
+    from ray._raylet import Config
+
+    if "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "token"  # inherited by the cluster's processes, as Ray's default does
+        Config.initialize("")  # Ray caches its config: make this process see the mode too
+    setup_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = setup_log.level
+    setup_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        setup_log.setLevel(level)
+
+
+@contextlib.contextmanager
 def environ_without_secrets(keep: frozenset[str]):
     """os.environ without its secret-named variables (but `keep`) while the block runs: the processes
     a local `ray.init` starts copy this environment, and every worker copies the raylet's."""
@@ -129,7 +152,7 @@ def connect(ray_address: str | None, num_cpus: int | None = None, object_store_m
     plain_prefixes()
     address = existing_cluster_address(ray_address)
     if address is None:
-        with environ_without_secrets(RAY_KEEP_ENV | keep_env):
+        with quiet_token_auth(), environ_without_secrets(RAY_KEEP_ENV | keep_env):
             ray.init(num_cpus=num_cpus or os.cpu_count(),
                      object_store_memory=object_store_mb * 2**20 if object_store_mb else None,
                      include_dashboard=False, namespace=NAMESPACE, runtime_env=runtime_env,

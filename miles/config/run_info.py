@@ -57,12 +57,17 @@ def describe(config, run_dir: str | Path) -> str:
 
 
 def run_tags(config, run_dir: str | Path) -> dict[str, str]:
-    """Tags a tracker run carries: backend, model, task, miles version, git commit, the Prefect flow run."""
+    """Tags a tracker run carries: backend, model, task, miles version, git commit, the Prefect flow run, and
+    MLflow's source (the entry point: `miles train` when the flow's workers record, else the plain driver)."""
     tags = {"miles.train_backend": config.train.train_backend, "miles.model": model_name(config),
             "miles.task": task_name(config), "miles.version": miles.__version__,
             "miles.run_dir": str(Path(run_dir).resolve())}
     if commit := git_commit():
         tags["mlflow.source.git.commit"] = commit  # MLflow's own key: the UI shows it as the run's source version
-    if url := os.environ.get(FLOW_RUN_URL_ENV):
+    url = os.environ.get(FLOW_RUN_URL_ENV)
+    if url:
         tags["prefect.flow_run_url"] = url
+    # the run page's "Source" (blank without these): which entry point trained, beside the commit above
+    tags["mlflow.source.type"] = "LOCAL"
+    tags["mlflow.source.name"] = "miles train (Prefect flow grpo)" if url else "python -m miles.train"
     return tags

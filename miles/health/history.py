@@ -17,6 +17,7 @@ from miles.config.parse import build_section
 from miles.health.detectors import Rollout, RunFacts
 from miles.health.watch import rollouts_of
 from miles.record.journal import JOURNAL_NAME, JournalLine, read_journal
+from miles.record.names import step_key
 from miles.record.layout import TRACKING_CONFIG as CONFIG_ARTIFACT
 
 
@@ -96,7 +97,8 @@ def read_run_config(path: Path) -> dict[str, Any]:
 
 def from_mlflow(run_id: str, tracking_uri: str) -> RunHistory:
     """Rebuild the journal lines from MLflow: every point of one journal line carries that line's
-    timestamp, and its `rollout/step` (or `eval/step`) is the rollout id."""
+    timestamp, and the step of its points on the rollout/step axis (rollout/*, perf/*, ...) is the rollout
+    id (the step axes themselves are not MLflow metrics)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -107,12 +109,18 @@ def from_mlflow(run_id: str, tracking_uri: str) -> RunHistory:
         raise ConfigError("RUN_DIR", f"{run_id!r} is neither a run directory nor an MLflow run at "
                                      f"{tracking_uri}: {exc.message}") from None
     by_time: dict[int, dict[str, float]] = {}
+    rollout_at: dict[int, int] = {}  # timestamp -> the step of a point on the rollout/step axis: the rollout id
     for key in run.data.metrics:
+        if key.startswith("system/"):  # MLflow's own samples, not journal lines
+            continue
         for point in client.get_metric_history(run_id, key):
             by_time.setdefault(point.timestamp, {})[key] = point.value
+            if step_key(key) == "rollout/step":
+                rollout_at[point.timestamp] = point.step
     lines = []
     for timestamp, metrics in sorted(by_time.items()):
-        rollout_id = metrics.get("rollout/step", metrics.get("eval/step"))
+        # a line of eval metrics alone is the eval before training (a later eval joins its rollout's line)
+        rollout_id = rollout_at.get(timestamp, -1 if any(k.startswith("eval/") for k in metrics) else None)
         if rollout_id is not None:
             lines.append(JournalLine(int(rollout_id), timestamp / 1000.0, metrics))
     return RunHistory(f"mlflow run {run_id}", rollouts_of(lines), dict(run.data.params))

@@ -23,10 +23,17 @@ def is_server_uri(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
+def ui_args(uri: str, port: int = DEFAULT_PORT) -> list[str]:
+    """`mlflow ui`'s arguments, the same for the command printed and the one `start_ui` runs: one worker
+    (MLflow's default of 4, on a small machine that also trains, takes a minute to serve its first page)."""
+    return ["ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+            "--app-name", APP_NAME]
+
+
 def ui_command(uri: str, port: int = DEFAULT_PORT) -> str:
     from miles.config.commands import runnable
 
-    return f"{runnable('mlflow')} ui --backend-store-uri {uri} --host 127.0.0.1 --port {port} --app-name {APP_NAME}"
+    return " ".join([runnable("mlflow"), *ui_args(uri, port)])
 
 
 def page_url(base: str, experiment_id: str, run_id: str | None = None) -> str:
@@ -68,8 +75,7 @@ def start_ui(uri: str, run_dir: Path, timeout: float = START_TIMEOUT_S) -> Mlflo
     port = DEFAULT_PORT if _port_free(DEFAULT_PORT) else free_port()
     log_path = RunLayout(run_dir).log("mlflow-ui.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-            "--port", str(port), "--workers", "1", "--app-name", APP_NAME]
+    argv = [sys.executable, "-m", "mlflow", *ui_args(uri, port)]
     with open(log_path, "ab") as log:
         # It serves a local store: no secret-named variable of the run is needed there.
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

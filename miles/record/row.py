@@ -22,18 +22,43 @@ def _secs(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}s"
 
 
-def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], show_kl: bool) -> str:
-    """`[trainer] iter 12/3000 | loss=0.412 reward=0.61 kl=0.018` then the timing and
-    optimiser lines, their `|` under the first one; a missing metric prints as n/a."""
+def _span(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def progress(lines, num_rollout: int, now: float, recent: int = 10) -> tuple[float | None, float | None]:
+    """(elapsed, left) of a run from its journal `lines`: elapsed since its first line began (that line's
+    time less its own step time), left = the rollouts still to do x the mean step time of the last
+    `recent` rows (evals and hand-offs not counted, so it is an estimate). None where the journal has no line."""
+    if not lines:
+        return None, None
+    first = lines[0]
+    elapsed = now - first.time + first.metrics.get("perf/step_time", 0.0)
+    trained = [ln for ln in lines if ln.rollout_id >= 0]
+    steps = [ln.metrics["perf/step_time"] for ln in trained[-recent:] if "perf/step_time" in ln.metrics]
+    done = max(ln.rollout_id for ln in trained) + 1 if trained else 0
+    left = max(0, num_rollout - done) * sum(steps) / len(steps) if steps else None
+    return elapsed, left
+
+
+def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], show_kl: bool,
+               elapsed: float | None = None, left: float | None = None) -> str:
+    """`[trainer] iter 12 (13/3000) | loss=0.412 reward=0.61 kl=0.018` then the timing and optimiser lines,
+    their `|` under the first one; a missing metric prints as n/a. `iter 12` is the rollout id (the one
+    checkpoints and eval lines name, from 0), `13/3000` how many of the run's rollouts are done with it, so
+    the last row reads `(3000/3000)`. `elapsed`, `left` (seconds, see `progress`): the run's time so far and
+    an estimate of what is left, after the step's total."""
     get = metrics.get
-    head = f"{PREFIX}iter {rollout_id}/{num_rollout} "
+    head = f"{PREFIX}iter {rollout_id} ({rollout_id + 1}/{num_rollout}) "
     first = f"loss={_num(get('train/loss'), '.3f')} reward={_num(get('rollout/raw_reward'), '.2f')}"
     if show_kl:
         first += f" kl={_num(get('train/kl_loss'), '.3f')}"
     if get("multi_turn/round_number_mean") is not None:  # a multi-turn run: mean assistant turns per trajectory
         first += f" turns={get('multi_turn/round_number_mean'):.2f}"
+    clock = "" if elapsed is None else f"; {_span(elapsed)} in" + ("" if left is None else f", ~{_span(left)} left")
     second = (f"rollout={_secs(get('perf/rollout_time'))} train={_secs(get('perf/train_time'))} "
-              f"p2p={_secs(get('perf/update_weights_time'))}  (total {_secs(get('perf/step_time'))})")
+              f"p2p={_secs(get('perf/update_weights_time'))}  (total {_secs(get('perf/step_time'))}{clock})")
     third = f"grad_norm={_num(get('train/grad_norm'), '.2f')} lr={_num(get('train/lr'), '.1e')}"
     pad = " " * len(head)
     return f"{head}| {first}\n{pad}| {second}\n{pad}| {third}"

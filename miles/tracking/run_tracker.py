@@ -24,7 +24,7 @@ from miles.record import layout
 from miles.record.eval_prompts import write_eval_prompts
 from miles.record.journal import BASE_EVAL_ROLLOUT_ID, Journal, JournalLine
 from miles.record.names import map_metrics
-from miles.record.row import format_eval, format_row
+from miles.record.row import format_eval, format_row, progress
 from miles.record.samples import samples_due, write_samples
 from miles.config.run_info import describe, run_name, run_tags
 from miles.tracking.delivery_process import DeliveryProcess
@@ -198,7 +198,9 @@ class RunTracker:
         merged = self.line_for(rollout_id, metrics)
         self.pending.pop(rollout_id, None)
         first = self.journal.append(JournalLine(rollout_id, time.time(), merged))
-        row = format_row(rollout_id, self.config.rollout.num_rollout, merged, self.config.train.use_kl_loss)
+        elapsed, left = progress(self.journal.lines, self.config.rollout.num_rollout, time.time())
+        row = format_row(rollout_id, self.config.rollout.num_rollout, merged, self.config.train.use_kl_loss,
+                         elapsed, left)
         print(row if first else f"{row} (redone; kept in {self.journal.redone_path})", flush=True)
 
     def close(self, final: bool = True) -> dict[str, int]:

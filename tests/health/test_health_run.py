@@ -42,3 +42,19 @@ def test_lr_far_too_high_is_flagged_and_stops_with_a_checkpoint(tmp_path, capsys
     assert doctor([str(run_dir)]) == 1
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(signal))
     assert row.split()[1:3] == ["RED", str(rollout)]  # the same rollout as live
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_a_red_flag_still_prints_its_scorecard(tmp_path, capsys):
+    from miles.train import main
+
+    run_dir = tmp_path / "run"
+    # answers of two digits and an end token cannot fit in 2 tokens: truncated_ratio is red at rollout 0
+    code = main(["--run-dir", str(run_dir), "--num-rollout", "3", "--rollout-batch-size", "8",
+                 "--n-samples-per-prompt", "4", "--eval-interval", "none", "--rollout-max-response-len", "2",
+                 "--on-red-flag", "stop"])
+    out = capsys.readouterr().out
+    assert code == 1 and "[trainer] stopped: " in out
+    card = out[out.index(f"python -m miles.train: scorecard of {run_dir}"):]
+    assert "truncated_ratio at rollout 0" in card and "1 (0..0)" in card  # one rollout trained, then stopped
+    assert str(run_dir / "checkpoints" / "iter_0000000") in card

@@ -6,7 +6,7 @@ import asyncio
 
 from prefect import flow
 
-from flows.grpo import config_source, describe_flow_run
+from flows.grpo import config_source, describe_flow_run, flow_run_name_from_run_dir, grpo
 from miles.prepare import resolve_run
 from miles.config import parse_config
 
@@ -16,6 +16,26 @@ def naming_probe(flags: list[str]) -> str:
     """The grpo flow's first step (resolve the config, name and describe the run), without training."""
     config = resolve_run(parse_config(flags))
     return describe_flow_run(config, None, flags)
+
+
+@flow(name="grpo-start-name-probe", flow_run_name=flow_run_name_from_run_dir)
+def start_name_probe(config_file: str | None = None, flags: list[str] | None = None) -> str:
+    """The name the run has as it starts, before describe_flow_run renames anything."""
+    from prefect.context import get_run_context
+
+    return get_run_context().flow_run.name
+
+
+def test_the_grpo_flow_run_starts_under_its_run_dirs_name(prefect_api, tmp_path):
+    # "Beginning flow run ..." and the first "View at" link name the run dir, not a random slug
+    assert grpo.flow_run_name is flow_run_name_from_run_dir
+    assert start_name_probe(flags=["--run-dir", str(tmp_path / "lr-sweep-3"), "--lr", "1e-5"]) == "lr-sweep-3"
+    assert start_name_probe(flags=[f"--run-dir={tmp_path / 'b'}"]) == "b"
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text(f"run-dir: {tmp_path / 'from-yaml'}\n")
+    assert start_name_probe(config_file=str(yaml)) == "from-yaml"
+    # no run dir given (prepare picks one later and describe_flow_run renames the run): Prefect's own name
+    assert start_name_probe(flags=["--lr", "1e-5"])
 
 
 def read_back(flow_run_id):
@@ -43,7 +63,8 @@ def test_flow_run_name_tags_and_description(prefect_api, tmp_path):
     assert {"backend:megatron", "task:arithmetic"} <= set(run.tags)
     assert url.endswith(str(flow_run_id)) and url.startswith(prefect_api.ui_url)
     described = next(a for a in artifacts if a.key == "grpo-run")
-    assert "GRPO (megatron)" in described.description and "5 rollouts" in described.description
+    assert "GRPO (megatron)" in described.data and "5 rollouts" in described.data
+    assert described.description == "config, flags and run dir of grpo-megatron-7"  # not the body again
     assert "flags only" in described.data and "--train-backend megatron" in described.data
 
 

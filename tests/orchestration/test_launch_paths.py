@@ -66,7 +66,7 @@ def test_ray_job_submit_runs_both_entry_points_and_ray_job_logs_has_the_rows(hea
                     *TINY, "--run-dir", str(run_dir)], head.cli_env())
         assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
         logs = run(["ray", "job", "logs", job_id, f"--address={head.dashboard}"], head.cli_env(), timeout=60)
-        assert "[trainer] iter 0/1 | loss=" in logs.stdout, logs.stdout[-3000:] + logs.stderr[-2000:]
+        assert "[trainer] iter 0 (1/1) | loss=" in logs.stdout, logs.stdout[-3000:] + logs.stderr[-2000:]
         assert journal_rollouts(run_dir) == [0]
 
 
@@ -84,9 +84,10 @@ def test_ray_address_with_token_auth_and_a_second_node(head, prefect_api, tmp_pa
     tags = mlflow_tags(tmp_path / "flow")
     assert tags["mlflow.runName"] == "flow"
     assert tags["prefect.flow_run_url"].startswith(f"{prefect_api.ui_url}/runs/flow-run/")
-    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'flow' / 'mlflow.db'}" in flow.stdout
+    assert (f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'flow' / 'mlflow.db'} --host 127.0.0.1 --port 5000 "
+            f"--workers 1 --app-name miles") in flow.stdout
     plain = run([*with_ports(README_MULTI_NODE[3], head), *TINY, "--run-dir", str(tmp_path / "plain")], env)
-    assert proc_ok(plain) and "[trainer] iter 0/1 | loss=" in plain.stdout
+    assert proc_ok(plain) and "[trainer] iter 0 (1/1) | loss=" in plain.stdout
     assert journal_rollouts(tmp_path / "plain") == [0]
 
 

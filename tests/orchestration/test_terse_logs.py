@@ -1,5 +1,6 @@
 """A row from a Ray worker reaches the terminal as `(train_chunk pid=N) [trainer] iter ...`: Prefect's own
-console prefix is off on the workers, and Ray's prefix carries no colour codes off a terminal."""
+console prefix is off on the workers, and Ray's prefix carries no colour codes off a terminal; a local cluster
+starts with token auth but without Ray's lines about it."""
 from __future__ import annotations
 
 import os
@@ -27,3 +28,21 @@ def test_no_colour_codes_off_a_terminal(monkeypatch):
     monkeypatch.setenv("RAY_COLOR_PREFIX", "1")  # the user's choice is kept
     plain_prefixes()
     assert os.environ["RAY_COLOR_PREFIX"] == "1"
+
+
+def test_a_local_cluster_starts_with_token_auth_and_without_rays_lines_about_it(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # a fresh home: no ~/.ray/auth_token yet, so Ray makes one (and would say so), and RAY_AUTH_MODE unset
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    script = ("import os, ray; from miles.cluster.connect import connect; connect(None, num_cpus=1); "
+              "print('mode', os.environ['RAY_AUTH_MODE']); ray.shutdown()")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "mode token" in done.stdout and (tmp_path / ".ray" / "auth_token").is_file()  # token auth is on
+    output = done.stdout + done.stderr
+    assert "Token authentication is enabled" not in output and "Generated new authentication token" not in output

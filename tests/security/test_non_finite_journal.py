@@ -69,6 +69,10 @@ def test_a_1e308_reward_keeps_the_run_files_strict(tmp_path):
                            "--custom-rm-path", "tests.health.broken_rewards.huge"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    # rewards that overflow make the first gradient NaN: the run stops, says why, and still prints its scorecard
+    assert done.returncode == 1 and "non-finite gradient norm" in done.stderr, done.stderr[-3000:]
+    card = done.stdout[done.stdout.index(f"python -m miles.train: scorecard of {run_dir}"):]
+    assert "rollouts       none trained" in card and "no checkpoint saved" in card
     lines = [strict_loads(text) for text in (run_dir / "metrics.jsonl").read_text().splitlines()]
     base = next(ln for ln in lines if ln["rollout_id"] == -1)
     assert base["non_finite"] and all(base[name] is None for name in base["non_finite"]), base

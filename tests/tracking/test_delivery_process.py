@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from synthetic import iterate
-from tracking_helpers import assert_points_equal, journal_points, mlflow_points, run_synthetic
+from tracking_helpers import assert_points_equal, charted, journal_points, mlflow_points, run_synthetic
 
 from miles.config import parse_config
 from miles.record.journal import read_journal
@@ -78,9 +78,9 @@ def test_delivery_runs_niced_in_its_own_process_and_close_reaps_it(run_dir, capf
         os.waitpid(pid, os.WNOHANG)
     out, _ = capfd.readouterr()
     rows = out.splitlines()
-    assert len(rows) == 4 * 3 and all(re.match(r"(\[trainer\] iter \d+/4 | +)\| ", r) for r in rows), out
+    assert len(rows) == 4 * 3 and all(re.match(r"(\[trainer\] iter \d+ \(\d+/4\) | +)\| ", r) for r in rows), out
     want = journal_points(run_dir)
-    assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
+    assert_points_equal("mlflow", mlflow_points(run_dir, want), charted(want))
     assert "mlflow open" in (run_dir / "tracking" / "delivery.log").read_text()
 
 
@@ -115,7 +115,7 @@ def test_delivery_process_killed_training_goes_on_and_next_run_delivers(run_dir,
     state = DeliveryState.load(run_dir)
     assert state.sinks["mlflow"].cursor == 6 and state.sinks["mlflow"].spec.options["run_id"] == extra["mlflow_run_id"]
     want = journal_points(run_dir)
-    assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
+    assert_points_equal("mlflow", mlflow_points(run_dir, want), charted(want))
 
 
 def test_training_process_sigkilled_delivery_process_leaves_by_itself(run_dir):
@@ -128,7 +128,7 @@ def test_training_process_sigkilled_delivery_process_leaves_by_itself(run_dir):
     assert recorded_lines(run_dir) == 3
     assert replay(run_dir, timeout=60.0) == {}  # every recorded line still reaches the tracker
     want = journal_points(run_dir)
-    assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
+    assert_points_equal("mlflow", mlflow_points(run_dir, want), charted(want))
 
 
 def deliver_in_ray_worker(run_dir: str) -> dict:
@@ -166,7 +166,7 @@ def test_delivery_process_from_a_ray_worker(run_dir, ray_cluster):
     assert result["undelivered"] == {} and result["reaped"], result
     assert result["pid"] not in (os.getpid(), result["worker_pid"]) and result["nice"] >= NICENESS
     want = journal_points(run_dir)
-    assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
+    assert_points_equal("mlflow", mlflow_points(run_dir, want), charted(want))
 
 
 @pytest.mark.parametrize("executable, message", [("/nonexistent/python", "cannot start the delivery process"),
@@ -184,4 +184,4 @@ def test_delivery_process_that_never_ran_leaves_everything_to_replay(run_dir, ca
     monkeypatch.undo()
     assert replay(run_dir, timeout=60.0) == {}  # the run's trackers are known without the delivery state
     want = journal_points(run_dir)
-    assert_points_equal("mlflow", mlflow_points(run_dir, want), want)
+    assert_points_equal("mlflow", mlflow_points(run_dir, want), charted(want))

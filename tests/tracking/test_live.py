@@ -1,6 +1,7 @@
 """Watch it live: a real `python -m miles.train --use-mlflow` run (no checkpoint until its end) is
 followed through its MLflow store while it runs; every recorded point must be there within
-LAG_BOUND_S of its journal line, long before the run ends."""
+LAG_BOUND_S of its journal line, long before the run ends; at its end the scorecard is printed and is the
+MLflow run's description."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import pytest
 from tracking_helpers import REPO, subprocess_env
 
 from miles.record.journal import read_journal
-from miles.record.names import step_of
+from miles.record.names import STEP_KEYS, step_of
 from miles.tracking.state import DeliveryState
 
 pytestmark = pytest.mark.slow
@@ -32,6 +33,15 @@ def mlflow_points(run_dir: Path) -> set[tuple[str, int]]:
     with sqlite3.connect(f"file:{run_dir / 'mlflow.db'}?mode=ro", uri=True, timeout=30) as db:
         rows = db.execute("SELECT key, step FROM metrics WHERE run_uuid = ?", (sink.spec.options["run_id"],))
         return set(rows)
+
+
+def mlflow_description(run_dir: Path) -> str:
+    from mlflow.tracking import MlflowClient
+
+    from miles.tracking.sinks.mlflow_sink import DESCRIPTION_TAG
+
+    spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
+    return MlflowClient(tracking_uri=spec["tracking_uri"]).get_run(spec["run_id"]).data.tags[DESCRIPTION_TAG]
 
 
 def delivery_log(run_dir: Path) -> str:
@@ -60,7 +70,7 @@ def test_recorded_points_reach_mlflow_within_the_bound_while_the_run_goes_on(tmp
             points = mlflow_points(run_dir)
             while delivered < len(recorded_at) and all(
                     (key, step_of(key, lines[delivered].metrics, lines[delivered].rollout_id)) in points
-                    for key in lines[delivered].metrics):
+                    for key in lines[delivered].metrics if key not in STEP_KEYS):  # the axes are steps
                 lags.append(now - recorded_at[delivered])
                 delivered += 1
             waiting = [line for line in range(delivered, len(recorded_at)) if now - recorded_at[line] > LAG_BOUND_S]
@@ -74,6 +84,11 @@ def test_recorded_points_reach_mlflow_within_the_bound_while_the_run_goes_on(tmp
             proc.kill()
         proc.wait()
     assert proc.returncode == 0, output.read_text()[-3000:]
+    # the run ends with its scorecard in the terminal and as the MLflow run's description
+    printed = output.read_text()
+    assert f"python -m miles.train: scorecard of {run_dir}" in printed and "  held-out eval  " in printed
+    description = mlflow_description(run_dir)
+    assert description.startswith("GRPO (fsdp) of ") and f"## Scorecard of `{run_dir.name}`" in description
     assert delivered == len(recorded_at) >= 5  # one line per rollout (plus evals)
     assert delivered_while_running >= 3  # watched while the run went on, not all delivered at its end
     print(json.dumps({"live_lag_p50_s": round(sorted(lags)[len(lags) // 2], 2), "live_lag_max_s": round(max(lags), 2),

@@ -36,6 +36,8 @@ def test_runs_are_named_tagged_described_and_have_system_metrics_unless_turned_o
         "miles.train_backend": "fsdp", "miles.task": "arithmetic", "miles.version": "0.1.0",
         "prefect.flow_run_url": FLOW_RUN_URL, "mlflow.source.git.commit": commit or None}
     assert tags["miles.model"] == "tiny-qwen3 (built in)" and tags["miles.run_dir"] == str(first.resolve())
+    # the run page's "Source": the entry point (a run recorded for a flow run is `miles train`'s)
+    assert (tags["mlflow.source.type"], tags["mlflow.source.name"]) == ("LOCAL", "miles train (Prefect flow grpo)")
     assert tags["mlflow.note.content"].startswith("GRPO (fsdp) of ") and "2 rollouts" in tags["mlflow.note.content"]
     system = {k for k in run.data.metrics if k.startswith("system/")}
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= system
@@ -46,6 +48,7 @@ def test_runs_are_named_tagged_described_and_have_system_metrics_unless_turned_o
                   "--mlflow-run-name", "custom-name", "--no-mlflow-system-metrics", env=env)
     client, run = mlflow_run(second)
     assert run.info.run_name == "custom-name" and "prefect.flow_run_url" not in run.data.tags
+    assert run.data.tags["mlflow.source.name"] == "python -m miles.train"
     assert "train/loss" in run.data.metrics and not [k for k in run.data.metrics if k.startswith("system/")]
     experiment = client.get_experiment(run.info.experiment_id)
     assert [r.info.run_name for r in client.search_runs([experiment.experiment_id], order_by=["start_time"])] == [
@@ -70,7 +73,9 @@ def test_mlflow_ui_flag_serves_the_store_and_is_checked(tmp_path):
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # spelled as it runs when pasted: bare `mlflow` with the venv on PATH, `.venv/bin/mlflow` without
-    assert ui_command(store) == f"{runnable('mlflow')} ui --backend-store-uri {store} --host 127.0.0.1 --port 5000 --app-name miles"
+    # one worker, as start_ui runs it: MLflow's four take a minute to come up on a small, busy machine
+    assert ui_command(store) == (f"{runnable('mlflow')} ui --backend-store-uri {store} --host 127.0.0.1 --port 5000 "
+                                 f"--workers 1 --app-name miles")
     ui = start_ui(store, tmp_path)
     try:
         assert ui.url.startswith("http://127.0.0.1:")

@@ -6,7 +6,7 @@ import pytest
 
 from miles.record.journal import Journal, JournalFollower, JournalLine, read_journal
 from miles.record.names import map_metrics, metric_key, step_key
-from miles.record.row import format_eval, format_row
+from miles.record.row import format_eval, format_row, progress
 
 PAGE_METRICS = {"train/loss": 0.412, "rollout/raw_reward": 0.61, "train/kl_loss": 0.018, "perf/rollout_time": 18.4,
                 "perf/train_time": 22.1, "perf/update_weights_time": 2.1, "perf/step_time": 42.6,
@@ -15,22 +15,39 @@ PAGE_METRICS = {"train/loss": 0.412, "rollout/raw_reward": 0.61, "train/kl_loss"
 
 def test_row_matches_the_page():
     assert format_row(12, 3000, PAGE_METRICS, show_kl=True).splitlines() == [
-        "[trainer] iter 12/3000 | loss=0.412 reward=0.61 kl=0.018",
-        "                       | rollout=18.4s train=22.1s p2p=2.1s  (total 42.6s)",
-        "                       | grad_norm=0.93 lr=1.0e-06",
+        "[trainer] iter 12 (13/3000) | loss=0.412 reward=0.61 kl=0.018",
+        "                            | rollout=18.4s train=22.1s p2p=2.1s  (total 42.6s)",
+        "                            | grad_norm=0.93 lr=1.0e-06",
     ]
+
+
+def test_the_last_row_counts_every_rollout_done():
+    # rollout ids start at 0: the last of 60 is rollout 59, and its row says all 60 are done
+    assert format_row(59, 60, PAGE_METRICS, show_kl=False).startswith("[trainer] iter 59 (60/60) | ")
+
+
+def test_the_row_says_how_long_the_run_has_taken_and_about_how_long_is_left():
+    lines = [JournalLine(-1, 100.0, {"eval/arithmetic": 0.2}),  # the base eval, before rollout 0
+             *(JournalLine(i, 104.0 + 4 * i, {"perf/step_time": 4.0}) for i in range(3))]
+    elapsed, left = progress(lines, 60, now=113.0)
+    assert (elapsed, left) == (13.0, 57 * 4.0)
+    second = format_row(2, 60, PAGE_METRICS, show_kl=False, elapsed=elapsed, left=left).splitlines()[1]
+    assert second.endswith("(total 42.6s; 13s in, ~3m48s left)")
+    # a journal that starts with a rollout: its start is that line's time less its step; the last row: 0s left
+    assert progress(lines[1:], 3, now=113.0) == (13.0, 0.0)
+    assert progress([], 3, now=1.0) == (None, None)
 
 
 def test_row_without_kl_loss_and_with_missing_metrics():
     first, second, third = format_row(3, 10, {"train/loss": 0.5}, show_kl=False).splitlines()
-    assert first == "[trainer] iter 3/10 | loss=0.500 reward=n/a"
+    assert first == "[trainer] iter 3 (4/10) | loss=0.500 reward=n/a"
     assert "rollout=n/a" in second and third.endswith("grad_norm=n/a lr=n/a")
 
 
 def test_small_values_are_readable_and_zero_stays_zero():
     first, _, third = format_row(0, 3, {"train/loss": -4.7e-09, "rollout/raw_reward": 0.0, "train/kl_loss": 0.0004,
                                         "train/grad_norm": 0.0, "train/lr": 1e-6}, show_kl=True).splitlines()
-    assert first == "[trainer] iter 0/3 | loss=-4.7e-09 reward=0.00 kl=4.0e-04"
+    assert first == "[trainer] iter 0 (1/3) | loss=-4.7e-09 reward=0.00 kl=4.0e-04"
     assert third.endswith("grad_norm=0.00 lr=1.0e-06")
 
 

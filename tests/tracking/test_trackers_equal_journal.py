@@ -7,6 +7,7 @@ import json
 from tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal, run_synthetic
 
 from miles.record.journal import read_journal
+from miles.record.names import STEP_KEYS
 from miles.tracking.state import DeliveryState, recorded_lines
 
 
@@ -38,6 +39,8 @@ def test_mlflow_run_has_params_artifacts_and_samples(run_dir):
     assert client.get_experiment(run.info.experiment_id).name == "miles"
     assert run.info.status == "FINISHED"
     assert run.data.params["num_rollout"] == "4" and run.data.params["use_mlflow"] == "True"
+    # the step axes are each point's step, not charts of their own (F3 of the first-hour review)
+    assert "train/loss" in run.data.metrics and not set(STEP_KEYS) & set(run.data.metrics)
     names = {a.path for a in client.list_artifacts(spec["run_id"])}
     assert {"config.yaml", "metrics.jsonl", "report.png", "samples"} <= names
     samples = {a.path for a in client.list_artifacts(spec["run_id"], "samples")}

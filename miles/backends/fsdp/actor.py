@@ -34,7 +34,8 @@ class FSDPTrainActor(PPORank):
     def _sharded(self, model_path: str, trainable: bool):
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        with W.no_loading_bar():  # the engine's load shows the bar for these weights
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         # With one rank there is nothing to free between forward and backward: keeping the
         # gathered parameters skips a second all-gather (copy) per layer in the backward pass.
         reshard = self.world_size > 1

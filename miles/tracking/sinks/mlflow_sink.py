@@ -1,4 +1,5 @@
-"""MLflow as a sink: one run in an experiment, the public config as params, metrics per step axis.
+"""MLflow as a sink: one run in an experiment, the public config as params, metrics per step axis (each
+point's step; the axes `train/step`, `rollout/step`, `eval/step` are not logged as metrics themselves).
 
 The experiment carries MLflow's model-training kind (the UI of MLflow 3.17 does not read it: miles'
 links and `mlflow ui --app-name miles` open that view, see `mlflow_app`); the run carries the run's
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from miles.health.alerts import red_flags_in
-from miles.record.names import step_of
+from miles.record.names import STEP_KEYS, step_of
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
 # a dead tracking server must fail a call in seconds, not block the delivery worker in
@@ -108,8 +109,10 @@ class MlflowSink:
     def deliver(self, delivery: Delivery) -> None:
         from mlflow.entities import Metric
 
+        # the step axes are every point's `step` already: as metrics of their own they were straight-line
+        # charts named "step" among the real ones
         metrics = [Metric(key, value, int(line.time * 1000), step_of(key, line.metrics, line.rollout_id))
-                   for line in delivery.lines for key, value in line.metrics.items()]
+                   for line in delivery.lines for key, value in line.metrics.items() if key not in STEP_KEYS]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
         for path in delivery.samples.values():
