@@ -28,6 +28,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 HEALTH_TAG = "miles.health"
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # MLflow's "model training, not GenAI"
 DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description
+NETWORK_BASELINE_TAG = "miles.system.network_baseline_mb"  # received,sent MB when the run's first monitor started
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LEN = 6000
@@ -101,7 +102,27 @@ class MlflowSink:
         # read 0 (a saw-tooth on the system metrics chart)
         psutil.cpu_percent()
         self.monitor = SystemMetricsMonitor(self.run_id, resume_logging=resume, tracking_uri=self.tracking_uri)
+        self._continue_network_counters(resume)
         self.monitor.start()
+
+    def _continue_network_counters(self, resume: bool) -> None:
+        """MLflow's network metrics count bytes from the monitor's start, and each chunk starts a monitor:
+        they fell to 0 at every chunk. The run's first monitor keeps its starting counters as a run tag,
+        and a resumed monitor counts from them, so `system/network_*` grows over the whole run."""
+        network = next((m for m in getattr(self.monitor, "monitors", ()) if type(m).__name__ == "NetworkMonitor"
+                        and hasattr(m, "_initial_receive_megabytes")), None)
+        if network is None:  # another MLflow's monitor: its counters restart per chunk, as before
+            return
+        if not resume:
+            self.client.set_tag(self.run_id, NETWORK_BASELINE_TAG,
+                                f"{network._initial_receive_megabytes:.6f},{network._initial_transmit_megabytes:.6f}")
+            return
+        try:
+            recv, sent = map(float, self.client.get_run(self.run_id).data.tags[NETWORK_BASELINE_TAG].split(","))
+        except (KeyError, ValueError):
+            return  # a run begun before this tag existed
+        if recv <= network._initial_receive_megabytes and sent <= network._initial_transmit_megabytes:
+            network._initial_receive_megabytes, network._initial_transmit_megabytes = recv, sent  # not across a reboot
 
     def durable_cursor(self, recorded: int) -> int:
         return recorded  # redelivery is harmless (see the module docstring)
