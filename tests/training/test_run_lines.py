@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from miles.record.journal import JournalLine
 from miles.record.row import format_eval_result
 from miles.trainer import resume_message
@@ -33,11 +35,19 @@ def test_an_eval_result_names_each_pass_at_k_with_its_base():
                     "eval/arithmetic-pass_at_2=0.700")
 
 
-def test_python_m_miles_train_says_where_to_look_before_the_long_work(tmp_path, capsys):
-    from miles.prepare import prepare
-    from miles.train import print_where_to_look
+def test_python_m_miles_train_says_where_to_look_before_the_long_work(tmp_path, capsys, monkeypatch):
+    import miles.prepare
+    from miles.train import main
 
-    print_where_to_look(prepare(["--run-dir", str(tmp_path / "r")], make_model=False))
-    out = capsys.readouterr().out
+    class ModelStep(Exception):
+        pass
+
+    def make_base_model(config):  # the long first step (the tiny model's build): what was printed by now?
+        raise ModelStep(capsys.readouterr().out)
+
+    monkeypatch.setattr(miles.prepare, "make_base_model", make_base_model)
+    with pytest.raises(ModelStep) as printed:
+        main(["--run-dir", str(tmp_path / "r")])
+    out = printed.value.args[0]
     assert out.startswith(f"[trainer] run dir {tmp_path / 'r'} (journal {tmp_path / 'r' / 'metrics.jsonl'})")
     assert f"dashboard {tmp_path / 'r'} --follow" in out
