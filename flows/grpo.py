@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped = False
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         try:
-            report = grpo(flags=argv)
+            report = grpo(**flow_parameters(argv))
         except RedFlagStop as exc:  # --on-red-flag stop: checkpointed, the flow run Failed with this message
             print(f"miles train: stopped: {exc}", file=sys.stderr, flush=True)
             # the scorecard all the same: what was trained, the red flag, the checkpoint it stopped at
@@ -204,6 +204,22 @@ def mark_crashed(task_run_id, message: str) -> None:
 # ---- the flow run's name, description and Prefect API -------------------------------------
 def build_argv(config_file: str | None, flags: list[str] | None) -> list[str]:
     return ([f"--config={config_file}"] if config_file else []) + list(flags or [])
+
+
+def flow_parameters(argv: list[str]) -> dict:
+    """`miles train`'s arguments as the flow's parameters: a `--config FILE` is the `config_file`
+    parameter (the Prefect UI shows it there, not as null beside flags that name it), the rest `flags`."""
+    flags, config_file, i = [], None, 0
+    while i < len(argv):
+        if argv[i] == "--config" and i + 1 < len(argv) and config_file is None:
+            config_file, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith("--config=") and config_file is None:
+            config_file = argv[i].split("=", 1)[1]
+        else:
+            flags.append(argv[i])
+        i += 1
+    return {"config_file": config_file, "flags": flags}
 
 
 def api_url() -> str:

@@ -43,3 +43,4 @@ def test_plan_follows_the_flags():
 def test_bad_sizes_are_rejected():
     with pytest.raises(ValueError, match="chunk_size"):
         plan_chunks(4, 0)
+
