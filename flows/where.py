@@ -43,6 +43,8 @@ def print_where_to_look(config: MilesConfig, server: PrefectServer, ui: MlflowUi
     print("miles train: where to look", flush=True)
     for name, value in rows:
         print(f"  {name:<{width}}  {value}", flush=True)
+    print("  (the Prefect UI's Deployments page stays empty until `make deploy` registers the scheduled runs of "
+          "this flow: docs/user-guide/orchestration.md)", flush=True)
     if server.started_here:
         print(f"  (started a local Prefect server, pid {server.pid}, state in {server.home}; it stays up for the UI "
               f"and the next run reuses it: stop it with `kill {server.pid}`)")

@@ -76,3 +76,12 @@ def test_tensorboard_off_is_said_and_wandb_offline_gives_one_sync_command(tmp_pa
     on = resolve_run(parse_config(["--use-tensorboard", "--run-dir", str(tmp_path / "t")]))
     assert dict(where_to_look(on, PrefectServer(api_url="http://127.0.0.1:4200/api")))["TensorBoard"].endswith(
         f"--logdir {on.tracking.tensorboard_dir}")
+
+
+def test_where_to_look_says_how_deployments_appear(tmp_path, capsys):
+    """An empty Deployments page in the Prefect UI is expected until `make deploy` (G3 of the first-hour review)."""
+    from flows.where import print_where_to_look
+
+    config = resolve_run(parse_config(["--run-dir", str(tmp_path / "r")]))
+    print_where_to_look(config, PrefectServer(api_url="http://127.0.0.1:4200/api"))
+    assert "Deployments page stays empty until `make deploy`" in capsys.readouterr().out
