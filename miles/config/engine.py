@@ -21,8 +21,8 @@ class EngineConfig:
     tool_call_parser: str | None = flag(None, "format of tool calls in model text, for /v1/chat/completions "
                                               "requests with `tools` (SGLang's flag)", choices=("qwen25", "tiny"))
     engine_max_body_mb: float = flag(16.0, "largest request body the embedded engine reads, in MiB (413 past it; "
-                                           "/update_weights_from_tensor has its own: the served model's parameters in float32 plus "
-                                           "room for the header)", minimum=0.001)
+                                           "/update_weights_from_tensor has its own: the served model's parameters in "
+                                           "float32 plus room for the header)", minimum=0.001)
     engine_max_header_kb: float = flag(64.0, "largest request line + headers, in KiB (431 past it)", minimum=1.0)
     engine_header_timeout: float = flag(10.0, "seconds a request's headers may take to arrive (408 after)",
                                         minimum=0.1)

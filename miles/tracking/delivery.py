@@ -231,6 +231,9 @@ def read_params(path: Path) -> dict:
         raise StateError(f"cannot read {path}: {' '.join(str(exc).split())[:300]}") from None
     if params is not None and not isinstance(params, dict):
         raise StateError(f"{path} holds a YAML {type(params).__name__}, not a mapping of settings")
+    odd = [k for k in params or {} if not isinstance(k, str)]
+    if odd:  # the trackers take setting names as strings; a run writes nothing else
+        raise StateError(f"{path}: the setting name {odd[0]!r:.80} is a YAML {type(odd[0]).__name__}, not a string")
     return params or {}
 
 

@@ -89,6 +89,7 @@ CORRUPT = {
     "an unknown option in a delivered spec": ("delivery.json", lambda text: _with_option(text, "sinks", "zz", 1)),
     "a missing option in a delivered spec": ("delivery.json", lambda text: _without_option(text, "log_dir")),
     "an option of the wrong type": ("delivery.json", lambda text: _with_option(text, "sinks", "log_dir", 5)),
+    "a config setting name that is not a string": ("config.yaml", lambda text: text + "1: 2\n"),
 }
 
 
