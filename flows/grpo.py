@@ -23,6 +23,7 @@ from prefect_ray.context import remote_options
 
 from flows.bring_up import bring_up_services, heal_engines
 from flows.progress import ProgressBar, wait_with_progress
+from miles.backends.base import NonFiniteError
 from miles.cluster.chunks import Chunk, plan_for
 from miles.cluster.names import run_names
 from miles.cluster.service_actors import stop_run_actors
@@ -62,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         try:
             report = grpo(**flow_parameters(argv))
-        except RedFlagStop as exc:  # --on-red-flag stop: checkpointed, the flow run Failed with this message
-            print(f"miles train: stopped: {exc}", file=sys.stderr, flush=True)
+        except (RedFlagStop, NonFiniteError) as exc:  # a red-flag stop (checkpointed) or a non-finite step
+            # (refused before the optimizer): the flow run Failed with this message
+            print(f"miles train: stopped: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
             # the scorecard all the same: what was trained, the red flag, the checkpoint it stopped at
             stopped, report = True, RunReport(run_dir=config.train.run_dir, iterations=0)
     if (ui is not None or stopped) and (link := mlflow_link(config, Path(report.run_dir), ui.url if ui else None)):
@@ -143,7 +145,7 @@ def train_on_ray(config: MilesConfig, started_at: float | None = None) -> RunRep
                         get_run_logger().warning(f"the run stopped in {task.name}[{chunk.first}-{chunk.stop}]: "
                                                  f"{result.stop_reason}")
                         break
-            except RedFlagStop:  # --on-red-flag stop: the artifacts (grpo-health) still, then the run fails
+            except (RedFlagStop, NonFiniteError):  # a deliberate stop: the artifacts still, then the run fails
                 with_run_retries(finish_run, o).submit(config, services, started_at).result()
                 raise
             report = with_run_retries(finish_run, o).submit(config, services, started_at).result()
@@ -185,7 +187,9 @@ def run_chunk_to_end(task: Task, chunk: Chunk, config: MilesConfig, services: Ru
             mark_crashed(future.task_run_id, message)  # a killed worker cannot report it itself
         else:
             error = future.result(raise_on_failure=False)
-            if isinstance(error, (ConfigError, RedFlagStop)):  # a bad flag stays bad; a health stop is deliberate
+            # a bad flag stays bad, a health stop is deliberate, and a non-finite step comes back on the same
+            # data and weights from the same checkpoint: none is retried
+            if isinstance(error, (ConfigError, RedFlagStop, NonFiniteError)):
                 raise error
             message = f"{where} failed: {error!r}"
         if attempt == retries:

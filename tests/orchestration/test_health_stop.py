@@ -67,3 +67,25 @@ def test_a_red_flag_stops_the_flow_with_a_checkpoint_a_failed_state_and_a_scorec
         return any(e["resource"]["miles.signal"] == "truncated_ratio" for e in events)
 
     assert flagged(read_events("miles.health.red-flag", run_dir.name, until=flagged))
+
+
+@pytest.mark.slow
+def test_a_non_finite_step_stops_the_flow_once_with_a_scorecard(prefect_api, tmp_path, capsys):
+    """Rewards that overflow make the first gradient norm non-finite: the step is refused, the chunk is not
+    resubmitted (the same data and checkpoint would give the same), and `miles train` says why, exits 1 and
+    prints the scorecard, which the flow also publishes."""
+    from prefect.artifacts import Artifact
+
+    from flows.grpo import main
+
+    run_dir = tmp_path / f"non-finite-{tmp_path.name}"
+    code = main([*TINY, "--run-dir", str(run_dir), "--custom-rm-path", "tests.health.broken_rewards.huge"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "miles train: stopped: " in err and "non-finite gradient norm" in err, err[-3000:]
+    card = out[out.index(f"miles train: scorecard of {run_dir}"):]
+    assert "rollouts       none trained" in card
+    flow_run = flow_run_named(run_dir.name)
+    assert flow_run.state.is_failed()
+    chunks = [r for r in task_runs_of(flow_run.id) if r.name == "train_chunk[0-2]"]
+    assert len(chunks) == 1 and chunks[0].state.is_failed()  # not resubmitted
+    assert f"## Scorecard of `{run_dir.name}`" in Artifact.get("grpo-scorecard").data
