@@ -59,3 +59,20 @@ def prefect_api(tmp_path_factory):
             else:
                 os.environ[key] = value
         server.stop()
+
+
+RUN_SECRET_ENV = ("MILES_ROUTER_ADMIN_TOKEN", "MILES_ENGINE_ADMIN_TOKEN", "WANDB_API_KEY")
+
+
+@pytest.fixture(autouse=True)
+def run_secrets_stay_in_their_test():
+    """A run exports its token (and `--wandb-key`) into this process's environment, as `miles train` does
+    for its flow; in one pytest process a token left behind would make every later test's router and
+    engines demand it. Each test leaves these variables as it found them."""
+    before = {name: os.environ.get(name) for name in RUN_SECRET_ENV}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

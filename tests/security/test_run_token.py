@@ -17,8 +17,16 @@ from miles.config.secrets import RUN_TOKEN_ENV, ensure_run_token, run_token
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def without_run_token(monkeypatch) -> None:
+    """No run token in this process for the test, and none left after it: set first, so monkeypatch records
+    the variable's state before the test (a bare delenv of an unset name records nothing, and its later
+    delenvs would restore the token the test made, leaking it into every later test's router)."""
+    monkeypatch.setenv(RUN_TOKEN_ENV, "unset-me")
+    monkeypatch.delenv(RUN_TOKEN_ENV)
+
+
 def test_a_run_token_is_made_once_and_kept(monkeypatch):
-    monkeypatch.delenv(RUN_TOKEN_ENV, raising=False)
+    without_run_token(monkeypatch)
     config = parse_config([])
     made = ensure_run_token(config)
     assert len(made) >= 32 and ensure_run_token(config) == made  # the same for every launcher of the run
@@ -38,7 +46,7 @@ def test_a_plain_runs_engine_and_router_need_its_token(tmp_path, monkeypatch):
     from miles.engines.weights import WeightPushError
     from miles.prepare import prepare_config
 
-    monkeypatch.delenv(RUN_TOKEN_ENV, raising=False)
+    without_run_token(monkeypatch)
     config = prepare_config(parse_config(["--run-dir", str(tmp_path / "run")]))
     token = ensure_run_token(config)
     services = start_inference(config)
