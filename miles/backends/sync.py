@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -44,9 +43,16 @@ def push_disk_each(engine_urls: list[str], model_dir: Path, version: int,
             return exc
         return None
 
-    with ThreadPoolExecutor(max_workers=max(1, len(engine_urls))) as pool:
-        results = list(pool.map(push, engine_urls))
-    return {url: exc for url, exc in zip(engine_urls, results) if exc is not None}
+    # one daemon thread per engine, not a thread pool: a pool's exit (and the interpreter's) waits for every
+    # push, so a push to a hung engine would keep the run alive after the stall reaction interrupted it
+    results: dict[str, Exception | None] = {}
+    threads = [threading.Thread(target=lambda u=url: results.__setitem__(u, push(u)), daemon=True,
+                                name=f"miles-weight-push-{i}") for i, url in enumerate(engine_urls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()  # interruptible: the stall reaction's SIGINT ends the wait
+    return {url: exc for url, exc in results.items() if exc is not None}
 
 
 def tell_router(router_url: str | None, version: int, admin_token: str | None = None) -> None:

@@ -50,7 +50,7 @@ def test_a_chunk_whose_worker_is_killed_is_resubmitted(run_grpo):
     assert [r.state.type.value for r in attempts] == ["CRASHED", "COMPLETED"]
     # the run against its baseline reaches Prefect as the comparison artifact (miles compare's verdicts)
     compared = Artifact.get("grpo-compare").data
-    assert "rollout/raw_reward" in compared and str(baseline) in compared, compared
+    assert "rollout/raw_reward" in compared and f"vs {baseline.name}" in compared, compared
 
 
 # non-default values of every engine flag the embedded engine has, and two router flags
