@@ -39,15 +39,13 @@ class InferenceServices:
 
     def kill_router(self) -> int:
         """Test hook (`--inject-fault kill-router@ITER`): kill the router as a crash would; its PID."""
-        os.kill(self.router.pid, signal.SIGKILL)
-        self.router.process.wait()
+        self.router.kill()
         return self.router.pid
 
     def kill_engine(self, index: int) -> int:
         """Test hook (`--inject-fault kill-engine@ITER`): kill engine `index` as a crash would; its PID."""
         engine = self.engines[index]
-        os.kill(engine.pid, signal.SIGKILL)
-        engine.process.wait()
+        engine.kill()
         return engine.pid
 
     def stop_engine(self, index: int) -> int:

@@ -24,6 +24,15 @@ def engine(base_model, tmp_path_factory):
     handle.stop()
 
 
+@pytest.fixture(scope="session")
+def tiny_engine(base_model, tmp_path_factory):
+    """An engine without a token and with the `tiny` tool-call parser: the /v1 probes (chat shapes, knobs)."""
+    config = EngineConfig(engine_device="cpu", engine_max_batch_size=8, tool_call_parser="tiny")
+    handle = launch_engine(base_model, config, log_path=tmp_path_factory.mktemp("tiny-engine") / "engine.log")
+    yield handle
+    handle.stop()
+
+
 @pytest.fixture
 def router(engine):
     """`router(token=TOKEN, **config)`: an in-process router in front of the engine; stopped at teardown."""

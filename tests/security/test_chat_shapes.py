@@ -6,8 +6,6 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from miles.config import EngineConfig
-from miles.engines.launch import launch_engine
 from miles.engines.openai_tools import request_parser, tool_message
 from miles.engines.sglang_request import RequestError
 
@@ -17,14 +15,6 @@ USER = {"role": "user", "content": "1"}
 
 def assistant(tool_calls) -> dict:
     return {"role": "assistant", "content": None, "tool_calls": tool_calls}
-
-
-@pytest.fixture(scope="module")
-def tiny_engine(base_model, tmp_path_factory):
-    config = EngineConfig(engine_device="cpu", engine_max_batch_size=8, tool_call_parser="tiny")
-    handle = launch_engine(base_model, config, log_path=tmp_path_factory.mktemp("tiny-engine") / "engine.log")
-    yield handle
-    handle.stop()
 
 
 CASES = [

@@ -7,21 +7,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from miles.config import EngineConfig
-from miles.engines.launch import launch_engine
 from miles.engines.openai_api import MAX_N
 
 TOOLS = [{"type": "function", "function": {"name": "calc"}}]
 CHAT = {"messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2}
 COMPLETION = {"prompt": "1+1=", "max_tokens": 2}
-
-
-@pytest.fixture(scope="module")
-def tiny_engine(base_model, tmp_path_factory):
-    config = EngineConfig(engine_device="cpu", engine_max_batch_size=8, tool_call_parser="tiny")
-    handle = launch_engine(base_model, config, log_path=tmp_path_factory.mktemp("knobs-engine") / "engine.log")
-    yield handle
-    handle.stop()
 
 
 def post(engine, path: str, body: dict) -> httpx.Response:
