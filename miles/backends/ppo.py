@@ -57,7 +57,7 @@ def build_scheduler(optimizer, config) -> torch.optim.lr_scheduler.LambdaLR:
     decay = cfg.lr_decay_iters or config.rollout.num_rollout * cfg.num_steps_per_rollout
 
     def factor(step: int) -> float:
-        return lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup=cfg.lr_warmup_iters,
+        return lr_at(step, lr=cfg.lr, min_lr=cfg.floor_lr, warmup=cfg.lr_warmup_iters,
                      decay_style=cfg.lr_decay_style, decay_steps=decay) / cfg.lr if cfg.lr else 0.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

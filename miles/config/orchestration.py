@@ -14,7 +14,7 @@ class OrchestrationConfig:
                                                  "`ray job submit`, else start a local one)")
     ray_num_cpus: int | None = flag(None, "CPUs of the local Ray (default: all)", minimum=1)
     ray_object_store_mb: int = flag(256, "object store of the local Ray, MiB", minimum=64)
-    chunk_size: int = flag(10, "rollout iterations per training task", minimum=1)
+    chunk_size: int = flag(20, "rollout iterations per training task", minimum=1)
     task_retries: int = flag(2, "retries per task; a training chunk runs at most this + 1 times in all", minimum=0)
     task_retry_delay: float = flag(2.0, "seconds before the first retry (doubles each time)", minimum=0.0)
     task_timeout: float = flag(3600.0, "seconds a task may run", minimum=1.0)

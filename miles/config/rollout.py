@@ -23,7 +23,7 @@ class RolloutConfig:
     apply_chat_template: bool = flag(False, "wrap prompts in the tokenizer's chat template")
     rm_type: str = flag("exact_match", "reward function", choices=("exact_match", "math"))
     custom_rm_path: str | None = flag(None, "dotted path of a custom reward fn(args, sample) -> float")
-    num_rollout: int = flag(60, "rollout iterations to run", minimum=1)
+    num_rollout: int = flag(100, "rollout iterations to run", minimum=1)
     rollout_batch_size: int = flag(32, "prompts per rollout", minimum=1)
     n_samples_per_prompt: int = flag(8, "samples per prompt (the GRPO group)", minimum=1)
     rollout_max_response_len: int = flag(8, "most tokens generated per sample", minimum=1)

@@ -18,10 +18,10 @@ class TrainConfig:
                                          minimum=1)
     micro_batch_size: int = flag(64, "samples per forward/backward", minimum=1)
     num_steps_per_rollout: int = flag(1, "optimizer steps per rollout", minimum=1)
-    lr: float = flag(5e-4, "learning rate", minimum=0.0)
-    min_lr: float = flag(0.0, "floor of the decayed learning rate", minimum=0.0)
+    lr: float = flag(1e-3, "learning rate", minimum=0.0)
+    min_lr: float | None = flag(None, "floor of the decayed learning rate (default: a tenth of --lr)", minimum=0.0)
     lr_warmup_iters: int = flag(0, "optimizer steps of linear warm-up", minimum=0)
-    lr_decay_style: str = flag("constant", "learning-rate schedule after warm-up",
+    lr_decay_style: str = flag("cosine", "learning-rate schedule after warm-up",
                                choices=("constant", "linear", "cosine"))
     lr_decay_iters: int | None = flag(None, "steps over which the LR decays (default: all steps)", minimum=1)
     weight_decay: float = flag(0.0, "AdamW weight decay", minimum=0.0)
@@ -44,8 +44,13 @@ class TrainConfig:
     save_interval: int | None = flag(None, "checkpoint every N rollouts (none: only at the end)", minimum=1)
     keep_checkpoints: int = flag(2, "checkpoints kept on disk", minimum=1)
 
+    @property
+    def floor_lr(self) -> float:
+        """The decayed learning rate's floor: --min-lr, or a tenth of --lr (so any --lr is valid alone)."""
+        return self.min_lr if self.min_lr is not None else self.lr / 10
+
     def validate(self) -> None:
         if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
             raise ConfigError("--eps-clip-high", f"must be >= --eps-clip ({self.eps_clip}), got {self.eps_clip_high}")
-        if self.min_lr > self.lr:
+        if self.min_lr is not None and self.min_lr > self.lr:
             raise ConfigError("--min-lr", f"must be <= --lr ({self.lr}), got {self.min_lr}")

@@ -27,8 +27,8 @@ from miles.config.cache import cache_root
 from miles.tiny.model import build_tiny_model
 from miles.tiny.task import Problem, split_problems, write_task_data
 
-RECIPE = dict(version=2, seed=0, lr=3e-3, batch_size=64, max_steps=5000, eval_every=250,
-              label_smoothing=0.3, target_greedy=0.85, eval_prompts=256)
+RECIPE = dict(version=3, seed=0, lr=3e-3, batch_size=64, max_steps=8000, eval_every=250,
+              label_smoothing=0.3, target_greedy=0.95, eval_prompts=256)
 TARGET_GREEDY = RECIPE["target_greedy"]
 
 

@@ -31,12 +31,39 @@ def test_tiny_cpu_yaml_equals_the_dataclass_defaults():
     (["--actor-num-gpus-per-node", "3"], "--global-batch-size", "divisible by the number of training ranks"),
     (["--n-samples-per-prompt", "1"], "--n-samples-per-prompt", "groups of at least 2"),
     (["--lr", "-1"], "--lr", ">= 0"),
+    (["--lr", "1e-5", "--min-lr", "1e-4"], "--min-lr", "must be <= --lr"),
     (["--prompt-data", "/no/such.jsonl"], "--prompt-data", "does not exist"),
 ])
 def test_bad_training_flags(argv, flag, fragment):
     with pytest.raises(ConfigError) as err:
         parse_config(argv)
     assert err.value.flag == flag and fragment in str(err.value)
+
+
+def test_the_lr_floor_follows_lr_unless_set():
+    """The default floor is a tenth of --lr, so `--lr` alone is always valid (a fixed default floor would
+    refuse any --lr below it); an explicit --min-lr is kept, 0 included."""
+    assert parse_config([]).train.floor_lr == pytest.approx(1e-4)
+    assert parse_config(["--lr", "1e-5"]).train.floor_lr == pytest.approx(1e-6)
+    assert parse_config(["--lr", "1e-5", "--min-lr", "0"]).train.floor_lr == 0.0
+
+
+def test_the_default_schedule_decays_by_cosine_to_the_floor():
+    import torch
+
+    from miles.backends.ppo import build_optimizer, build_scheduler
+
+    config = parse_config(["--num-rollout", "10"])
+    optimizer = build_optimizer([torch.nn.Parameter(torch.zeros(1))], config.train)
+    scheduler = build_scheduler(optimizer, config)
+    lrs = []
+    for _ in range(11):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(1e-3) and lrs[10] == pytest.approx(1e-4)
+    assert lrs[5] == pytest.approx(1e-4 + (1e-3 - 1e-4) * 0.5)  # cosine: halfway at the middle step
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
 
 
 def test_megatron_backend_is_accepted():

@@ -1,0 +1,148 @@
+"""A real pretrained checkpoint learning on CPU: held-out pass@1 before and after, wall time, the rollout-0
+train/rollout log-prob diff, and the peak RSS of every process of the run.
+
+    .venv/bin/python benchmarks/pretrained.py [--config configs/smollm2-cpu.yaml] [--train-backend fsdp] [-- FLAGS]
+
+One invocation runs `python -m miles.train --config CONFIG` (the plain driver; FLAGS after `--` are passed on)
+as a child process and, every --poll seconds, reads the kernel's high-water mark of resident memory
+(`VmHWM` in /proc/PID/status: the true peak, not a sample of it) of each process of the run's tree: the
+driver, the Ray processes it starts, the trainer ranks, the engine and the router. Each process keeps the
+last mark read before it ended; processes are grouped by role. The learning figures come from the run's
+journal. Prints a table, then one JSON line with the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from miles.record.journal import read_journal  # noqa: E402
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """The process's peak resident set size so far, in MB (None once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return None
+
+
+def role(cmdline: list[str]) -> str:
+    """A readable name for a process of the run, from its command line (Ray workers name their actor)."""
+    text = " ".join(cmdline)
+    actor = re.match(r"ray::(\w+)", text)
+    if actor:
+        return f"ray actor {actor.group(1)}"
+    module = re.search(r"-m\s+([\w.]+)", text)
+    if module:
+        return module.group(1) if module.group(1) != "miles.train" else "driver (python -m miles.train)"
+    for name in ("gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env", "default_worker"):
+        if name in text:
+            return f"ray {name.removesuffix('.py')}"
+    return Path(cmdline[0]).name if cmdline else "?"
+
+
+def watch(proc: subprocess.Popen, poll: float) -> dict[int, dict]:
+    """Peak RSS per process of `proc`'s tree until it exits: pid -> {role, peak_mb}."""
+    seen: dict[int, dict] = {}
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        for p in tree:
+            mark = peak_rss_mb(p.pid)
+            if mark is None:
+                continue
+            if p.pid not in seen:
+                try:
+                    seen[p.pid] = {"role": role(p.cmdline()), "peak_mb": 0.0}
+                except psutil.Error:
+                    continue
+            seen[p.pid]["peak_mb"] = max(seen[p.pid]["peak_mb"], mark)
+        time.sleep(poll)
+    return seen
+
+
+def learning(run_dir: Path) -> dict:
+    lines = [line.values for line in read_journal(run_dir / "metrics.jsonl")]
+    base = next((v for v in lines if v.get("rollout_id") == -1), {})
+    pass_keys = sorted(k for k in base if k.endswith("-pass_at_1"))
+    key = pass_keys[0] if pass_keys else None
+    evals = [v for v in lines if key and v.get(key) is not None and v.get("rollout_id", -1) >= 0]
+    first = next((v for v in lines if v.get("rollout_id") == 0), {})
+    return {
+        "eval_key": key,
+        "pass_at_1_before": base.get(key) if key else None,
+        "pass_at_1_after": evals[-1][key] if evals else None,
+        "after_rollout": evals[-1]["rollout_id"] if evals else None,
+        "evals": [(v["rollout_id"], round(v[key], 4)) for v in evals],
+        "rollouts": sum(1 for v in lines if v.get("rollout_id", -1) >= 0 and "rollout/raw_reward" in v),
+        "reward_first": first.get("rollout/raw_reward"),
+        "reward_last": next((v["rollout/raw_reward"] for v in reversed(lines) if "rollout/raw_reward" in v), None),
+        "logprob_diff_rollout0": first.get("train/train_rollout_logprob_abs_diff"),
+        "median_rollout_s": _median([v["perf/rollout_time"] for v in lines if "perf/rollout_time" in v]),
+        "median_train_s": _median([v["perf/train_time"] for v in lines if "perf/train_time" in v]),
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/smollm2-cpu.yaml")
+    parser.add_argument("--train-backend", default="fsdp", choices=["fsdp", "megatron"])
+    parser.add_argument("--run-dir", default=None, help="default: runs/pretrained-<backend>-<time>")
+    parser.add_argument("--poll", type=float, default=0.5, help="seconds between reads of the memory marks")
+    parser.add_argument("flags", nargs="*", help="more miles.train flags, after --")
+    args = parser.parse_args()
+    run_dir = Path(args.run_dir or ROOT / "runs" / f"pretrained-{args.train_backend}-{time.strftime('%Y%m%d-%H%M%S')}")
+    command = [sys.executable, "-m", "miles.train", "--config", args.config, "--train-backend", args.train_backend,
+               "--run-dir", str(run_dir), *args.flags]
+    print("running:", " ".join(command), flush=True)
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=ROOT)
+    peaks = watch(proc, args.poll)
+    wall = time.perf_counter() - start
+    if proc.wait() != 0:
+        print(f"the run failed (exit {proc.returncode}); see {run_dir}", file=sys.stderr)
+        return proc.returncode
+    figures = learning(run_dir)
+    by_role: dict[str, float] = {}
+    for entry in peaks.values():
+        by_role[entry["role"]] = max(by_role.get(entry["role"], 0.0), entry["peak_mb"])
+    rows = [("config", f"{args.config} ({args.train_backend})"), ("wall time (s)", f"{wall:.0f}"),
+            ("rollouts", figures["rollouts"]),
+            (f"held-out {figures['eval_key']} before", figures["pass_at_1_before"]),
+            (f"held-out pass@1 after rollout {figures['after_rollout']}", figures["pass_at_1_after"]),
+            ("evals (rollout, pass@1)", figures["evals"]),
+            ("rollout/raw_reward first -> last", f"{figures['reward_first']} -> {figures['reward_last']}"),
+            ("rollout 0 train/rollout log-prob abs diff", figures["logprob_diff_rollout0"]),
+            ("median rollout / train time per rollout (s)", f"{figures['median_rollout_s']} / {figures['median_train_s']}")]
+    rows += [(f"peak RSS {name} (MB)", f"{mb:.0f}") for name, mb in sorted(by_role.items(), key=lambda kv: -kv[1])]
+    width = max(len(str(r[0])) for r in rows)
+    for name, value in rows:
+        print(f"{str(name):<{width}}  {value}")
+    print(json.dumps({**figures, "config": args.config, "train_backend": args.train_backend, "wall_s": round(wall, 1),
+                      "peak_rss_mb": {k: round(v) for k, v in by_role.items()}, "run_dir": str(run_dir)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
