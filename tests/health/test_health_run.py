@@ -14,9 +14,10 @@ from miles.train import train
 
 
 # At this LR one step wrecks the policy; how depends on the sampled batch (the engines batch
-# requests as they arrive, so a loaded machine samples other tokens): measured, either the entropy
-# collapses (1.99 -> 0.33 in one step; the default run takes ~60 rollouts to get there) or the
-# answers degenerate into strings that run to the length limit (87% truncated at rollout 1).
+# requests as they arrive, so a loaded machine samples other tokens) and on the base model: measured,
+# the entropy collapses (1.99 -> 0.33 in one step), the answers degenerate into strings that run to
+# the length limit (87% truncated at rollout 1), or every answer is wrong from rollout 1 on (reward
+# 0.31 -> 0, so no group has a gradient; flagged once it stayed at 0 for the watch's 5 rollouts).
 COLLAPSE_SIGNALS = ("entropy_loss", "truncated_ratio", "raw_reward")
 
 
@@ -30,7 +31,7 @@ def test_lr_far_too_high_is_flagged_and_stops_with_a_checkpoint(tmp_path, capsys
     match = re.search(r"stopped by --on-red-flag stop: (\w+) at rollout (\d+)", str(stopped.value))
     assert match, str(stopped.value)
     signal, rollout = match.group(1), int(match.group(2))
-    assert signal in COLLAPSE_SIGNALS and rollout <= 2, str(stopped.value)  # the default run raises nothing
+    assert signal in COLLAPSE_SIGNALS and rollout <= 5, str(stopped.value)  # the default run raises nothing
     assert f"[health] WARN RED FLAG {signal} at rollout {rollout}" in capsys.readouterr().out
     checkpoint = run_dir / "checkpoints" / f"iter_{rollout:07d}"
     assert str(checkpoint) in str(stopped.value) and (checkpoint / "manifest.json").exists()
