@@ -78,7 +78,7 @@ def watch(proc: subprocess.Popen, poll: float) -> dict[int, dict]:
 
 
 def learning(run_dir: Path) -> dict:
-    lines = [line.values for line in read_journal(run_dir / "metrics.jsonl")]
+    lines = [{"rollout_id": line.rollout_id, **line.metrics} for line in read_journal(run_dir / "metrics.jsonl")]
     base = next((v for v in lines if v.get("rollout_id") == -1), {})
     pass_keys = sorted(k for k in base if k.endswith("-pass_at_1"))
     key = pass_keys[0] if pass_keys else None

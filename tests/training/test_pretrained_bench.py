@@ -1,0 +1,54 @@
+"""benchmarks/pretrained.py's parts: the kernel's peak-RSS mark of a process, the role read from a command
+line, the peaks of a real child's process tree, and the learning figures read from a recorded run."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.pretrained import learning, peak_rss_mb, role, watch  # noqa: E402
+
+
+def test_peak_rss_is_the_high_water_mark():
+    before = peak_rss_mb(os.getpid())
+    block = bytearray(64 * 1024 * 1024)  # touched: 64 MB resident at once
+    block[::4096] = b"x" * len(block[::4096])
+    after = peak_rss_mb(os.getpid())
+    del block
+    assert before is not None and after >= before + 60
+    assert peak_rss_mb(os.getpid()) >= before + 60  # a mark, not the current size: freeing keeps it
+    assert peak_rss_mb(2**22 + 12345) is None  # no such process
+
+
+@pytest.mark.parametrize("cmdline,expected", [
+    (["ray::FSDPTrainActor.train"], "ray actor FSDPTrainActor"),
+    (["/v/bin/python", "-m", "miles.engines.cli", "--port", "1"], "miles.engines.cli"),
+    (["/v/bin/python", "-m", "miles.train", "--config", "c.yaml"], "driver (python -m miles.train)"),
+    (["/v/lib/ray/core/src/ray/gcs/gcs_server", "--x"], "ray gcs_server"),
+])
+def test_role_names_the_process(cmdline, expected):
+    assert role(cmdline) == expected
+
+
+def test_watch_reads_every_process_of_the_tree():
+    code = "import subprocess, sys; b = bytearray(48 * 2**20); b[::4096] = b'x' * len(b[::4096]); " \
+           "subprocess.run([sys.executable, '-m', 'this'], stdout=subprocess.DEVNULL); import time; time.sleep(1)"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    peaks = watch(proc, poll=0.05)
+    assert proc.wait() == 0
+    assert proc.pid in peaks and peaks[proc.pid]["peak_mb"] >= 48
+    assert peaks[proc.pid]["role"] == "python"
+
+
+def test_learning_figures_come_from_the_journal():
+    figures = learning(ROOT / "tests" / "compare" / "recorded" / "default-1")
+    assert figures["eval_key"] == "eval/arithmetic-pass_at_1"
+    assert figures["pass_at_1_before"] < figures["pass_at_1_after"] and figures["after_rollout"] == 7
+    assert [r for r, _ in figures["evals"]] == [3, 7] and figures["rollouts"] == 8
+    assert 0 <= figures["logprob_diff_rollout0"] < 1e-3
