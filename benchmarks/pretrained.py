@@ -48,10 +48,14 @@ def role(cmdline: list[str]) -> str:
     module = re.search(r"-m\s+([\w.]+)", text)
     if module:
         return module.group(1) if module.group(1) != "miles.train" else "driver (python -m miles.train)"
-    for name in ("gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env", "default_worker"):
+    # a worker's command line names the raylet too: default_worker is looked for first
+    for name in ("default_worker", "gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env"):
         if name in text:
             return f"ray {name.removesuffix('.py')}"
     return Path(cmdline[0]).name if cmdline else "?"
+
+
+GENERIC = ("ray default_worker", "ray actor IDLE", "python")
 
 
 def watch(proc: subprocess.Popen, poll: float) -> dict[int, dict]:
@@ -67,12 +71,14 @@ def watch(proc: subprocess.Popen, poll: float) -> dict[int, dict]:
             mark = peak_rss_mb(p.pid)
             if mark is None:
                 continue
-            if p.pid not in seen:
-                try:
-                    seen[p.pid] = {"role": role(p.cmdline()), "peak_mb": 0.0}
-                except psutil.Error:
-                    continue
-            seen[p.pid]["peak_mb"] = max(seen[p.pid]["peak_mb"], mark)
+            try:  # read each time: a Ray worker's title names its actor only once the actor is made
+                name = role(p.cmdline())
+            except psutil.Error:
+                continue
+            entry = seen.setdefault(p.pid, {"role": name, "peak_mb": 0.0})
+            if name.startswith("ray actor") and name != "ray actor IDLE" or entry["role"] in GENERIC:
+                entry["role"] = name
+            entry["peak_mb"] = max(entry["peak_mb"], mark)
         time.sleep(poll)
     return seen
 

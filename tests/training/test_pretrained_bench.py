@@ -31,6 +31,7 @@ def test_peak_rss_is_the_high_water_mark():
     (["/v/bin/python", "-m", "miles.engines.cli", "--port", "1"], "miles.engines.cli"),
     (["/v/bin/python", "-m", "miles.train", "--config", "c.yaml"], "driver (python -m miles.train)"),
     (["/v/lib/ray/core/src/ray/gcs/gcs_server", "--x"], "ray gcs_server"),
+    (["/v/bin/python", "/v/ray/_private/workers/default_worker.py", "--raylet-name=/tmp/raylet"], "ray default_worker"),
 ])
 def test_role_names_the_process(cmdline, expected):
     assert role(cmdline) == expected
