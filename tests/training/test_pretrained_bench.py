@@ -16,14 +16,28 @@ from benchmarks.pretrained import learning, peak_rss_mb, role, watch  # noqa: E4
 
 
 def test_peak_rss_is_the_high_water_mark():
-    before = peak_rss_mb(os.getpid())
-    block = bytearray(64 * 1024 * 1024)  # touched: 64 MB resident at once
-    block[::4096] = b"x" * len(block[::4096])
-    after = peak_rss_mb(os.getpid())
-    del block
-    assert before is not None and after >= before + 60
-    assert peak_rss_mb(os.getpid()) >= before + 60  # a mark, not the current size: freeing keeps it
-    assert peak_rss_mb(2**22 + 12345) is None  # no such process
+    """A fresh child (this process's mark may already be far above its current size) allocates 64 MB and
+    frees it: its mark rises by that much and stays up after the free."""
+    code = ("import sys\nsys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.readline()\n"
+            "b = bytearray(64 * 2**20); b[::4096] = b'x' * len(b[::4096]); del b\n"
+            "sys.stdout.write('freed\\n'); sys.stdout.flush(); sys.stdin.readline()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        before = peak_rss_mb(child.pid)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "freed\n"
+        after = peak_rss_mb(child.pid)
+        assert before is not None and after >= before + 60  # freed already: a mark, not the current size
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert peak_rss_mb(child.pid) is None  # gone
 
 
 @pytest.mark.parametrize("cmdline,expected", [
