@@ -50,8 +50,10 @@ def assert_healed(summary, run_dir, engine: int, engines: int) -> None:
     lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
     assert [ln.rollout_id for ln in lines] == list(range(NUM_ROLLOUT))
     assert summary.last_rollout_id == NUM_ROLLOUT - 1 and summary.first_rollout_id == 0
-    # the engine was relaunched once, and every engine serves the final weights (one version per rollout)
-    assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) == 1
+    # the engine was relaunched once, and every engine serves the final weights (one version per rollout).
+    # A rollout's line counts the restarts that finished during it; with another engine serving, the short
+    # run may end first, and the relaunch then finishes as the run stops (in no line, but in the timeline)
+    assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) <= 1
     assert summary.engine_versions == [str(NUM_ROLLOUT)] * engines
     spans = [s for s in read_spans(run_dir / "timeline.jsonl") if s.lane == "engines"]
     restarts = [s for s in spans if s.name == "engine_restart"]
