@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from miles.record.journal import read_journal  # noqa: E402
+from miles.record.layout import RunLayout  # noqa: E402
+from miles.run.scorecard import scorecard  # noqa: E402
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -84,30 +87,29 @@ def watch(proc: subprocess.Popen, poll: float) -> dict[int, dict]:
 
 
 def learning(run_dir: Path) -> dict:
-    lines = [{"rollout_id": line.rollout_id, **line.metrics} for line in read_journal(run_dir / "metrics.jsonl")]
-    base = next((v for v in lines if v.get("rollout_id") == -1), {})
-    pass_keys = sorted(k for k in base if k.endswith("-pass_at_1"))
-    key = pass_keys[0] if pass_keys else None
-    evals = [v for v in lines if key and v.get(key) is not None and v.get("rollout_id", -1) >= 0]
-    first = next((v for v in lines if v.get("rollout_id") == 0), {})
+    """The run's scorecard figures (held-out eval base -> final, reward first -> last, rollouts trained),
+    plus what only this benchmark reports: every eval point, rollout 0's log-prob diff, median phase times."""
+    card = scorecard(run_dir)
+    trained = [ln for ln in read_journal(RunLayout(run_dir).journal) if ln.rollout_id >= 0]
+    first = next((ln.metrics for ln in trained if ln.rollout_id == 0), {})
+
+    def median_of(key: str) -> float | None:
+        values = [ln.metrics[key] for ln in trained if key in ln.metrics]
+        return statistics.median(values) if values else None
+
     return {
-        "eval_key": key,
-        "pass_at_1_before": base.get(key) if key else None,
-        "pass_at_1_after": evals[-1][key] if evals else None,
-        "after_rollout": evals[-1]["rollout_id"] if evals else None,
-        "evals": [(v["rollout_id"], round(v[key], 4)) for v in evals],
-        "rollouts": sum(1 for v in lines if v.get("rollout_id", -1) >= 0 and "rollout/raw_reward" in v),
-        "reward_first": first.get("rollout/raw_reward"),
-        "reward_last": next((v["rollout/raw_reward"] for v in reversed(lines) if "rollout/raw_reward" in v), None),
+        "eval_key": card.eval_key,
+        "pass_at_1_before": card.base_eval,
+        "pass_at_1_after": card.final_eval,
+        "after_rollout": card.final_eval_rollout,
+        "evals": [(ln.rollout_id, round(ln.metrics[card.eval_key], 4)) for ln in trained if card.eval_key in ln.metrics],
+        "rollouts": len(card.rollouts),
+        "reward_first": card.reward_first[1] if card.reward_first else None,
+        "reward_last": card.reward_last[1] if card.reward_last else None,
         "logprob_diff_rollout0": first.get("train/train_rollout_logprob_abs_diff"),
-        "median_rollout_s": _median([v["perf/rollout_time"] for v in lines if "perf/rollout_time" in v]),
-        "median_train_s": _median([v["perf/train_time"] for v in lines if "perf/train_time" in v]),
+        "median_rollout_s": median_of("perf/rollout_time"),
+        "median_train_s": median_of("perf/train_time"),
     }
-
-
-def _median(values: list[float]) -> float | None:
-    values = sorted(values)
-    return values[len(values) // 2] if values else None
 
 
 def main() -> int:
