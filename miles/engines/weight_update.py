@@ -68,8 +68,10 @@ def read_safetensors_bytes(data: bytes) -> dict[str, torch.Tensor]:
 
 def check_tensors(named: dict[str, torch.Tensor], model: torch.nn.Module, require_all: bool) -> None:
     """Every name must be a parameter of `model` with the same shape; with `require_all`, every
-    parameter must be given (under any of its tied names). No tensor at all, or one holding a NaN or an
-    infinity, is refused too: swapping either in would change the weight version and serve garbage."""
+    parameter must be given (under any of its tied names). No tensor at all, one holding a NaN or an
+    infinity, or one with a value the served dtype cannot hold (1e300 in float64 for a float32 model: the
+    swap's cast would make it inf) is refused too: swapping either in would change the weight version and
+    serve garbage."""
     if not named:
         raise WeightUpdateError("the update holds no tensors; send at least one parameter of the served model")
     live = model.state_dict()
@@ -83,11 +85,26 @@ def check_tensors(named: dict[str, torch.Tensor], model: torch.nn.Module, requir
             raise WeightUpdateError(f"tensor {name!r} has dtype {tensor.dtype}; expected floating point")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise WeightUpdateError(f"tensor {name!r} holds NaN or infinite values; the served weights are kept")
+        _check_fits(name, tensor, live[name].dtype)
     if require_all:
         missing = [names[0] for names in _tied_groups(model) if not any(n in named for n in names)]
         if missing:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise WeightUpdateError(f"the checkpoint lacks {len(missing)} parameter(s) of the served model: {shown}")
+
+
+def _check_fits(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    """Refuse a finite tensor whose values overflow `dtype` when the swap casts them. The cast is monotonic,
+    so the largest magnitude decides: it is cast alone (rounding as the swap's cast rounds), no copy made."""
+    if not tensor.is_floating_point() or not dtype.is_floating_point or tensor.numel() == 0:
+        return
+    if torch.finfo(tensor.dtype).max <= torch.finfo(dtype).max:
+        return  # every finite value of a narrower (or the same) dtype fits
+    largest = tensor.detach().abs().amax()
+    if not bool(torch.isfinite(largest.to(dtype))):
+        raise WeightUpdateError(f"tensor {name!r} holds a value of magnitude {float(largest):.4g}, beyond the "
+                                f"served dtype {str(dtype).removeprefix('torch.')} (largest "
+                                f"{torch.finfo(dtype).max:.4g}); the served weights are kept")
 
 
 def max_tensor_body(model: torch.nn.Module) -> int:
