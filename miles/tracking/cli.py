@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="without --follow: let a tracker write under DIR too (a run started with "
                              "--tensorboard-dir, --wandb-dir or a local MLflow store outside its run dir); "
                              "otherwise replay-spool writes only inside RUN_DIR")
+    parser.add_argument("--mlflow-tracking-uri", metavar="URI", default=None,
+                        help="without --follow: the remote MLflow server to deliver to (default: "
+                             "MLFLOW_TRACKING_URI); a server the run's state files name is used only when it is "
+                             "this one, so MLflow credentials go to no other")
     args = parser.parse_args(argv)
     for flag, value in (("--timeout", args.timeout), ("--retry-interval", args.retry_interval)):
         if value < 0:
@@ -58,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.follow:
             status, undelivered = follow(run_dir, args.session, scrubber, args.retry_interval)
         else:
+            trusted = args.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
             status, undelivered = "replayed", replay(run_dir, args.timeout, args.retry_interval, scrubber,
-                                                  args.allow_dir)
+                                                  args.allow_dir, trusted)
     except (DeliveryBusy, StateError) as exc:
         print(f"miles replay-spool: error: {exc}", file=sys.stderr)
         return 2

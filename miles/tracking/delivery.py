@@ -59,13 +59,16 @@ class DeliveryLoop:
     """Delivers one run directory's journal to its trackers; the caller holds the delivery lock."""
 
     def __init__(self, run_dir: Path, specs: dict[str, SinkSpec], scrubber: Scrubber, retry_interval: float,
-                 session: str | None = None):
+                 session: str | None = None, write_roots: list[Path] | None = None):
         self.run_dir, self.scrubber, self.retry_interval, self.session = run_dir, scrubber, retry_interval, session
         self.trainer, self.state = TrainerFile.load(run_dir), DeliveryState.load(run_dir)
         self.journal = JournalFollower(run_dir / JOURNAL_NAME)
         params = read_params(run_dir / CONFIG_ARTIFACT)
         self.slots = [Slot(name, build_sink(spec, params), self.state.sinks.setdefault(name, SinkState(spec)))
                       for name, spec in specs.items()]
+        for slot in self.slots:  # where a tracker's server may have it write files on this machine
+            if write_roots is not None and hasattr(slot.sink, "write_roots"):
+                slot.sink.write_roots = list(write_roots)
         self.live = LiveFlags(run_dir / HEALTH_PATH)  # flags of a hung rollout, alerted as they come
 
     def alert_live(self) -> None:
@@ -131,6 +134,8 @@ class DeliveryLoop:
                 slot.sink.deliver(self._delivery(lines, start, end))
                 slot.state.cursor = end
                 self.state.save()
+        except StateError:
+            raise  # a refusal (a server's artifact location outside the run dir), not an outage to retry
         except Exception as exc:
             if slot.down_since is None:  # once per outage
                 slot.down_since = time.monotonic()
@@ -261,17 +266,44 @@ def local_store(uri: str) -> str | None:
     return None if "://" in uri or uri.startswith("sqlite:") else uri
 
 
+def same_server(a: str, b: str) -> bool:
+    """Two MLflow tracking URIs name the same server (a trailing slash and the scheme's and host's case
+    aside)."""
+    x, y = urllib.parse.urlsplit(a.strip()), urllib.parse.urlsplit(b.strip())
+    return (x.scheme.lower(), x.netloc.lower(), x.path.rstrip("/"), x.query) == \
+        (y.scheme.lower(), y.netloc.lower(), y.path.rstrip("/"), y.query)
+
+
+def check_server(name: str, spec: SinkSpec, trusted: str | None, source: Path) -> None:
+    """StateError unless a remote MLflow server a state file names is the one the user configured (the
+    replay's --mlflow-tracking-uri, else MLFLOW_TRACKING_URI): MLflow sends the environment's credentials
+    (MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN) to whatever server it talks to, and a state file is a file
+    in the run dir that anyone who could write there may have edited."""
+    uri = spec.options.get("tracking_uri") if spec.kind == "mlflow" else None
+    if not isinstance(uri, str) or local_store(uri) is not None:
+        return  # a local store: confined to the run dir by check_specs
+    if trusted and same_server(uri, trusted):
+        return
+    shown = f"the one you configured ({trusted})" if trusted else "no server you configured"
+    raise StateError(f"{source}: tracker {name!r}: names the MLflow server {uri!r:.200}, not {shown}; "
+                     f"replay-spool talks (and sends MLflow credentials) only to the server you name: pass "
+                     f"--mlflow-tracking-uri {uri:.200} (or set MLFLOW_TRACKING_URI) if it is the run's own")
+
+
 def check_specs(run_dir: Path, specs: dict[str, SinkSpec], todo: set[str], allowed: list[Path],
-                source: dict[str, Path]) -> None:
-    """StateError in one line for a spec its sink cannot be built from, or one of `todo` (the trackers
-    about to be written) that would write outside the run dir and the `allowed` directories: the state
-    files are files in the run dir, and whoever can edit them must not get files written elsewhere by
-    the user who replays them. `source`: the state file each spec was read from."""
+                source: dict[str, Path], trusted_server: str | None = None) -> None:
+    """StateError in one line for a spec its sink cannot be built from, one of `todo` (the trackers
+    about to be written) that would write outside the run dir and the `allowed` directories, or one
+    that names a remote MLflow server other than `trusted_server`: the state files are files in the run
+    dir, and whoever can edit them must not get files written elsewhere, or the user's credentials sent
+    elsewhere, by the user who replays them. `source`: the state file each spec was read from."""
     roots = [Path(run_dir).resolve()] + [Path(a).resolve() for a in allowed]
     for name, spec in specs.items():
         problem = spec_problem(spec)
         if problem is not None:
             raise StateError(f"{source[name]}: tracker {name!r}: {problem}")
+        if name in todo:
+            check_server(name, spec, trusted_server, source[name])
         for option in WRITE_OPTIONS[spec.kind] if name in todo else ():
             value = spec.options.get(option)
             where = local_store(value) if option == "tracking_uri" and value is not None else value
@@ -285,10 +317,12 @@ def check_specs(run_dir: Path, specs: dict[str, SinkSpec], todo: set[str], allow
 
 
 def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber: Scrubber | None = None,
-           allowed: list[Path] | None = None) -> dict[str, int]:
+           allowed: list[Path] | None = None, trusted_server: str | None = None) -> dict[str, int]:
     """Deliver every spooled line, upload the artifacts, finish the tracker runs; returns what is
     still undelivered per tracker (empty: all done). Trackers write only inside the run dir and the
-    `allowed` directories (StateError before anything is written otherwise)."""
+    `allowed` directories, and talk only to the remote MLflow server `trusted_server` (StateError
+    before anything is written or sent otherwise); an MLflow server's artifact location on this
+    machine is held to the same directories when the run is opened."""
     with acquire_lock(run_dir, 0.0):
         sinks, lines = DeliveryState.load(run_dir).sinks, recorded_lines(run_dir)
         for name, sink in sinks.items():
@@ -302,8 +336,11 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber:
         todo = {name: spec for name, spec in specs.items()
                 if name not in sinks or sinks[name].cursor < lines or not sinks[name].uploaded}
         check_specs(run_dir, specs, set(todo), allowed or [],
-                    {name: run_dir / (DELIVERY_PATH if name in sinks else TRAINER_PATH) for name in specs})
-        return DeliveryLoop(run_dir, todo, scrubber or env_scrubber(), retry_interval).finish(True, timeout)
+                    {name: run_dir / (DELIVERY_PATH if name in sinks else TRAINER_PATH) for name in specs},
+                    trusted_server)
+        roots = [Path(run_dir).resolve()] + [Path(a).resolve() for a in allowed or []]
+        return DeliveryLoop(run_dir, todo, scrubber or env_scrubber(), retry_interval,
+                            write_roots=roots).finish(True, timeout)
 
 
 def follow(run_dir: Path, session: str | None, scrubber: Scrubber, retry_interval: float) -> tuple[str, dict[str, int]]:

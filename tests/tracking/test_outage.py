@@ -119,7 +119,8 @@ def test_spool_outliving_the_run_is_replayed_by_command(run_dir, mlflow_server):
     assert tracker.close() == {"mlflow": 3}  # the run ends first; nothing is lost
 
     mlflow_server.start()
-    replay = subprocess.run([sys.executable, "-m", "flows.cli", "replay-spool", str(run_dir)], cwd=REPO,
+    replay = subprocess.run([sys.executable, "-m", "flows.cli", "replay-spool", str(run_dir),  # the server trusted
+                             "--mlflow-tracking-uri", mlflow_server.uri], cwd=REPO,
                             env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     state = DeliveryState.load(run_dir)

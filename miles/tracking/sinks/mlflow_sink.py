@@ -12,6 +12,7 @@ MLflow's SQL store drops the duplicate instead of doubling the point.
 from __future__ import annotations
 
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,23 @@ MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LEN = 6000
 
 
+def local_artifact_path(artifact_uri: str | None) -> Path | None:
+    """Where an MLflow artifact URI writes on this machine (a `file:` URI or a bare path; none at all is
+    the current directory, as MLflow takes it); None for a remote store (s3:, mlflow-artifacts:, ...)."""
+    uri = artifact_uri or ""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme == "file":
+        return Path(urllib.parse.unquote(parts.path) or ".").resolve()
+    if parts.scheme:
+        return None
+    return Path(uri or ".").resolve()
+
+
 class MlflowSink:
     name = "mlflow"
+    # set by `miles replay-spool`: the directories the server's artifact location may be in when it is on
+    # this machine (the run dir, --allow-dir); None: not checked (the run's own delivery process)
+    write_roots: list[Path] | None = None
 
     def __init__(self, params: dict[str, Any], tracking_uri: str, experiment: str, run_id: str | None = None,
                  run_name: str | None = None, artifact_dir: str | None = None, tags: dict[str, str] | None = None,
@@ -65,6 +81,7 @@ class MlflowSink:
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         if self.run_id is not None:
             run = self.client.get_run(self.run_id)  # raises if the id is unknown to this server
+            self._check_artifact_location(run.info.artifact_uri)
             self.tagged = {k for k in run.data.tags if k.startswith(HEALTH_TAG)}
             if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
                 self.client.update_run(self.run_id, status="RUNNING")
@@ -83,11 +100,27 @@ class MlflowSink:
                     self.client.set_experiment_tag(experiment_id, key, value)
         tags = {**self.tags, **({DESCRIPTION_TAG: self.description} if self.description else {})}
         run = self.client.create_run(experiment_id, run_name=self.run_name, tags=tags)
+        self._check_artifact_location(run.info.artifact_uri)
         params = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in sorted(self.params.items())]
         for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(run.info.run_id, params=params[i:i + MAX_PARAMS_PER_BATCH])
         self.run_id = run.info.run_id
         self._start_system_metrics(resume=False)
+
+    def _check_artifact_location(self, artifact_uri: str | None) -> None:
+        """The server decides where a run's artifacts go; a location on this machine outside `write_roots`
+        is refused (StateError) before any file is written there."""
+        if self.write_roots is None:
+            return
+        target = local_artifact_path(artifact_uri)
+        if target is None or any(target.is_relative_to(root) for root in self.write_roots):
+            return
+        from miles.tracking.state import StateError
+
+        where = f"{artifact_uri!r:.200}" if artifact_uri else "none (MLflow would write into the current directory)"
+        raise StateError(f"tracker 'mlflow': the server {self.tracking_uri!r:.200} gives the run the artifact "
+                         f"location {where}: {target} is on this machine, outside the run dir; "
+                         f"replay-spool writes only inside it (pass --allow-dir DIR to allow DIR)")
 
     def _start_system_metrics(self, resume: bool) -> None:
         """MLflow's own sampler (CPU, memory, disk, network; GPU with nvidia-ml-py) as `system/*` metrics,
