@@ -19,10 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from miles.config import ConfigError
 from miles.config.fields import is_secret_name
 from miles.config.health import HealthConfig
 from miles.config.secrets import Scrubber, env_scrubber
 from miles.diagnose import probes
+from miles.diagnose.confine import MARKERS, confined_view, escaping, inside, is_run
+from miles.diagnose.local_services import gcs_problem, local_url_problem
+from miles.diagnose.ray_view import RayView, ray_auth_env
 from miles.diagnose.run_state import read_run_state, tail
 from miles.diagnose.stacks import dump_stacks, process_state, run_processes
 from miles.diagnose.verdict import Findings, compose, verdict_text
@@ -85,19 +89,47 @@ def _reachable(address: str | None) -> bool:
         return False
 
 
+def check_run_dir(run_dir: Path) -> None:
+    """ConfigError unless `run_dir` is a run's folder: diagnose writes its bundle there."""
+    if not is_run(run_dir):
+        names = ", ".join(layout.ENTRIES[k].path for k in MARKERS)
+        raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (it holds none of {names}); "
+                                     f"nothing written there")
+
+
+def bundle_path(run_dir: Path, name: str, out: Path | None) -> Path:
+    """Where the bundle goes: `out` (a file path in an existing folder), else RUN_DIR/diagnose/NAME.tar.gz,
+    that folder the run's own (not a link elsewhere)."""
+    if out is not None:
+        out = Path(out)
+        if out.is_dir():
+            raise ConfigError("--out", f"{out} is a directory; give the bundle's file path (e.g. {out / name}.tar.gz)")
+        if not out.parent.is_dir():
+            raise ConfigError("--out", f"the folder {out.parent} does not exist; create it or choose another path")
+        return out
+    folder = Path(run_dir) / layout.DIAGNOSE
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise ConfigError("RUN_DIR", f"{folder} is a link or not a folder: diagnose writes only into the run's own "
+                                     f"{layout.DIAGNOSE}/ folder; remove it or pass --out PATH")
+    folder.mkdir(exist_ok=True)
+    return folder / f"{name}.tar.gz"
+
+
 def collect(run_dir: Path, cfg: HealthConfig | None = None, scrubber: Scrubber | None = None,
             out: Path | None = None, now: float | None = None) -> Diagnosis:
-    """Diagnose `run_dir` now and write the bundle (default RUN_DIR/diagnose/diagnose-<time>.tar.gz)."""
+    """Diagnose `run_dir` now and write the bundle (default RUN_DIR/diagnose/diagnose-<time>.tar.gz).
+    ConfigError for a folder that is not a run, or a bundle path that cannot be one (nothing written)."""
     run_dir = Path(run_dir)
+    check_run_dir(run_dir)
     cfg = cfg or HealthConfig()
     now = time.time() if now is None else now
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
     name = f"diagnose-{stamp}"
-    out = Path(out) if out is not None else run_dir / layout.DIAGNOSE / f"{name}.tar.gz"
+    out = bundle_path(run_dir, name, out)
     staging = Path(tempfile.mkdtemp(prefix="miles-diagnose-"))
     root = staging / name
     try:
-        verdict, pids = _gather(run_dir, root, cfg, now)
+        verdict, pids = _gather(run_dir, root, cfg, now, staging)
         secrets = set(env_scrubber().secrets) | set(scrubber.secrets if scrubber else ()) | process_secrets(pids)
         scrub = Scrubber(tuple(sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True)))
         verdict = scrub.scrub_value(verdict)
@@ -110,51 +142,79 @@ def collect(run_dir: Path, cfg: HealthConfig | None = None, scrubber: Scrubber |
     return Diagnosis(out, verdict)
 
 
-def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float) -> tuple[dict[str, Any], list[int]]:
+def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
+            staging: Path) -> tuple[dict[str, Any], list[int]]:
     notes: list[str] = []
     root.mkdir(parents=True)
+    # files that resolve outside the run dir are neither read nor packed: the readers get a copy of the rest
+    escaped = escaping(run_dir)
+    notes += [f"left out RUN_DIR/{rel}: it resolves outside the run dir (a link out of it); diagnose reads and "
+              f"packs only the run's own files" for rel in escaped]
+    view = confined_view(run_dir, staging / "view", escaped) if escaped else run_dir
     try:
-        listed = read_processes(run_dir)
+        listed = read_processes(view)
     except FileNotFoundError:
         listed = {}
         notes.append(f"no process list ({layout.PROFILER_PROCESSES}): no pids of the run to dump")
     except (ValueError, TypeError, AttributeError, OSError) as exc:
         listed = {}
         notes.append(f"no process list: {layout.PROFILER_PROCESSES} is not a name -> pid object ({str(exc)[:100]})")
-    services = read_services(run_dir)
+    services = read_services(view)
     ray = services.get("ray", {})
     trainer = listed.get("trainer")  # the run lives as long as its trainer (without one listed: any process)
     alive = _running(trainer) if trainer else any(_running(pid) for pid in listed.values())
+    run_pids = [pid for pid in listed.values() if _running(pid)]
 
-    workers: dict[str, int] = {}
-    if alive and _reachable(ray.get("gcs_address")):
-        ray_dir = root / "ray"
-        ray_dir.mkdir()
-        (ray_dir / "status.txt").write_text(probes.ray_status(ray["gcs_address"]))
-        state, ray_notes = probes.ray_facts(run_dir, ray["gcs_address"], ray.get("dashboard_url"), ray_dir)
-        notes += ray_notes
-        workers = probes.ray_worker_pids(state)
-    elif alive:
-        notes.append("the run's Ray cluster is not reachable (or not recorded): no ray status, actors, tasks, timeline")
-    else:
+    # Ray first, in children bounded by one deadline, while the stacks and probes (which need no Ray) run
+    ray_view = _start_ray_view(ray, run_dir, root / "ray", run_pids, notes) if alive else None
+    if not alive:
         notes.append("no live process: Ray's state is gone with the run")
 
-    processes = run_processes(run_dir, listed, workers)
+    processes = run_processes(run_dir, listed, {})
     stacks = dump_stacks(processes, root / "stacks")
+    engines = [probes.probe_engine(i, url) for i, url in enumerate(services.get("engine_urls", []))] if alive else []
+    router = probes.probe_router(services.get("router_url"), run_pids) if alive else {"error": "not probed (run dead)"}
+    if ray_view is not None:
+        state, ray_notes = ray_view.finish()
+        notes += ray_notes
+        known = set(processes.values())
+        workers = {name: pid for name, pid in probes.ray_worker_pids(state).items() if pid not in known}
+        stacks += dump_stacks(workers, root / "stacks")
+        processes.update(workers)
     if any("ptrace" in s.error or "not installed" in s.error for s in stacks):
         notes.append("py-spy could not attach to some processes (see stacks/*.txt): their stacks are missing, "
                      "everything else is here")
 
-    engines = [probes.probe_engine(i, url) for i, url in enumerate(services.get("engine_urls", []))] if alive else []
-    router = probes.probe_router(services.get("router_url")) if alive else {"error": "not probed (run dead)"}
     (root / "probes.json").write_text(json.dumps({"engines": [e.__dict__ for e in engines], "router": router},
                                                    indent=1, default=str))
-    run = read_run_state(run_dir, alive)
-    red = [v for v in read_health_log(run_dir) if v.severity == RED]
-    phases = open_phases(run_dir, now)
-    _copy_run_files(run_dir, root, run.logs, notes)
+    run = read_run_state(view, alive, logs_from=run_dir)
+    red = [v for v in read_health_log(view) if v.severity == RED]
+    phases = open_phases(view, now)
+    _copy_run_files(view, root, run.logs, notes)
     findings = Findings(alive, phases, stacks, engines, router, run, red, notes)
     return compose(findings, cfg), list(processes.values())
+
+
+def _start_ray_view(ray: dict[str, str], run_dir: Path, out: Path, run_pids: list[int],
+                    notes: list[str]) -> RayView | None:
+    """The Ray part of a live run, started (None, with a note, when the cluster is not to be asked)."""
+    gcs = ray.get("gcs_address")
+    if not gcs:
+        notes.append("the run's Ray cluster is not recorded (profiler/services.json): no ray status, actors, tasks, "
+                     "timeline")
+        return None
+    problem = gcs_problem(gcs)
+    if problem is not None:
+        notes.append(f"Ray state skipped: {problem}")
+        return None
+    if not _reachable(gcs):
+        notes.append(f"the run's Ray cluster at {gcs} is not reachable: no ray status, actors, tasks, timeline")
+        return None
+    dashboard = ray.get("dashboard_url")
+    if dashboard and local_url_problem(dashboard) is not None:
+        dashboard = None  # the GCS gives the same state; Ray's token goes to no other machine
+    env, token_words = ray_auth_env(run_pids)
+    return RayView(gcs, dashboard, out, run_dir, env, token_words)
 
 
 def _copy_run_files(run_dir: Path, root: Path, logs: dict[str, list[str]], notes: list[str]) -> None:
@@ -162,11 +222,12 @@ def _copy_run_files(run_dir: Path, root: Path, logs: dict[str, list[str]], notes
     files = root / "run"
     for key in COPIED:
         path = getattr(run, key)
-        if path.is_file() and not path.is_symlink() and path.stat().st_size < 64 * 1024 * 1024:
+        if path.is_file() and not path.is_symlink() and inside(run_dir, path) and \
+                path.stat().st_size < 64 * 1024 * 1024:
             target = files / layout.ENTRIES[key].path
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
-    journal = tail(run.journal, JOURNAL_TAIL)
+    journal = tail(run.journal, JOURNAL_TAIL) if inside(run_dir, run.journal) else []
     if journal:
         (files / layout.JOURNAL).parent.mkdir(parents=True, exist_ok=True)
         (files / layout.JOURNAL).write_text("\n".join(journal) + "\n")
@@ -195,8 +256,13 @@ def _scrub_tree(root: Path, scrub: Scrubber) -> None:
 
 
 def _pack(root: Path, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(root, arcname=root.name)
-    os.replace(tmp, out)
+    """The bundle through a temporary file of its own in the target folder (created exclusively, removed on
+    failure), then renamed into place."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+            tar.add(root, arcname=root.name)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,5 +1,5 @@
 """What a run's services say now: each engine's /health and queue depths (/metrics), the router's
-/list_workers, and Ray's view (`ray status`, the run's actors and tasks, the Ray timeline).
+/list_workers, and Ray's state (the run's actors, tasks and workers; `ray_view` runs it bounded).
 
 Every probe has a short timeout and answers in words when it gets none: a hung engine is the
 finding, not a reason for diagnose to hang too.
@@ -8,23 +8,29 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from miles.config.secrets import SECRET_ENV
+from miles.diagnose.local_services import held_by, http_host_port, local_url_problem, process_environ
 
 PROBE_TIMEOUT_S = 3.0
 QUEUE_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 RAY_TIMEOUT_S = 20
 
 
-def _headers() -> dict[str, str]:
+def admin_headers() -> dict[str, str]:
+    """This shell's router admin token, for the router's admin /list_workers only: a caller checks first
+    that the router is the run's own (`local_services`)."""
     token = os.environ.get(SECRET_ENV["router_admin_token"])
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _own_token(pid: int) -> dict[str, str]:
+    """The admin token in a process's own environment (the run's router, checked to hold the port)."""
+    token = process_environ(pid).get(SECRET_ENV["router_admin_token"])
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
@@ -58,11 +64,16 @@ def gauges_of(text: str) -> dict[str, float]:
 
 
 def probe_engine(index: int, url: str) -> EngineProbe:
+    """/health and /metrics: open endpoints, asked without any token. Only a URL on this machine is asked."""
     probe = EngineProbe(index, url)
+    problem = local_url_problem(url)
+    if problem is not None:
+        probe.error = problem
+        return probe
     try:
-        httpx.get(f"{url}/health", headers=_headers(), timeout=PROBE_TIMEOUT_S).raise_for_status()
+        httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT_S).raise_for_status()
         probe.healthy = True
-        probe.gauges = gauges_of(httpx.get(f"{url}/metrics", headers=_headers(), timeout=PROBE_TIMEOUT_S).text)
+        probe.gauges = gauges_of(httpx.get(f"{url}/metrics", timeout=PROBE_TIMEOUT_S).text)
     except httpx.TimeoutException:
         probe.error = f"no answer in {PROBE_TIMEOUT_S:g} s"
     except httpx.HTTPError as exc:
@@ -70,25 +81,27 @@ def probe_engine(index: int, url: str) -> EngineProbe:
     return probe
 
 
-def probe_router(url: str | None) -> dict[str, Any]:
+def probe_router(url: str | None, run_pids: list[int] | None = None) -> dict[str, Any]:
+    """The router's /list_workers (an admin endpoint): asked only on this machine, and with this shell's
+    admin token only when a live process of the run's own list (`run_pids`) listens on the router's port
+    (a URL a run dir names is not proof that the run's router is there)."""
     if not url:
         return {"url": None, "error": "the run has no router"}
+    problem = local_url_problem(url)
+    if problem is not None:
+        return {"url": url, "error": problem}
+    holder = held_by(list(run_pids or []), http_host_port(url)[1])
+    # the run's router: this shell's token, else the one the router itself was given (its own environment)
+    headers = (admin_headers() or _own_token(holder)) if holder is not None else {}
     try:
-        answer = httpx.get(f"{url}/list_workers", headers=_headers(), timeout=PROBE_TIMEOUT_S)
+        answer = httpx.get(f"{url}/list_workers", headers=headers, timeout=PROBE_TIMEOUT_S)
+        if answer.status_code == 401 and holder is None:
+            return {"url": url, "error": "/list_workers: 401; no admin token sent: no process of the run's "
+                                         "process list listens on this port"}
         answer.raise_for_status()
         return {"url": url, "list_workers": answer.json()}
     except (httpx.HTTPError, ValueError) as exc:
         return {"url": url, "error": f"/list_workers: {type(exc).__name__}: {exc}"[:300]}
-
-
-def ray_status(gcs_address: str) -> str:
-    """`ray status` of the run's cluster, or why there is none."""
-    command = [sys.executable, "-m", "ray.scripts.scripts", "status", "--address", gcs_address]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=RAY_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"ray status --address {gcs_address}: no answer in {RAY_TIMEOUT_S} s\n"
-    return done.stdout + (f"\n(exit {done.returncode}) {done.stderr[-2000:]}" if done.returncode else "")
 
 
 def ray_state(dashboard_url: str | None) -> dict[str, Any]:
@@ -145,31 +158,3 @@ def ray_worker_pids(state: dict[str, Any]) -> dict[str, int]:
                 actor.get("ActorClassName") or "actor"
             found[f"ray-{label}".replace("/", "_").replace(" ", "_")[:60]] = pid
     return found
-
-
-def ray_facts(run_dir: Path, gcs_address: str, dashboard_url: str | None, out: Path) -> tuple[dict, list[str]]:
-    """Ray's view of the run into `out` (timeline.json, actors/tasks/workers.json), with this process's
-    Ray connection, else as a short-lived driver of the run's cluster. Returns the state and notes."""
-    import ray
-
-    from miles.profiling.ray_timeline import save_ray_timeline
-
-    notes, state = [], {}
-    connected_here = False
-    try:
-        if not ray.is_initialized():
-            ray.init(address=gcs_address, logging_level="ERROR", log_to_driver=False, namespace="miles-diagnose")
-            connected_here = True
-        try:
-            save_ray_timeline(run_dir, out / "timeline.json")
-        except Exception as exc:
-            notes.append(f"no Ray timeline: {type(exc).__name__}: {exc}"[:500])
-        state = ray_state(dashboard_url)
-    except Exception as exc:
-        notes.append(f"cannot connect to the run's Ray cluster at {gcs_address}: {type(exc).__name__}: {exc}"[:500])
-    finally:
-        if connected_here:
-            ray.shutdown()
-    for key, rows in state.items():
-        (out / f"{key}.json").write_text(json.dumps(rows, indent=1, default=str))
-    return state, notes

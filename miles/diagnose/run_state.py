@@ -27,15 +27,27 @@ class RunState:
     delivery_error: str = ""
     logs: dict[str, list[str]] = field(default_factory=dict)  # RUN_DIR-relative path -> last lines
 
+    @property
+    def finished(self) -> bool:
+        """Closed cleanly after its last configured rollout."""
+        return self.closed is not None and bool(self.num_rollout) and self.last_rollout == self.num_rollout - 1
+
     def ending(self) -> str:
-        """How a run with no live trainer ended, in words."""
-        progress = (f"after rollout {self.last_rollout}" if self.last_rollout is not None else "before any rollout") + \
-                   (f" of {self.num_rollout}" if self.num_rollout else "")
+        """How a run with no live trainer ended, in words. Rollout ids count from 0, so the count of
+        rollouts done is the last id + 1 ("after rollout 5 of 6" read as one short of the end)."""
+        if self.finished:
+            return f"finished: all {self.num_rollout} rollouts (0..{self.last_rollout}), closed cleanly"
+        done = "before any rollout" if self.last_rollout is None else \
+            f"after rollout {self.last_rollout} ({self.last_rollout + 1} rollouts done" + \
+            (f" of {self.num_rollout})" if self.num_rollout else ")")
         if self.closed is None:
-            return f"the trainer died {progress} without closing (killed or crashed)"
-        if self.num_rollout and self.last_rollout == self.num_rollout - 1:
-            return f"finished: closed {progress}"
-        return f"stopped: closed {progress} (a red-flag stop, a chunk's end or an error)"
+            return f"the trainer died {done} without closing (killed or crashed)"
+        return f"stopped: closed {done} (a red-flag stop, a chunk's end or an error)"
+
+    @property
+    def status(self) -> str:
+        """A run without a live trainer: "finished", "stopped" (a clean close before its end) or "dead"."""
+        return "finished" if self.finished else ("stopped" if self.closed is not None else "dead")
 
     def error_lines(self, limit: int = 5) -> list[str]:
         """The last lines that read like an error, across the logs (`path: line`)."""
@@ -57,11 +69,15 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
 
 def log_files(run_dir: Path) -> list[Path]:
     """Every log the run wrote: RUN_DIR/logs/*, the delivery log, the health log."""
+    from miles.diagnose.confine import inside
+
     run = layout.RunLayout(run_dir)
-    # a link could point out of the run dir (a hostile one): only the run's own regular files
+    # a link could point out of the run dir (a hostile one), the file's or a folder's above it (tracking/):
+    # only the run's own regular files
     found = sorted(p for p in run.logs.glob("*") if p.is_file() and not p.is_symlink()) \
         if run.logs.is_dir() and not run.logs.is_symlink() else []
-    return found + [p for p in (run.delivery_log, run.health) if p.is_file() and not p.is_symlink()]
+    return [p for p in found + [run.delivery_log, run.health]
+            if p.is_file() and not p.is_symlink() and inside(run_dir, p)]
 
 
 def configured_rollouts(run_dir: Path) -> int | None:
@@ -73,7 +89,9 @@ def configured_rollouts(run_dir: Path) -> int | None:
         return None
 
 
-def read_run_state(run_dir: Path, trainer_alive: bool) -> RunState:
+def read_run_state(run_dir: Path, trainer_alive: bool, logs_from: Path | None = None) -> RunState:
+    """The run's state from `run_dir` (a confined copy of its files, see `confine`), its logs from
+    `logs_from` (default the same folder)."""
     run_dir = Path(run_dir)
     try:
         journal = read_journal(layout.RunLayout(run_dir).journal)
@@ -87,5 +105,6 @@ def read_run_state(run_dir: Path, trainer_alive: bool) -> RunState:
         state.delivery = {name: count for name, count in pending(len(journal), sinks).items()}
     except (StateError, OSError, ValueError) as exc:
         state.delivery_error = str(exc)[:300]
-    state.logs = {str(p.relative_to(run_dir)): tail(p) for p in log_files(run_dir)}
+    logs_root = Path(logs_from) if logs_from is not None else run_dir
+    state.logs = {str(p.relative_to(logs_root)): tail(p) for p in log_files(logs_root)}
     return state

@@ -84,14 +84,28 @@ def parse_dump(text: str, pid: int = 0) -> list[tuple[str, str, list[str]]]:
     return threads
 
 
-# processes a run starts that are not in its process list, known by their command line
-SERVICE_COMMANDS = {"miles.tracking.cli": "delivery", "mlflow": "mlflow-ui"}
+def service_role(words: list[str]) -> str | None:
+    """What a process of the run that is not in its process list is, by its command line (whole words,
+    never a substring: `--use-mlflow` on a driver's command line is no MLflow UI):
+    "delivery" (`python -m miles.tracking.cli`, `miles replay-spool`), "mlflow-ui" (`mlflow ui`,
+    `mlflow server`), "driver" (`miles train`, `python -m flows.cli train`, `python -m flows.grpo`)."""
+    names = [Path(w).name for w in words]
+    for i, name in enumerate(names):
+        following = names[i + 1] if i + 1 < len(names) else ""
+        if name == "miles.tracking.cli" or (name == "miles" and following == "replay-spool"):
+            return "delivery"
+        if name == "mlflow" and following in ("ui", "server"):
+            return "mlflow-ui"
+        if (name in ("miles", "flows.cli") and following == "train") or name == "flows.grpo":
+            return "driver"
+    return None
 
 
 def run_processes(run_dir: Path, listed: dict[str, int], ray_workers: dict[str, int]) -> dict[str, int]:
     """The run's processes: those it listed (trainer, ranks, engines, router), its Ray workers, and the
-    live services whose command line names the run dir (the tracker delivery process, the MLflow UI);
-    a reader of the run dir (the dashboard, this command) is not one of them."""
+    live processes whose command line names the run dir and says what they are (`service_role`: the
+    tracker delivery process, the MLflow UI, the `miles train` driver); a reader of the run dir (the
+    dashboard, this command) is not one of them."""
     found = dict(listed)
     known = set(found.values())
     for name, pid in ray_workers.items():
@@ -106,7 +120,7 @@ def run_processes(run_dir: Path, listed: dict[str, int], ray_workers: dict[str, 
         except OSError:
             continue
         words = [a.decode(errors="replace") for a in argv if a]
-        role = next((name for marker, name in SERVICE_COMMANDS.items() if any(marker in w for w in words)), None)
+        role = service_role(words)
         if role and any(Path(w).is_absolute() and (w == root or w.startswith(root + "/")) for w in words):
             key, i = role, 1
             while key in found:

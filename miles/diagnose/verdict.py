@@ -14,7 +14,7 @@ from miles.health.open_phase import OpenPhase, is_stalled
 from miles.health.signals import Verdict
 
 # the order processes are named in: the trainer, then its ranks, then the services
-ORDER = ("trainer", "rank", "engine", "router", "delivery", "ray-")
+ORDER = ("trainer", "rank", "driver", "engine", "router", "delivery", "ray-")
 
 
 @dataclass
@@ -84,8 +84,10 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
     else:
         last = f"; last phase `{phase.span.name}` of rollout {phase.span.rollout_id} never ended" if phase else ""
         errors = f.run.error_lines(1)
+        status = f.run.status
+        if status == "finished":  # a clean end: a log line that reads like an error is not its cause
+            errors = []
         headline = f"{f.run.ending()}{last}" + (f"; last error: {errors[-1]}" if errors else "")
-        status = "dead"
     details = [phase_words(p, cfg) + f" [{p.span.lane}]" for p in f.phases]
     details += [process_words(s) for s in stacks]
     details += engine_words(f.engines)
@@ -96,7 +98,7 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
     details += tracker_words(f.run)
     details += [f"red flag {v.signal} at rollout {v.rollout_id}: {v.message}" + (" (live)" if v.live else "")
                 for v in f.red_flags[-5:]]
-    if not f.alive:
+    if not f.alive and f.run.status != "finished":
         details += [f"error line: {line}" for line in f.run.error_lines()]
     details += [f"note: {n}" for n in f.notes]
     return {"status": status, "headline": headline, "details": details,

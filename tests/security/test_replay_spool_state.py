@@ -170,8 +170,9 @@ def test_tracker_writes_outside_the_run_dir_are_refused(run_copy, tmp_path, stat
     state = json.loads(path.read_text())
     if state_file == "delivery.json":
         state["sinks"]["tensorboard"]["spec"]["options"]["log_dir"] = str(elsewhere / "tb")
-        for sink in state["sinks"].values():
-            sink["cursor"] = 0  # so the replay has lines to write
+        # so the replay has lines to write (TensorBoard's only: the copy's mlflow.db still gives the original
+        # run's artifact location, outside this copy, which the replay now refuses: probe N45)
+        state["sinks"]["tensorboard"]["cursor"] = 0
     else:
         state["trackers"]["tensorboard"]["options"]["log_dir"] = str(elsewhere / "tb")
         edit_delivery(run_copy, lambda d: d["sinks"].pop("tensorboard"))  # never opened: the trainer's spec
