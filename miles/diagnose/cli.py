@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="miles diagnose", description=__doc__.split(": ", 1)[1])
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (--run-dir) of a live or dead run")
     parser.add_argument("--out", metavar="PATH", default=None,
-                        help="where to write the bundle (default RUN_DIR/diagnose/diagnose-<time>.tar.gz)")
+                        help="the bundle's file path, in a folder that exists (default "
+                             "RUN_DIR/diagnose/diagnose-<time>.tar.gz)")
     parser.add_argument("--json", action="store_true", help="print the verdict and bundle path as one JSON object")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)

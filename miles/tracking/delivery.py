@@ -346,8 +346,11 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber:
 def follow(run_dir: Path, session: str | None, scrubber: Scrubber, retry_interval: float) -> tuple[str, dict[str, int]]:
     """Deliver the run's journal live; at the trainer's close finish as it asks ("closed"); when
     the trainer is gone leave the tracker runs open for its resume ("gone")."""
+    trusted = os.environ.get("MLFLOW_TRACKING_URI") or None  # the run's own server, set by its trainer
     with acquire_lock(run_dir, LOCK_WAIT_S):
         trainer = TrainerFile.load(run_dir)
+        for name, spec in trainer.trackers.items():
+            check_server(name, spec, trusted, run_dir / TRAINER_PATH)
         session = session or (trainer.trainer or {}).get("session")
         for spec in trainer.trackers.values():  # while the trainer reads its checkpoint:
             try:  # import the trackers, create the MLflow store
@@ -359,6 +362,8 @@ def follow(run_dir: Path, session: str | None, scrubber: Scrubber, retry_interva
             time.sleep(POLL_S)  # the poll interval, until the trainer opens the tracker
         if status == "gone" or not (waiting.trainer.trainer or {}).get("open"):
             return status, {}  # gone, or closed before it opened: nothing to open here
+        for name, spec in waiting.trainer.trackers.items():  # as the trainer's `open` wrote them
+            check_server(name, spec, trusted, run_dir / TRAINER_PATH)
         loop = DeliveryLoop(run_dir, waiting.trainer.trackers, scrubber, retry_interval, session)  # of its `open`
         loop.catch_up_all()  # opens every tracker, at the trainer's priority
         # Then nice 10: against one busy training thread per core the kernel still gives delivery

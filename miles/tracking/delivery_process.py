@@ -20,7 +20,7 @@ CLOSE_GRACE_S = 60.0  # past the retry timeout, for the final uploads and finish
 
 class DeliveryProcess:
     def __init__(self, run_dir: Path, session: str, retry_interval: float, secrets: tuple[str, ...],
-                 wandb_key: str | None):
+                 wandb_key: str | None, mlflow_uri: str | None = None):
         self.run_dir = Path(run_dir).resolve()
         root = str(Path(__file__).resolve().parents[2])  # the child runs this same `miles`, whatever its cwd
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
@@ -30,6 +30,8 @@ class DeliveryProcess:
         env.pop("WANDB_SERVICE", None)
         if wandb_key:
             env["WANDB_API_KEY"] = wandb_key
+        if mlflow_uri:  # the server this run was given: the only one the delivery process talks to
+            env["MLFLOW_TRACKING_URI"] = mlflow_uri  # (in its environment: a URI may carry a password)
         with (self.run_dir / DELIVERY_LOG_PATH).open("ab") as output:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "miles.tracking.cli", str(self.run_dir), "--follow", "--session", session,

@@ -89,7 +89,8 @@ class RunTracker:
             t = config.tracking
             try:
                 self.delivery = DeliveryProcess(self.run_dir, self.session, t.tracking_retry_interval,
-                                                self.scrubber.secrets, t.wandb_key)
+                                                self.scrubber.secrets, t.wandb_key,
+                                                t.mlflow_tracking_uri if t.use_mlflow else None)
             except OSError as exc:  # training goes on without it
                 log.warning("tracking: cannot start the delivery process (%s); training goes on, the journal's "
                             "points stay spooled for `miles replay-spool %s`", self.scrubber.scrub(str(exc)),

@@ -132,3 +132,16 @@ def test_a_trusted_servers_artifact_location_inside_allow_dir_is_used(run_copy, 
     sink._check_artifact_location("mlflow-artifacts:/1/r1/artifacts")  # through the server: not this machine
     sink._check_artifact_location("s3://bucket/1/r1/artifacts")
     assert local_artifact_path("s3://bucket/x") is None and local_artifact_path("") == Path(".").resolve()
+
+
+def test_the_runs_delivery_process_talks_only_to_the_server_its_trainer_gave_it(run_copy, tmp_path):
+    """`replay-spool --follow` (what a trainer starts) reads the specs from trainer.json too: a remote
+    server there must be the one the trainer handed it in MLFLOW_TRACKING_URI."""
+    path = run_copy / "tracking" / "trainer.json"
+    with FakeMlflow() as fake:
+        trainer = json.loads(path.read_text())
+        trainer["trackers"]["mlflow"]["options"]["tracking_uri"] = fake.url
+        path.write_text(json.dumps(trainer))
+        done = replay_with(run_copy, "--follow", cwd=str(tmp_path), MLFLOW_TRACKING_URI="http://127.0.0.1:1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert fake.url in done.stderr and "trainer.json" in done.stderr and fake.requests == []
