@@ -95,7 +95,10 @@ class RayView:
         self.children.append((name, proc))
 
     def _in_process(self, run_dir: Path, dashboard_url: str | None) -> None:
-        self.result = collect_state(self.gcs, dashboard_url, self.out, run_dir)
+        try:
+            self.result = collect_state(self.gcs, dashboard_url, self.out, run_dir)
+        except OSError:  # past the deadline the bundle's folder is gone: nothing left to write into
+            pass
 
     def finish(self) -> tuple[dict[str, Any], list[str]]:
         """Wait for the children until the deadline; kill what is left. Returns Ray's state and notes."""
