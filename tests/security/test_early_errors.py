@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--seed", "-1"], "--seed", "must be >= 0"),
     (["--rollout-max-response-len", "100000"], "--rollout-max-response-len", "exceeds the context length 256"),
     (["--context-length", "10"], "--context-length", "exceeds the context length 10"),
+    # C11: one prompt's samples are one batched request to one engine; past its queue they were a 503 mid-run
+    (["--n-samples-per-prompt", "100000"], "--n-samples-per-prompt",
+     "100000 is more than one engine queues .--engine-max-queued-requests 4096."),
+    (["--n-samples-per-prompt", "8", "--engine-max-queued-requests", "4"], "--n-samples-per-prompt",
+     "8 is more than one engine queues .--engine-max-queued-requests 4."),
+    (["--n-samples-per-eval-prompt", "5000"], "--n-samples-per-eval-prompt", "more than one engine queues"),
+    (["--sglang-server-concurrency", "5000"], "--sglang-server-concurrency", "more than one engine queues"),
 ])
 def test_flag_values_that_fail_after_start_up(tmp_path, flags, flag, message):
     with pytest.raises(ConfigError, match=message) as raised:
@@ -43,6 +50,13 @@ def test_prompt_files_that_fail_after_start_up(tmp_path, line, message):
     with pytest.raises(ConfigError, match=message) as raised:
         prepare(["--run-dir", str(tmp_path / "run"), "--prompt-data", str(path)])
     assert str(raised.value).startswith("--prompt-data") and f"{path}:2" in str(raised.value)
+
+
+def test_the_largest_group_the_engine_queue_holds_is_accepted(tmp_path):
+    config = prepare(["--run-dir", str(tmp_path / "run"), "--n-samples-per-prompt", "8",
+                      "--engine-max-queued-requests", "8", "--sglang-server-concurrency", "8",
+                      "--n-samples-per-eval-prompt", "8"], make_model=False)
+    assert config.rollout.n_samples_per_prompt == 8
 
 
 def test_a_null_label_is_still_allowed(tmp_path):
