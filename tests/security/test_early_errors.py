@@ -79,6 +79,9 @@ def test_the_cli_exits_2_with_one_line_before_any_service(tmp_path):
     ("/etc", "has no config.json"),
     ("/dev/null", "is not a directory"),
     ("truncated", "cannot load .*: SafetensorError"),
+    # N6: weights that are NaN, or past float32's range (the CPU engine serves float32), are refused at start
+    ("nan", "cannot load .*: WeightUpdateError: .* tensor '.*' holds NaN or infinite values once loaded as float32"),
+    ("float64-1e300", "holds NaN or infinite values once loaded as float32"),
 ])
 def test_engine_model_errors_are_one_line(tmp_path, base_model, case, message):
     import re
@@ -90,6 +93,21 @@ def test_engine_model_errors_are_one_line(tmp_path, base_model, case, message):
         shutil.copytree(base_model, model)
         weights = Path(model) / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif case in ("nan", "float64-1e300"):
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        model = str(tmp_path / case)
+        shutil.copytree(base_model, model)
+        weights = Path(model) / "model.safetensors"
+        tensors = load_file(weights)
+        if case == "nan":
+            name = sorted(tensors)[-1]
+            tensors[name] = tensors[name].clone()
+            tensors[name].view(-1)[0] = float("nan")  # one element is enough
+        else:
+            tensors = {k: torch.full(v.shape, 1e300, dtype=torch.float64) for k, v in tensors.items()}
+        save_file(tensors, weights)
     done = subprocess.run([sys.executable, "-m", "miles.engines.cli", "--model", model, "--port", "1"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     last = done.stderr.strip().splitlines()[-1]
