@@ -99,7 +99,7 @@ class RLTrainer:
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
         """Load the newest good checkpoint (if any) everywhere; return the next rollout id."""
-        scan = checkpoint.latest_good(self.load_dir)
+        scan = checkpoint.resume_point(self.save_dir, self.load_dir)
         for bad in scan.rejected:
             print(f"[trainer] skipping checkpoint {bad.path}: {bad.reason}", flush=True)
         if scan.path is None:
