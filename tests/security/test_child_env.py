@@ -51,6 +51,9 @@ def test_url_rule():
            "HTTP_PROXY": "http://proxy.example:3128"}
     assert child_env(env) == {"PLAIN_URL": "https://mlflow.example/x@y", "HTTP_PROXY": "http://proxy.example:3128"}
     assert child_env(env, frozenset({"DB_URL"}))["DB_URL"] == env["DB_URL"]
+    from miles.serving.process import SERVICE_KEEP_ENV  # an engine reaches the Hub through the machine's proxy
+
+    assert "HTTPS_PROXY" in child_env({"HTTPS_PROXY": "http://u:p@proxy:3128"}, SERVICE_KEEP_ENV)
 
 
 def test_url_credentials_are_blanked_in_what_a_run_writes(monkeypatch):
