@@ -43,6 +43,8 @@ def test_a_supervised_run_whose_supervisor_gave_up_stops_at_once_with_a_checkpoi
     assert trained_rollouts(run_dir) == [0]
     scan = checkpoint.latest_good(run_dir / "checkpoints")
     assert scan.path is not None and scan.state.rollout_id == 0  # rollout 0 trained and kept; 1 never trained
+    # the data cursor is after rollout 0's 4 prompts, not rollout 1's: a resume redoes rollout 1 with its prompts
+    assert scan.state.data_cursor == {"epoch": 0, "offset": 4}
 
 
 @pytest.mark.slow
