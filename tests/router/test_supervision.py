@@ -5,14 +5,20 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
+import pytest
 
 from miles.engines.supervisor import EngineSupervisor, RouterAdmin, SupervisionPolicy
+from miles.rollout.generate import watch_outage
+from miles.run.engine_loss import NoEngineLeft
 from miles.serving.process import ServiceProcess
 
 from .conftest import launch_stub, wait_for
+from .test_resend import post_once
 
 POLICY = SupervisionPolicy(interval=0.2, timeout=0.5, hung_checks=3, max_restarts=2, backoff=0.1)
 
@@ -137,16 +143,6 @@ def test_a_killed_router_comes_back_on_its_address_with_every_engine_registered_
 
 def test_once_every_engine_is_left_down_a_waiting_request_stops_at_once(router, tmp_path):
     """N39: the supervisor says it gave up, and the rollout client stops waiting out --engine-wait-timeout."""
-    import time
-    from types import SimpleNamespace
-
-    import pytest
-
-    from miles.rollout.generate import watch_outage
-    from miles.run.engine_loss import NoEngineLeft
-
-    from .test_resend import post_once
-
     supervisor, handle, stubs, started = supervised(router, tmp_path)
     supervisor.policy = SupervisionPolicy(interval=0.2, timeout=0.5, hung_checks=3, max_restarts=0, backoff=0.1)
     try:

@@ -29,6 +29,22 @@ def trained_rollouts(run_dir) -> list[int]:
     return [ln.rollout_id for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
 
 
+def test_a_silent_engine_is_named_with_the_rollout_and_the_flag():
+    import socket
+
+    from miles.run.engine_loss import silent_engines, unsupervised_loss, when
+
+    with socket.socket() as closed:  # a port nothing listens on: a dead engine refuses the connection
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    assert silent_engines([url], timeout=1.0) == [0]
+    line = unsupervised_loss([url], [0], when("update_weights", 2), ConnectionRefusedError("[Errno 111] refused"))
+    assert line == (f"engine 0 ({url}) does not answer: lost in the weight push after rollout 2 "
+                    "(ConnectionRefusedError: [Errno 111] refused); without --use-fault-tolerance a dead engine "
+                    "ends the run; with it the engine is relaunched and the run goes on")
+    assert when("rollout", 3) == "during rollout 3" and when("eval", None) == "in the eval before training"
+
+
 @pytest.mark.slow
 def test_a_supervised_run_whose_supervisor_gave_up_stops_at_once_with_a_checkpoint(tmp_path, capsys, ray_cluster):
     # the only engine, no restart allowed: killed as rollout 1 starts, it is left down at once
