@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from miles.diagnose.stall_reaction import StallReaction
+from miles.run.engine_loss import EnginesLost
 from miles.run.faults import FaultInjector
 from miles.run.observer import LoopOutcome, LoopTrainer, Observer
 from miles.run.red_flags import RedFlagProfiler, RedFlagStopper
@@ -33,15 +34,23 @@ def run_loop(trainer: LoopTrainer, rollouts: range, observers: Sequence[Observer
         outcome = LoopOutcome(resumed_at)
         if resumed_at == 0 and rollouts.start == 0 and trainer.eval_sets:
             outcome.base_eval = trainer.evaluate_base()
+        saved = resumed_at - 1  # the last rollout a checkpoint holds
         for rollout_id in range(max(resumed_at, rollouts.start), rollouts.stop):
             for observer in observers:
                 observer.before_iteration(rollout_id)
-            result = trainer.run_iteration(rollout_id)
+            try:
+                result = trainer.run_iteration(rollout_id)
+            except EnginesLost as lost:  # no engine will serve again: keep what the ranks trained, then stop
+                if lost.trained_through is not None and lost.trained_through > saved:
+                    outcome.checkpoint = trainer.save_checkpoint(lost.trained_through)
+                    print(f"[trainer] engines lost: saved {outcome.checkpoint} (trained through rollout "
+                          f"{lost.trained_through})", flush=True)
+                raise
             outcome.rollout_ids.append(rollout_id)
             outcome.last_metrics = result.metrics
             reasons = [reason for reason in [o.after_iteration(result) for o in observers] if reason]
             if reasons or save_due(rollout_id, rollouts.stop, config.train.save_interval):
-                outcome.checkpoint = trainer.save_checkpoint(rollout_id)
+                outcome.checkpoint, saved = trainer.save_checkpoint(rollout_id), rollout_id
             if reasons:
                 outcome.stop_reason = "; ".join(reasons)
                 print(f"[trainer] stopping after rollout {rollout_id}: {outcome.stop_reason}", flush=True)

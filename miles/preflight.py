@@ -27,6 +27,18 @@ def preflight(config) -> None:
         load_eval_sets(r)
     parse_fault(config.orchestration.inject_fault)
     check_baselines(config.tracking.baseline_run_dirs, config.train.run_dir)
+    _check_load(config)
+
+
+def _check_load(config) -> None:
+    from pathlib import Path
+
+    from miles.config import ConfigError
+    from miles.run.checkpoint import check_load
+
+    reason = check_load(Path(config.train.save), Path(config.train.load))
+    if reason is not None:
+        raise ConfigError("--load", reason)
 
 
 def check_context(config) -> None:

@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from miles.health import RedFlagStop
     from miles.compare.run_end import compare_at_end
     from miles.prepare import make_base_model, prepare
+    from miles.run.engine_loss import EnginesLost
 
     config = prepare(argv, prog="python -m miles.train", make_model=False)  # checked before anything starts
     started_at = time.time()  # the scorecard's wall time of a run that stops: the model, Ray, the training
@@ -135,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
         print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
         print_scorecard(config, time.time() - started_at)  # what the run did before it stopped
+        return 1
+    except EnginesLost as exc:  # the engines are gone: what was trained is checkpointed (miles.loop)
+        print(f"python -m miles.train: error: {exc}", file=sys.stderr, flush=True)
+        print_scorecard(config, time.time() - started_at)
         return 1
     except RedFlagStop as exc:  # --on-red-flag stop: checkpointed; a failed run, not a crash
         print(f"[trainer] stopped: {exc}", flush=True)

@@ -15,9 +15,10 @@ import httpx
 from transformers import AutoTokenizer
 
 from miles.run import checkpoint
+from miles.run.engine_loss import EnginesLost, NoEngineLeft, silent_engines, supervised_loss, unsupervised_loss, when
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
-from miles.backends.sync import WeightSync, served_version
+from miles.backends.sync import WeightSync, WeightSyncError, served_version
 from miles.cluster.names import RunNames
 from miles.config.resolve import require_resolved
 from miles.record.tokens import write_tokens
@@ -31,7 +32,7 @@ from miles.record.samples import samples_due
 from miles.rollout.advantages import compute_advantages
 from miles.rollout.data import DataSource, read_prompts
 from miles.rollout.evaluation import evaluate, load_eval_sets
-from miles.rollout.generate import RolloutSampling, generate_groups, take_resends
+from miles.rollout.generate import GenerateError, RolloutSampling, generate_groups, take_resends, watch_outage
 from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
 from miles.rollout.rewards import RewardModel
@@ -68,6 +69,8 @@ class RLTrainer:
         sync = WeightSync(group, engine_urls, router_url, run_dir / layout.WEIGHTS,
                           in_memory=config.train.colocate, admin_token=token, supervisor=supervisor)
         profiler = RunProfiler(config, run_dir, group.actors, engine_urls, router_url, token)
+        # a rollout request stops waiting for an engine once the supervisor gave up on every one
+        watch_outage(supervisor.gave_up if supervisor is not None else None)
         return cls(config, rollout_url, engine_urls, tracker=tracker, health=health, group=group, sync=sync,
                    profiler=profiler)
 
@@ -90,12 +93,13 @@ class RLTrainer:
         self.save_dir, self.load_dir = Path(config.train.save), Path(config.train.load)
         self.tracker, self.health, self.group, self.sync, self.profiler = tracker, health, group, sync, profiler
         self.weight_version = 0
+        self._phase = "rollout"  # the iteration's phase now (what an engine loss happened in)
         self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME, starts=self.run_dir / OPEN_NAME)
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
         """Load the newest good checkpoint (if any) everywhere; return the next rollout id."""
-        scan = checkpoint.latest_good(self.load_dir)
+        scan = checkpoint.resume_point(self.save_dir, self.load_dir)
         for bad in scan.rejected:
             print(f"[trainer] skipping checkpoint {bad.path}: {bad.reason}", flush=True)
         if scan.path is None:
@@ -141,7 +145,37 @@ class RLTrainer:
 
     # ---- one iteration ----------------------------------------------------------------------
     def run_iteration(self, rollout_id: int) -> IterationResult:
-        """rollout -> rollout logger -> train (log-probs, optimizer steps) -> weight sync -> eval when due -> record."""
+        """rollout -> rollout logger -> train (log-probs, optimizer steps) -> weight sync -> eval when due -> record.
+        Raises `EnginesLost` when the engines are gone (see `miles.run.engine_loss`); a rollout lost before
+        training leaves the data cursor where it was, so a resume redoes it with the same prompts."""
+        cursor = self.data.state_dict()
+        self._phase = "rollout"
+        try:
+            return self._iteration(rollout_id)
+        except (NoEngineLeft, GenerateError, WeightSyncError, httpx.HTTPError) as exc:
+            trained = self._phase != "rollout"
+            lost = self._engines_lost(exc, when(self._phase, rollout_id), rollout_id if trained else rollout_id - 1)
+            if lost is None:
+                raise
+            if not trained:
+                self.data.load_state_dict(cursor)
+            raise lost from None
+
+    def _engines_lost(self, exc: Exception, at: str, trained_through: int | None) -> EnginesLost | None:
+        """`EnginesLost` when `exc` comes from engines that are gone: the supervisor gave up, or (unsupervised)
+        an engine no longer answers /health. None: some other failure, raised as it is."""
+        supervisor = self.sync.supervisor
+        if isinstance(exc, NoEngineLeft):
+            return EnginesLost(supervised_loss(str(exc), at), trained_through)
+        if supervisor is not None:
+            reason = supervisor.gave_up()
+            return None if reason is None else EnginesLost(supervised_loss(reason, at), trained_through)
+        dead = silent_engines(self.engine_urls)
+        if not dead:
+            return None
+        return EnginesLost(unsupervised_loss(self.engine_urls, dead, at, exc), trained_through)
+
+    def _iteration(self, rollout_id: int) -> IterationResult:
         cfg = self.config
         times: dict[str, float] = {}
         start = time.perf_counter()
@@ -189,6 +223,7 @@ class RLTrainer:
     def phase(self, name: str, rollout_id: int, times: dict[str, float] | None = None, **span) -> Iterator[None]:
         """One named phase of an iteration: timed through `miles.run.phases` (where profiling hooks in) and
         written as a span of the run's timeline."""
+        self._phase = name
         with timed(name, times), self.timeline.span(name, rollout_id, **span):
             yield
 
@@ -232,6 +267,8 @@ class RLTrainer:
                                   timeout=30.0).raise_for_status().json()
                 break
             except httpx.TransportError:
+                if self.sync.supervisor is not None and (reason := self.sync.supervisor.gave_up()) is not None:
+                    raise NoEngineLeft(reason) from None  # the router is left down: no use waiting
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.5)  # bounded by the deadline above; the router answers once relaunched
@@ -286,9 +323,15 @@ class RLTrainer:
         """The starting weights' eval, before any training: Miles logs it at `eval/step` 0, as its own
         journal line; also written to RUN_DIR/base_eval.json for the final comparison."""
         print(f"{PREFIX}base eval: the starting weights on {self._eval_what()} ...", flush=True)
-        with self.phase("eval", 0):
-            result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
-                              seed=self.config.train.seed, step=0, generate_fn=self.generate_fn, args=self.args)
+        try:
+            with self.phase("eval", 0):
+                result = evaluate(self.rollout_url, self.eval_sets, self.tokenizer, self.reward, self.config.rollout,
+                                  seed=self.config.train.seed, step=0, generate_fn=self.generate_fn, args=self.args)
+        except (NoEngineLeft, GenerateError, httpx.HTTPError) as exc:
+            lost = self._engines_lost(exc, when("eval", None), None)  # nothing trained yet
+            if lost is None:
+                raise
+            raise lost from None
         self._take_router_stats()  # rollout 0's router window holds its own requests, not the base eval's
         self.tracker.log_base_eval(self.args, result.data, dict(result.metrics))
         (self.run_dir / layout.BASE_EVAL).write_text(base_eval_json(result.metrics))
@@ -298,6 +341,7 @@ class RLTrainer:
     def close(self, final: bool = True) -> None:
         """Stop the ranks cleanly unless they are named (the next chunk's trainer attaches to those, the
         flow's finish stops them), then close the trackers; `final=False`: the run goes on elsewhere."""
+        watch_outage(None)  # this trainer's supervisor no longer speaks for the rollout client
         try:
             self.profiler.close()  # the loop's end already did, unless the trainer ran outside the loop
             if self.group.actors and self.group.names is None:

@@ -62,6 +62,25 @@ class MilesConfig:
     def world_size(self) -> int:
         return self.train.actor_num_nodes * self.train.actor_num_gpus_per_node
 
+    def _fits_the_engine_queue(self) -> None:
+        """The samples of one prompt go to one engine as one batched /generate, and up to
+        --sglang-server-concurrency samples may be in flight to one engine: the embedded engine answers 503
+        to every sample past its --engine-max-queued-requests, so a larger value can only fail mid-run (C11).
+        (SGLang's queue is its own; not checked.)"""
+        if self.engine.engine == "sglang":
+            return
+        limit = self.engine.engine_max_queued_requests
+        r = self.rollout
+        for name, value, why in (("--n-samples-per-prompt", r.n_samples_per_prompt, "the samples of one prompt"),
+                                 ("--n-samples-per-eval-prompt", r.n_samples_per_eval_prompt,
+                                  "the samples of one eval prompt"),
+                                 ("--sglang-server-concurrency", r.sglang_server_concurrency,
+                                  "the requests in flight")):
+            if value > limit:
+                raise ConfigError(name, f"{value} is more than one engine queues (--engine-max-queued-requests "
+                                        f"{limit}): {why} go to one engine at once, and every one past its queue "
+                                        f"would be refused mid-run; lower it or raise --engine-max-queued-requests")
+
     def validate(self) -> None:
         """Checks that span sections; each section checks itself when built."""
         samples, gbs = self.samples_per_rollout, self.global_batch_size
@@ -92,6 +111,7 @@ class MilesConfig:
         if gpus != 1 and self.engine.sglang_tp_size not in (1, gpus):
             raise ConfigError("--sglang-tp-size", f"{self.engine.sglang_tp_size} disagrees with "
                                                   f"--rollout-num-gpus-per-engine {gpus} (one GPU per TP rank)")
+        self._fits_the_engine_queue()
         if self.rollout.n_samples_per_prompt == 1 and self.train.advantage_estimator == "grpo":
             raise ConfigError("--n-samples-per-prompt", "GRPO needs groups of at least 2 samples per prompt")
         t = self.tracking

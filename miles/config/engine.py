@@ -24,7 +24,9 @@ class EngineConfig:
                                            "/update_weights_from_tensor has its own: the served model's parameters in "
                                            "float32 plus room for the header)", minimum=0.001)
     engine_max_header_kb: float = flag(64.0, "largest request line + headers, in KiB (431 past it)", minimum=1.0)
-    engine_header_timeout: float = flag(10.0, "seconds a request's headers may take to arrive (408 after)",
+    engine_header_timeout: float = flag(10.0, "seconds a request's headers may take to arrive, and the "
+                                                     "window over which its body must keep arriving at >= 16 KiB/s "
+                                                     "(408 after)",
                                         minimum=0.1)
     context_length: int | None = flag(None, "longest prompt + response in tokens (default: the model's)", minimum=1)
     sglang_mem_fraction_static: float | None = flag(None, "SGLang --mem-fraction-static", minimum=0.0, maximum=1.0)

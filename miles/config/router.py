@@ -27,7 +27,9 @@ class RouterConfig:
     router_max_body_mb: float = flag(16.0, "largest request body the router forwards, in MiB (413 past it)",
                                      minimum=0.001)
     router_max_header_kb: float = flag(64.0, "largest request line + headers, in KiB (431 past it)", minimum=1.0)
-    router_header_timeout: float = flag(10.0, "seconds a request's headers may take to arrive (408 after)",
+    router_header_timeout: float = flag(10.0, "seconds a request's headers may take to arrive, and the "
+                                                     "window over which its body must keep arriving at >= 16 KiB/s "
+                                                     "(408 after)",
                                         minimum=0.1)
     router_admin_token: str | None = flag(None, "token required by /add_worker and /remove_worker "
                                                 "(env MILES_ROUTER_ADMIN_TOKEN); required off loopback",

@@ -15,8 +15,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import secrets
 from typing import Any
+from urllib.parse import unquote
 
 from miles.config.fields import flag_name, is_secret_name
 
@@ -84,12 +86,27 @@ def engine_token_env() -> dict[str, str]:
     return {"MILES_ENGINE_ADMIN_TOKEN": token} if token else {}
 
 
+# the userinfo of a URL (scheme://USER:PASSWORD@host): a credential whatever the variable is called (N41)
+URL_USERINFO = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://([^/?#@\s]+)@")
+
+
+def url_credentials(value: str) -> list[str]:
+    """The credentials inside the URLs of `value`: each `user:password` (and the password, also URL-decoded)
+    of `scheme://user:password@host`; a bare `scheme://token@host` counts too. [] when none."""
+    found = []
+    for userinfo in URL_USERINFO.findall(value):
+        found.append(userinfo)
+        password = userinfo.split(":", 1)[1] if ":" in userinfo else ""
+        found += [p for p in {password, unquote(password), unquote(userinfo)} if p]
+    return found
+
+
 def child_env(environ: dict[str, str], keep: frozenset[str] = frozenset()) -> dict[str, str]:
-    """`environ` without every variable the scrubber's name rule calls secret (key/token/secret/password),
-    except those named in `keep`: what a service or worker a run starts may inherit. Each launcher
-    passes the few names its child needs (docs/advanced/security-probes.md lists them) and hands any
-    secret of its own explicitly."""
-    return {k: v for k, v in environ.items() if k in keep or not is_secret_name(k)}
+    """`environ` without every variable the scrubber's name rule calls secret (key/token/secret/password) or
+    whose value is a URL carrying credentials (`https://user:pass@host`, N41), except those named in `keep`:
+    what a service or worker a run starts may inherit. Each launcher passes the few names its child needs
+    (docs/advanced/security-probes.md lists them) and hands any secret of its own explicitly."""
+    return {k: v for k, v in environ.items() if k in keep or not (is_secret_name(k) or url_credentials(v))}
 
 
 def secrets_to_env(config, argv: list[str]) -> list[str]:
@@ -128,8 +145,12 @@ def _longest_first(found: set[str]) -> tuple[str, ...]:
 
 
 def _env_secrets(environ: dict[str, str]) -> set[str]:
-    """The values of env vars whose name says key/token/secret/password."""
-    return {v for k, v in environ.items() if is_secret_name(k)}
+    """The values of env vars whose name says key/token/secret/password, and the credentials inside any
+    URL-valued one (MLFLOW_TRACKING_URI=https://user:pass@host: `user:pass` and `pass` are blanked)."""
+    found = {v for k, v in environ.items() if is_secret_name(k)}
+    for value in environ.values():
+        found.update(url_credentials(value))
+    return found
 
 
 def env_scrubber() -> Scrubber:
@@ -138,13 +159,16 @@ def env_scrubber() -> Scrubber:
 
 
 def secret_values(config: Any, environ: dict[str, str] | None = None) -> tuple[str, ...]:
-    """Every value of a secret config field and of an env var whose name says key/token/secret/password."""
+    """Every value of a secret config field and of an env var whose name says key/token/secret/password, and
+    the credentials inside URL values of either (`--mlflow-tracking-uri https://user:pass@host`)."""
     found = _env_secrets(os.environ if environ is None else environ)
     for section in config.sections():
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)
             if isinstance(value, str) and (f.metadata.get("secret") or is_secret_name(f.name)):
                 found.add(value)
+            elif isinstance(value, str):
+                found.update(url_credentials(value))
     return _longest_first(found)
 
 

@@ -40,7 +40,8 @@ class TrainConfig:
     seed: int = flag(1234, "random seed for data order, sampling and init", minimum=0, maximum=2**63 - 1)
     run_dir: str | None = flag(None, "run directory: checkpoints, journal, tracker files (default: runs/<time>)")
     save: str | None = flag(None, "checkpoint directory (default: RUN_DIR/checkpoints)")
-    load: str | None = flag(None, "checkpoint directory to resume from (default: --save when it holds one)")
+    load: str | None = flag(None, "checkpoint directory to resume from, or one checkpoint in it (DIR/iter_N); "
+                                    "refused when it holds none (default: --save when it holds one)")
     save_interval: int | None = flag(None, "checkpoint every N rollouts (none: only at the end)", minimum=1)
     keep_checkpoints: int = flag(2, "checkpoints kept on disk", minimum=1)
 

@@ -71,8 +71,9 @@ class EngineFrontend:
         """Run `fn(*args)` (tokenizing) on the tokenizer thread."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
-    def prompt_ids(self, text: str | None, input_ids: list[int] | None) -> list[int]:
-        """Token ids of a prompt, checked; call it off the event loop (`off_loop`) when it tokenizes."""
+    def prompt_ids(self, text: str | None, input_ids: list[int] | None, encode=None) -> list[int]:
+        """Token ids of a prompt, checked; call it off the event loop (`off_loop`) when it tokenizes. `encode`
+        replaces the tokenizer's own encoding of `text` (a chat prompt whose messages hold special tokens)."""
         if text is not None:
             if len(text) > self.max_prompt_chars:
                 raise RequestError(f"The input ({len(text)} characters) is longer than the model's context length "
@@ -82,7 +83,10 @@ class EngineFrontend:
             except UnicodeEncodeError as exc:
                 raise RequestError(f"text is not valid Unicode: {exc.reason} at position {exc.start}",
                                    param="text") from None
-        ids = list(input_ids) if input_ids is not None else self.tokenizer.encode(text, add_special_tokens=True)
+        if input_ids is not None:
+            ids = list(input_ids)
+        else:
+            ids = encode(text) if encode is not None else self.tokenizer.encode(text, add_special_tokens=True)
         if not ids:
             raise RequestError("the prompt is empty", param="text")
         vocab = self.runner.config.vocab_size

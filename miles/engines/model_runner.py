@@ -12,6 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from miles.engines.weight_update import check_served_finite
+
 
 def pick_device(device: str) -> torch.device:
     if device == "auto":
@@ -86,6 +88,7 @@ class ModelRunner:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
         self.dtype = next(self.model.parameters()).dtype
+        check_served_finite(self.model, self.model_path)  # NaN/Inf weights are refused at start, as in an update
         self.config = self.model.config
         self.context_length = context_length or model_context_length(self.config, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from miles.engines.chat_prompt import render_chat
 from miles.engines.detokenize import IncrementalText, final_text
 from miles.engines.http import read_json, sse
 from miles.engines.openai_tools import assistant_text, request_parser, stop_at_call_end, tool_message
@@ -183,8 +184,9 @@ class OpenAIRoutes:
                 content = assistant_text(m, content, parser)
             plain.append({"role": m["role"], "content": content})
         tools = {"tools": body["tools"]} if parser is not None else {}
-        text = self.frontend.tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **tools)
-        return self.frontend.prompt_ids(text, None)
+        # special tokens' text inside the messages stays text (B3): `encode` is None when there is none
+        text, encode = render_chat(self.frontend.tokenizer, plain, **tools)
+        return self.frontend.prompt_ids(text, None, encode=encode)
 
     # ---- routes ---------------------------------------------------------------------------------------
     async def completions(self, request: Request):

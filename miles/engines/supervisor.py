@@ -142,6 +142,7 @@ class EngineSupervisor:
         self.relaunch_fn, self.policy, self.router = relaunch, policy, router
         self.router_process, self.relaunch_router = router_process, relaunch_router
         self.router_restarts = 0
+        self.router_failed = False  # the router used its restarts and is left down
         self.router_down = threading.Event()  # set while the router is being relaunched
         self.timeline = timeline or TimelineWriter(None)
         self.on_event = on_event  # each state change (the flow emits a Prefect event per call)
@@ -199,6 +200,20 @@ class EngineSupervisor:
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 out.append(None)
         return out
+
+    def gave_up(self) -> str | None:
+        """Why no request can be served again, or None while an engine serves or can come back: every engine
+        used its --engine-max-restarts and is left down, or the router did."""
+        limit = f"its {self.policy.max_restarts} restarts (--engine-max-restarts)"
+        if self.router_failed:
+            return f"the router used {limit} and is down"
+        with self._lock:
+            failed = [s.index for s in self.slots if s.state == FAILED]
+        if not self.slots or len(failed) < len(self.slots):
+            return None
+        if len(failed) == 1:
+            return f"engine {failed[0]} used {limit} and is down"
+        return f"every engine ({', '.join(map(str, failed))}) used {limit} and is down"
 
     def take(self) -> SupervisorCounters:
         with self._lock:
@@ -273,7 +288,7 @@ class EngineSupervisor:
         self.log(f"[engines] router died (exit {code})")
         self._changed("router_down", since, since, reason=f"exit {code}")
         if self.router_restarts >= self.policy.max_restarts:
-            self.router_process = None
+            self.router_process, self.router_failed = None, True
             self.log(f"[engines] router used its {self.policy.max_restarts} restarts (--engine-max-restarts); "
                      f"left down")
             self._changed("router_failed", since, time.time(), restarts=self.router_restarts)

@@ -107,6 +107,17 @@ def _check_fits(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
                                 f"{torch.finfo(dtype).max:.4g}); the served weights are kept")
 
 
+def check_served_finite(model: torch.nn.Module, source: str) -> None:
+    """Every floating parameter of the loaded model is finite in the dtype it is served in (N6): a
+    checkpoint with a NaN, or with values past that dtype's range (1e300 in float64 becomes inf in float32),
+    would start and answer garbage. Raises WeightUpdateError naming the first such tensor. (Buffers are not
+    weights: some models keep -inf masks there.)"""
+    for name, tensor in model.named_parameters():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise WeightUpdateError(f"{source}: tensor {name!r} holds NaN or infinite values once loaded as "
+                                    f"{str(tensor.dtype).removeprefix('torch.')}; the engine will not serve it")
+
+
 def max_tensor_body(model: torch.nn.Module) -> int:
     """The largest /update_weights_from_tensor body the engine reads: every parameter and buffer once, in
     float32 or its own wider dtype, plus room for the safetensors header (names, shapes, offsets)."""

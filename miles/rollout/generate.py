@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from miles.rollout.data import Prompt
 from miles.rollout.http_client import HttpxPoster, LeanPoster, PostFailed, json_poster
+from miles.run.engine_loss import NoEngineLeft
 from miles.rollout.sample import FINISH_TO_STATUS, Sample, Status
 
 
@@ -53,6 +54,22 @@ NOT_SERVED = frozenset({502, 503})
 RESEND_BACKOFF_S = (0.2, 2.0)  # first wait, cap (doubling in between)
 _resends = [0]
 _resends_lock = threading.Lock()
+
+
+# --use-fault-tolerance: the supervisor's "gave up" check (its reason, or None while an engine can come back);
+# a request no engine served stops waiting once it says so, instead of idling out --engine-wait-timeout
+_outage: list[Callable[[], str | None] | None] = [None]
+
+
+def watch_outage(check: Callable[[], str | None] | None) -> None:
+    """Set (or clear, with None) the check the rollout client asks before waiting for an engine again."""
+    _outage[0] = check
+
+
+def outage() -> str | None:
+    """Why no engine can serve again (the supervisor gave up), or None."""
+    check = _outage[0]
+    return None if check is None else check()
 
 
 def take_resends() -> int:
@@ -100,7 +117,9 @@ class GenerateState:
             if status is not None and status not in NOT_SERVED:
                 break
             # never answered by an engine: the same payload (same per-sample seeds) can go again, and gives
-            # the same tokens whichever engine serves it
+            # the same tokens whichever engine serves it, unless the supervisor gave up on every engine
+            if deadline is not None and (reason := outage()) is not None:
+                raise NoEngineLeft(reason)
             if deadline is None or time.monotonic() + delay > deadline:
                 if failure is not None:
                     raise GenerateError(f"{self.url}: {failure}" + _waited(wait)) from None

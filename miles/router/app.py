@@ -191,7 +191,7 @@ class Router:
             elif state == "healthy":
                 if _version_or_none(weight_version) is None:
                     raise AdminError(400, "admitting a worker needs the weight_version it serves")
-                worker = self.pool.admit(url, str(weight_version))
+                worker = self.pool.admit(url, _version_or_none(weight_version))
             else:
                 raise AdminError(400, f"state must be 'healthy' or 'stale', got {state!r}")
         except WorkerError as exc:
@@ -208,9 +208,10 @@ class Router:
                 "workers": [w.describe() for w in self.pool.workers]}
 
     def update_weight_version(self, version: Any) -> dict:
-        if version is None or isinstance(version, (dict, list, bool)) or str(version) == "":
+        checked = _version_or_none(version)
+        if checked is None:
             raise AdminError(400, f"weight_version must be a non-empty string or number, got {version!r}")
-        self.pool.set_weight_version(str(version))
+        self.pool.set_weight_version(checked)
         self.timeline.event("update_weight_version", weight_version=self.pool.weight_version)
         return {"status": "success", "weight_version": self.pool.weight_version}
 
@@ -294,12 +295,24 @@ class Router:
         return app
 
 
+MAX_VERSION_CHARS = 256  # a version is a counter or a short tag; it is stored, logged and echoed
+
+
 def _version_or_none(version: Any) -> str | None:
+    """The weight version as stored, or a 400: not text or a number, empty, too long, or not valid Unicode
+    (a lone surrogate cannot be encoded into the answer, the timeline or the log: it was a 500, N7)."""
     if version is None:
         return None
     if isinstance(version, (dict, list, bool)) or str(version) == "":
         raise AdminError(400, f"weight_version must be a non-empty string or number, got {version!r}")
-    return str(version)
+    text = str(version)
+    if len(text) > MAX_VERSION_CHARS:
+        raise AdminError(400, f"weight_version is {len(text)} characters long; at most {MAX_VERSION_CHARS}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AdminError(400, "weight_version is not valid Unicode text (it holds a lone surrogate)") from None
+    return text
 
 
 async def _json_object(request: Request) -> dict:

@@ -138,7 +138,20 @@ def candidates(save_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
 
 
+def is_one_checkpoint(path: Path) -> bool:
+    """`path` names one checkpoint (SAVE/iter_0000004, or any directory holding a manifest.json), not a
+    directory of them."""
+    return (path.name.startswith(PREFIX) and path.name[len(PREFIX):].isdigit()) or (path / MANIFEST).is_file()
+
+
 def latest_good(save_dir: Path) -> CheckpointScan:
+    """The newest checkpoint of `save_dir` that verifies; `save_dir` may also name one checkpoint
+    (`--load RUN/checkpoints/iter_0000004`, D5), which is then the only candidate."""
+    if is_one_checkpoint(save_dir):
+        reason = verify(save_dir) if save_dir.is_dir() else "it does not exist"
+        if reason is None:
+            return CheckpointScan(save_dir, read_state(save_dir), [])
+        return CheckpointScan(None, None, [Rejected(save_dir, reason)])
     rejected = []
     for path in candidates(save_dir):
         reason = verify(path)
@@ -147,6 +160,36 @@ def latest_good(save_dir: Path) -> CheckpointScan:
         log.warning("checkpoint %s is not usable (%s); trying an older one", path, reason)
         rejected.append(Rejected(path, reason))
     return CheckpointScan(None, None, rejected)
+
+
+def resume_point(save_dir: Path, load_dir: Path) -> CheckpointScan:
+    """Where a run resumes: the newest good checkpoint of --load, or of --save when that is newer (the run's
+    own progress past what it loaded: a later chunk of the flow, a restarted run)."""
+    scan = latest_good(load_dir)
+    if Path(save_dir) == Path(load_dir):
+        return scan
+    own = latest_good(save_dir)
+    if own.path is not None and (scan.path is None or own.state.rollout_id >= scan.state.rollout_id):
+        return CheckpointScan(own.path, own.state, scan.rejected + own.rejected)
+    return CheckpointScan(scan.path, scan.state, scan.rejected + own.rejected)
+
+
+def check_load(save_dir: Path, load_dir: Path) -> str | None:
+    """Why an explicit --load (one other than --save) cannot be resumed from, or None: it must exist and be
+    a directory of checkpoints holding one, or one checkpoint that verifies; else the run would silently
+    start from the base model (D5)."""
+    save_dir, load_dir = Path(save_dir), Path(load_dir)
+    if save_dir == load_dir:
+        return None
+    if not load_dir.is_dir():
+        return f"{load_dir} does not exist or is not a directory"
+    if is_one_checkpoint(load_dir):
+        reason = verify(load_dir)
+        return None if reason is None else f"{load_dir} is not a usable checkpoint: {reason}"
+    if not candidates(load_dir):
+        return (f"{load_dir} holds no checkpoint ({PREFIX}NNNNNNN directories); give a checkpoint directory "
+                f"(RUN_DIR/checkpoints) or one checkpoint in it")
+    return None
 
 
 def prune(save_dir: Path, keep: int) -> None:

@@ -1,8 +1,10 @@
 """Request limits the engine and the router share: header size and read time, body size.
 
-`guarded_protocol` is uvicorn's httptools protocol with two more rules: the request head
+`guarded_protocol` is uvicorn's httptools protocol with three more rules: the request head
 (request line and headers) may hold at most `max_head_bytes` (else 431) and must arrive
-within `head_timeout` seconds of its first byte (else 408); either way the connection is
+within `head_timeout` seconds of its first byte (else 408); a body, once its head is in, must
+keep arriving at `MIN_BODY_RATE` bytes/s or more over each `head_timeout` window (else 408: a
+body trickled at 1 B/s held the connection open for good, R8b); each time the connection is
 closed. `BodyLimit` wraps an ASGI app and answers 413 to a body over its limit, from the
 Content-Length when there is one, else as the bytes arrive.
 """
@@ -11,6 +13,10 @@ from __future__ import annotations
 import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+# The slowest a request body may arrive, averaged over each head-timeout window: 16 KiB/s lets a body of a few
+# KiB take the whole window and a slow link (128 kbit/s) any size, and ends a trickle within one window.
+MIN_BODY_RATE = 16 * 1024
 
 
 def _response(status: int, reason: str, message: str) -> bytes:
@@ -31,6 +37,7 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
             self._tail = b""
             self._head_started: float | None = self.loop.time()  # a connection that sends nothing counts too
             self._refused = False
+            self._body_window: tuple[float, int] = (self.loop.time(), 0)  # (start, bytes) of the body's window
             self._head_timer = self.loop.call_later(head_timeout, self._check_head_time)
 
         def data_received(self, data: bytes) -> None:
@@ -50,9 +57,12 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
                     self._refuse(431, "Request Header Fields Too Large",
                                  f"the request line and headers exceed {max_head_bytes} bytes")
                     return
+            else:  # the body of the current request: counted towards its window
+                self._body_window = (self._body_window[0], self._body_window[1] + len(data))
             super().data_received(data)
-            if self.cycle is not cycle:  # a head completed: the next one starts from zero
+            if self.cycle is not cycle:  # a head completed: the next one starts from zero, its body's window now
                 self._head_bytes, self._tail, self._head_started = 0, b"", None
+                self._body_window = (self.loop.time(), 0)
 
         def connection_lost(self, exc) -> None:
             self._cancel_timer()
@@ -73,13 +83,40 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
                 self._refuse(408, "Request Timeout", f"the request headers did not arrive within {head_timeout}s")
                 return
             wait = head_timeout if started is None else head_timeout - (now - started)
-            self._head_timer = self.loop.call_later(wait, self._check_head_time)
+            if self._body_arriving():
+                if self._check_body_rate(now):
+                    return
+                wait = min(wait, head_timeout - (now - self._body_window[0]))
+            self._head_timer = self.loop.call_later(max(wait, 0.01), self._check_head_time)
+
+        def _body_arriving(self) -> bool:
+            cycle = self.cycle
+            return cycle is not None and cycle.more_body and not cycle.response_complete
+
+        def _check_body_rate(self, now: float) -> bool:
+            """Refuse a body that fell under MIN_BODY_RATE over a whole window; True when refused. While the
+            app does not take the body (reading paused: it is not the client's fault) the window restarts."""
+            start, received = self._body_window
+            if self.flow.read_paused:
+                self._body_window = (now, 0)
+                return False
+            if now - start < head_timeout:
+                return False
+            if received < MIN_BODY_RATE * (now - start):
+                self._refuse(408, "Request Timeout", f"the request body arrived at {received / (now - start):.0f} "
+                                                     f"bytes/s over {now - start:.1f}s; at least {MIN_BODY_RATE} "
+                                                     f"bytes/s are needed")
+                return True
+            self._body_window = (now, 0)
+            return False
 
         def _refuse(self, status: int, reason: str, message: str) -> None:
             self._refused = True
             self._cancel_timer()
             if not self.transport.is_closing():
-                self.transport.write(_response(status, reason, message))
+                cycle = self.cycle
+                if cycle is None or not cycle.response_started:  # else the answer has begun: only close
+                    self.transport.write(_response(status, reason, message))
                 self.transport.close()
 
     return GuardedHttpToolsProtocol

@@ -27,7 +27,9 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])  # the checkout (services s
 # Secret-named variables (miles.config.secrets' name rule) a service still inherits: the Hugging Face
 # Hub token, so an engine may load a gated model by its Hub id. Every other one (tracker keys, cloud
 # credentials, MY_SERVICE_TOKEN, the run's admin tokens) a service gets only when its launcher passes it.
-SERVICE_KEEP_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+# the Hub token, and proxies (a proxy URL may carry credentials, N41, but an engine needs it to reach the Hub)
+SERVICE_KEEP_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                              "http_proxy", "https_proxy", "all_proxy"})
 
 
 class ServiceStartError(RuntimeError):

@@ -5,14 +5,20 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
+import pytest
 
 from miles.engines.supervisor import EngineSupervisor, RouterAdmin, SupervisionPolicy
+from miles.rollout.generate import watch_outage
+from miles.run.engine_loss import NoEngineLeft
 from miles.serving.process import ServiceProcess
 
 from .conftest import launch_stub, wait_for
+from .test_resend import post_once
 
 POLICY = SupervisionPolicy(interval=0.2, timeout=0.5, hung_checks=3, max_restarts=2, backoff=0.1)
 
@@ -133,3 +139,24 @@ def test_a_killed_router_comes_back_on_its_address_with_every_engine_registered_
             router.stop()
         for stub in stubs:
             stub.kill()
+
+
+def test_once_every_engine_is_left_down_a_waiting_request_stops_at_once(router, tmp_path):
+    """N39: the supervisor says it gave up, and the rollout client stops waiting out --engine-wait-timeout."""
+    supervisor, handle, stubs, started = supervised(router, tmp_path)
+    supervisor.policy = SupervisionPolicy(interval=0.2, timeout=0.5, hung_checks=3, max_restarts=0, backoff=0.1)
+    try:
+        os.kill(stubs[1].proc.pid, signal.SIGKILL)
+        wait_for(lambda: supervisor.states()["failed"] == 1, 30, "engine 1 left down")
+        assert supervisor.gave_up() is None  # engine 0 still serves
+        os.kill(stubs[0].proc.pid, signal.SIGKILL)
+        wait_for(lambda: supervisor.states()["failed"] == 2, 30, "both engines left down")
+        assert supervisor.gave_up() == "every engine (0, 1) used its 0 restarts (--engine-max-restarts) and is down"
+        watch_outage(supervisor.gave_up)
+        began = time.monotonic()
+        with pytest.raises(NoEngineLeft, match="--engine-max-restarts"):
+            post_once(handle.url, SimpleNamespace(use_fault_tolerance=True, engine_wait_timeout=300.0))
+        assert time.monotonic() - began < 30  # not the 300 s of --engine-wait-timeout
+    finally:
+        watch_outage(None)
+        cleanup(supervisor, started)

@@ -20,7 +20,8 @@ from miles.config.secrets import child_env
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = {"MY_SERVICE_TOKEN": "probe-s3-service-token", "AWS_SECRET_ACCESS_KEY": "probe-s3-aws-secret",
            "MLFLOW_TRACKING_PASSWORD": "probe-s3-mlflow-pass", "WANDB_API_KEY": "probe-s3-wandb-key",
-           "db_password": "probe-s3-lower-case"}
+           "db_password": "probe-s3-lower-case",
+           "DB_URL": "postgres://u:probe-n41-url-pass@db.example/db"}  # N41: a credential inside a URL value
 HUB = {"HF_TOKEN": "probe-s3-hub-token"}  # kept on purpose: an engine may load a gated model by its Hub id
 
 
@@ -41,6 +42,32 @@ def test_name_rule():
            "client_secret": "x", "PGPASSWORD": "x", "HF_TOKEN": "x"}
     assert child_env(env) == {"PATH": "/bin", "TOKENIZERS_PARALLELISM": "false"}
     assert child_env(env, frozenset({"HF_TOKEN"}))["HF_TOKEN"] == "x"
+
+
+def test_url_rule():
+    """N41: a URL-valued variable carrying credentials is not inherited, whatever its name; one without is."""
+    env = {"DB_URL": "postgres://u:s3cret@db.example/db", "MLFLOW_TRACKING_URI": "https://alice:pw%40x@mlflow.example",
+           "WANDB_BASE_URL": "https://tok123@wandb.example", "PLAIN_URL": "https://mlflow.example/x@y",
+           "HTTP_PROXY": "http://proxy.example:3128"}
+    assert child_env(env) == {"PLAIN_URL": "https://mlflow.example/x@y", "HTTP_PROXY": "http://proxy.example:3128"}
+    assert child_env(env, frozenset({"DB_URL"}))["DB_URL"] == env["DB_URL"]
+    from miles.serving.process import SERVICE_KEEP_ENV  # an engine reaches the Hub through the machine's proxy
+
+    assert "HTTPS_PROXY" in child_env({"HTTPS_PROXY": "http://u:p@proxy:3128"}, SERVICE_KEEP_ENV)
+
+
+def test_url_credentials_are_blanked_in_what_a_run_writes(monkeypatch):
+    """N41: the scrubber blanks a URL's credentials (also URL-decoded) from env vars and config values."""
+    from miles.config import parse_config
+    from miles.config.secrets import env_scrubber, scrubber_for
+
+    monkeypatch.setenv("DB_URL", "postgres://u:s3cret-db@db.example/db")
+    monkeypatch.setenv("WANDB_BASE_URL", "https://alice:pw%40wandb@wandb.example")
+    scrub = env_scrubber().scrub
+    assert scrub("connect postgres://u:s3cret-db@db.example/db failed") == "connect postgres://***@db.example/db failed"
+    assert "pw@wandb" not in scrub("password pw@wandb") and "pw%40wandb" not in scrub("https://alice:pw%40wandb@w")
+    config = parse_config(["--use-mlflow", "--mlflow-tracking-uri", "https://bob:cfg-pass@mlflow.example"])
+    assert scrubber_for(config).scrub("uri https://bob:cfg-pass@mlflow.example") == "uri https://***@mlflow.example"
 
 
 @pytest.mark.slow

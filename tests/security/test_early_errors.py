@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--seed", "-1"], "--seed", "must be >= 0"),
     (["--rollout-max-response-len", "100000"], "--rollout-max-response-len", "exceeds the context length 256"),
     (["--context-length", "10"], "--context-length", "exceeds the context length 10"),
+    # C11: one prompt's samples are one batched request to one engine; past its queue they were a 503 mid-run
+    (["--n-samples-per-prompt", "100000"], "--n-samples-per-prompt",
+     "100000 is more than one engine queues .--engine-max-queued-requests 4096."),
+    (["--n-samples-per-prompt", "8", "--engine-max-queued-requests", "4"], "--n-samples-per-prompt",
+     "8 is more than one engine queues .--engine-max-queued-requests 4."),
+    (["--n-samples-per-eval-prompt", "5000"], "--n-samples-per-eval-prompt", "more than one engine queues"),
+    (["--sglang-server-concurrency", "5000"], "--sglang-server-concurrency", "more than one engine queues"),
 ])
 def test_flag_values_that_fail_after_start_up(tmp_path, flags, flag, message):
     with pytest.raises(ConfigError, match=message) as raised:
@@ -45,6 +52,13 @@ def test_prompt_files_that_fail_after_start_up(tmp_path, line, message):
     assert str(raised.value).startswith("--prompt-data") and f"{path}:2" in str(raised.value)
 
 
+def test_the_largest_group_the_engine_queue_holds_is_accepted(tmp_path):
+    config = prepare(["--run-dir", str(tmp_path / "run"), "--n-samples-per-prompt", "8",
+                      "--engine-max-queued-requests", "8", "--sglang-server-concurrency", "8",
+                      "--n-samples-per-eval-prompt", "8"], make_model=False)
+    assert config.rollout.n_samples_per_prompt == 8
+
+
 def test_a_null_label_is_still_allowed(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "1+1=", "label": null}\n')
@@ -65,6 +79,9 @@ def test_the_cli_exits_2_with_one_line_before_any_service(tmp_path):
     ("/etc", "has no config.json"),
     ("/dev/null", "is not a directory"),
     ("truncated", "cannot load .*: SafetensorError"),
+    # N6: weights that are NaN, or past float32's range (the CPU engine serves float32), are refused at start
+    ("nan", "cannot load .*: WeightUpdateError: .* tensor '.*' holds NaN or infinite values once loaded as float32"),
+    ("float64-1e300", "holds NaN or infinite values once loaded as float32"),
 ])
 def test_engine_model_errors_are_one_line(tmp_path, base_model, case, message):
     import re
@@ -76,6 +93,21 @@ def test_engine_model_errors_are_one_line(tmp_path, base_model, case, message):
         shutil.copytree(base_model, model)
         weights = Path(model) / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif case in ("nan", "float64-1e300"):
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        model = str(tmp_path / case)
+        shutil.copytree(base_model, model)
+        weights = Path(model) / "model.safetensors"
+        tensors = load_file(weights)
+        if case == "nan":
+            name = sorted(tensors)[-1]
+            tensors[name] = tensors[name].clone()
+            tensors[name].view(-1)[0] = float("nan")  # one element is enough
+        else:
+            tensors = {k: torch.full(v.shape, 1e300, dtype=torch.float64) for k, v in tensors.items()}
+        save_file(tensors, weights)
     done = subprocess.run([sys.executable, "-m", "miles.engines.cli", "--model", model, "--port", "1"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     last = done.stderr.strip().splitlines()[-1]

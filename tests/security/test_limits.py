@@ -104,3 +104,53 @@ def _readable(sock: socket.socket) -> bool:
     import select
 
     return bool(select.select([sock], [], [], 0)[0])
+
+
+@pytest.mark.parametrize("target", ["engine", "router"])
+def test_a_trickled_body_is_cut_off_and_others_are_served(engine, router, target):
+    """R8b: headers complete, then the body trickles (1 byte per 0.2 s of a declared 1000): the connection is
+    answered 408 and closed within about two head-timeout windows, not held open for good."""
+    handle = router(router_header_timeout=1.0) if target == "router" else None
+    url = handle.url if handle else engine.url
+    timeout = 1.0 if handle else 2.0  # the session engine runs with --engine-header-timeout 2
+    head = (b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n{")
+    with socket.create_connection(("127.0.0.1", port_of(url)), timeout=timeout + 20) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        assert httpx.get(url + "/health", timeout=10).status_code == 200  # others unaffected
+        answer = b""
+        while True:
+            try:
+                sock.sendall(b" ")
+                chunk = sock.recv(4096) if _readable(sock) else b""
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            answer += chunk
+            if answer:
+                break
+            assert time.monotonic() - started < 2 * timeout + 15, "the trickling body was never cut off"
+            time.sleep(0.2)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408") or answer == b"", answer[:200]
+    assert b"bytes/s" in answer or answer == b""
+    assert waited >= timeout * 0.9  # judged over a whole window, not at the first slow read
+
+
+def test_a_body_that_arrives_at_a_normal_pace_is_served(engine, router):
+    """A body sent in pieces but at a normal rate (64 KiB in 0.1 s steps over ~1.6 s, past the 1 s window)
+    is read whole and answered (here 400: not a generate request), not cut off."""
+    handle = router(router_header_timeout=1.0)
+    body = b'{"text": "' + b"a" * (64 * 1024) + b'", "bogus_field_for_400": 1}'
+    head = (b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+    with socket.create_connection(("127.0.0.1", port_of(handle.url)), timeout=60) as sock:
+        sock.sendall(head)
+        step = len(body) // 16 + 1
+        for i in range(0, len(body), step):
+            sock.sendall(body[i:i + step])
+            time.sleep(0.1)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 ") and not answer.startswith(b"HTTP/1.1 408"), answer[:300]
