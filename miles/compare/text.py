@@ -15,3 +15,8 @@ def terminal_safe(text: str) -> str:
 def _escape(c: str) -> str:
     code = ord(c)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe_lines(text: str) -> str:
+    """`terminal_safe` line by line: the newlines between lines kept."""
+    return "\n".join(terminal_safe(line) for line in text.split("\n"))

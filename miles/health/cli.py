@@ -141,7 +141,7 @@ def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = 
     from pathlib import Path
 
     from miles.compare.curves import UnreadableRun as UnreadableCurves
-    from miles.compare.text import terminal_safe
+    from miles.compare.text import terminal_safe_lines
     from miles.config import ConfigError
     from miles.health.history import UnreadableRun, from_mlflow, from_run_dir
     from miles.health.verdicts import format_table, summarize
@@ -161,7 +161,7 @@ def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = 
     except (UnreadableRun, UnreadableCurves) as exc:
         print(f"miles doctor: cannot read the run: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    print(terminal_safe(format_table(run_history, rows)))  # the run dir's name is anyone's text (N33)
+    print(terminal_safe_lines(format_table(run_history, rows)))  # the run dir's name is anyone's text (N33)
     red = any(r.verdict == "RED" for r in rows)
     if gate is not None:
         try:
