@@ -3,9 +3,10 @@
 At each step the baselines that recorded a metric give its mean; the corridor is the mean plus (or minus,
 by the rule's worse direction) the widest of the relative tolerance, the absolute tolerance and k times
 the baselines' noise (their spread at that step, or their own step-to-step jitter: `miles.compare.noise`).
-A step past the corridor is outside; a signal is a regression (OUTSIDE) only where it stays outside for
-the rule's number of steps in a row, or goes past twice the tolerance at one step: one step just outside
-is the noise of a second seed, not a regression. A value past the rule's absolute bounds is outside with or
+A step past the corridor is outside; a signal is a regression (OUTSIDE) only where it is outside at k of
+2k-1 judged steps in a stretch (k the rule's `sustain`: 3 of 5 on the rollout and train axes, 1 on the
+eval axis), or goes past twice the tolerance at one step: one step just outside is the noise of a second
+seed, not a regression. A value past the rule's absolute bounds is outside with or
 without baselines; a value the run should have (a step it reached, or every step for a finished run) that
 is missing or not finite is an error, as is a corridor that is not finite (baselines near the float limit).
 
@@ -128,19 +129,15 @@ def _at(curve: dict[int, float], step: int) -> float | None:
 
 def _regression(rule: Rule, axis: str, points: list[Point]) -> Point | None:
     """The first point of the first regression: a point past an absolute bound or twice the tolerance, or
-    the start of `steps_needed` judged points in a row outside the corridor."""
-    need, streak = rule.steps_needed(axis), []
-    for p in points:
-        if p.verdict == UNJUDGED:
-            continue  # a step with no baseline neither breaks nor extends a run of outside steps
+    one that starts a stretch of 2k-1 judged points of which k are outside the corridor (k: the rule's
+    steps_needed; 3 of 5 by default, so a reward outside at rollouts 4, 6 and 7 is one, a lone step is not)."""
+    need = rule.steps_needed(axis)
+    judged = [p for p in points if p.verdict != UNJUDGED]  # a step with no baseline neither breaks nor counts
+    for i, p in enumerate(judged):
         if p.verdict != OUTSIDE:
-            streak = []
             continue
-        if p.hard or p.spike:
-            return streak[0] if streak else p
-        streak.append(p)
-        if len(streak) >= need:
-            return streak[0]
+        if p.hard or p.spike or sum(q.verdict == OUTSIDE for q in judged[i:i + 2 * need - 1]) >= need:
+            return p
     return None
 
 
@@ -182,8 +179,9 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
                      f"{len(unjudged)} with no baseline ({_ranges(unjudged)})")
     outside = [p for p in points if p.verdict == OUTSIDE]
     if outside and start is None:
+        need = rule.steps_needed(axis)
         notes.append(f"{len(outside)} step(s) just outside (at {', '.join(str(p.step) for p in outside[:5])}), "
-                     f"never {rule.steps_needed(axis)} in a row nor past twice the tolerance: noise")
+                     f"never {need} of {2 * need - 1} steps nor past twice the tolerance: noise")
     if error is not None:
         verdict = ERROR
     elif start is not None:

@@ -1,6 +1,6 @@
 """Which metrics a comparison judges and how: one one-sided rule per metric (the direction that is worse,
-a relative and an absolute tolerance, a k-sigma band, optional absolute bounds, how many steps in a row
-must be outside for a regression, and whether it is a timing: a slower machine is not a broken run, so
+a relative and an absolute tolerance, a k-sigma band, optional absolute bounds, how many steps of a
+stretch must be outside for a regression, and whether it is a timing: a slower machine is not a broken run, so
 timing verdicts are reported apart and fail a comparison only when asked to, `--gate-timing`).
 
 The defaults follow Miles' CI metric-history gate (grad_norm may rise 50% or 0.1, raw_reward fall 20% or
@@ -18,7 +18,7 @@ from pathlib import Path
 from miles.config import ConfigError
 
 UP, DOWN = "up", "down"  # the direction in which a metric gets worse
-SUSTAIN = 3  # the default run of outside steps that is a regression on the rollout and train axes
+SUSTAIN = 3  # by default 3 of 5 steps outside are a regression on the rollout and train axes
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class Rule:
     k_sigma: float = 3.0  # the band widens to k standard deviations of the baselines at that step
     min: float | None = None  # absolute bounds, judged at every step, with or without baselines
     max: float | None = None
-    # steps in a row outside the corridor that make a regression (None: 1 on the eval axis, whose points are
-    # each the mean of hundreds of samples, SUSTAIN elsewhere); one step past twice the tolerance is one too
+    # k: outside at k of 2k-1 judged steps in a stretch is a regression (None: 1 on the eval axis, whose points
+    # are each the mean of hundreds of samples, SUSTAIN elsewhere); one step past twice the tolerance is one too
     sustain: int | None = None
     timing: bool | None = None  # a timing (None: the key is under perf/): reported apart, gated on request
 
