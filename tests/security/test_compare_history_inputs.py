@@ -193,3 +193,14 @@ def test_a_span_at_the_float_limit_is_skipped_not_a_500(tmp_path):
         response = client.get(path)
         assert response.status_code == 200, (path, response.text[:300])
     assert "Infinity" not in client.get("/api/timeline/chrome").text
+
+
+def test_the_dashboard_refuses_an_empty_baseline(tmp_path):
+    """N30 in the Compare view: a listed sibling with no compared metric is a 400 naming it, not "within"."""
+    run = copy_run(tmp_path / "runs" / "run")
+    empty = tmp_path / "runs" / "empty"
+    empty.mkdir()
+    (empty / "metrics.jsonl").write_text("garbage\n")
+    c = TestClient(build_app(run))
+    response = c.get("/api/compare", params={"baseline": str(empty)})
+    assert response.status_code == 400 and "nothing to compare against" in response.json()["detail"]
