@@ -161,7 +161,8 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
         # the run's own eval steps, each against the baselines' curves there; a baseline's eval step the run
         # did not schedule is not comparable (unless the run is finished and stopped before it)
         scheduled = run.eval_steps()
-        steps = sorted(set(mine) | {s for s in theirs if s in scheduled or (finished and (reached is None or s > reached))})
+        past_end = lambda s: finished and (reached is None or s > reached)  # noqa: E731
+        steps = sorted(set(mine) | {s for s in theirs if s in scheduled or past_end(s)})
         at = {s: [v for v in (_at(c, s) for c in curves) if v is not None] for s in steps}
     else:
         steps = sorted(set(theirs) | set(mine))

@@ -100,7 +100,9 @@ def timeline_row(row: dict) -> dict | None:
     """A span: finite start and end, a rollout id that is an integer or absent."""
     rollout_id = row.get("rollout_id")
     times = (row.get("start"), row.get("end"))
-    if not all(_is_finite(t) and abs(t) <= MAX_SPAN_TIME for t in times) or not (rollout_id is None or _is_int(rollout_id)):
+    if not all(_is_finite(t) and abs(t) <= MAX_SPAN_TIME for t in times):
+        return None
+    if not (rollout_id is None or _is_int(rollout_id)):
         return None
     return row
 

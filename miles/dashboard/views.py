@@ -338,5 +338,5 @@ def evals(files: RunFiles, step: int | None = None) -> dict[str, Any]:
     for r in rows:
         sets[r["eval_set"]].append(r["pass_rate"])
     return {"available": True, "steps": steps, "step": step, "prompts": rows,
-            "sets": {name: {"prompts": len(v), "mean_pass_rate": sum(v) / len(v), "never_solved": sum(x == 0 for x in v)}
-                     for name, v in sets.items()}}
+            "sets": {name: {"prompts": len(v), "mean_pass_rate": sum(v) / len(v),
+                            "never_solved": sum(x == 0 for x in v)} for name, v in sets.items()}}

@@ -22,7 +22,8 @@ def samples_due(interval: int | None, rollout_id: int, num_rollout: int | None =
     """Whether `--log-samples-interval` logs this rollout's samples (and their per-token file): every
     interval-th rollout, and the run's last one, so that the final policy has a sample table (first-hour
     N12: rollouts 0, 10, ..., 90 of 100 left rollout 99 without one)."""
-    return bool(interval) and (rollout_id % interval == 0 or (num_rollout is not None and rollout_id == num_rollout - 1))
+    last = num_rollout is not None and rollout_id == num_rollout - 1
+    return bool(interval) and (rollout_id % interval == 0 or last)
 
 
 def sample_row(rollout_id: int, s) -> dict:
