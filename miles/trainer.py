@@ -98,7 +98,10 @@ class RLTrainer:
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
-        """Load the newest good checkpoint (if any) everywhere; return the next rollout id."""
+        """Load the newest good checkpoint (if any) everywhere; return the next rollout id. Continuing from
+        one (the next chunk of `miles train`, or a resume after a crash) is a `resume` span of the timeline,
+        at the rollout it continues with, so that views can mark where a new trainer took over."""
+        began = time.time()
         scan = checkpoint.resume_point(self.save_dir, self.load_dir)
         for bad in scan.rejected:
             print(f"[trainer] skipping checkpoint {bad.path}: {bad.reason}", flush=True)
@@ -121,6 +124,7 @@ class RLTrainer:
         self.health.resume([ln for ln in journal if ln.rollout_id <= state.rollout_id])
         self._engines_serve(scan.path, state.weight_version)
         print(resume_message(scan.path, state.rollout_id, journal), flush=True)
+        self.timeline.add("resume", began, time.time(), state.rollout_id + 1, checkpoint=str(scan.path))
         return state.rollout_id + 1
 
     def _engines_serve(self, model_dir: Path, version: int) -> None:
@@ -187,7 +191,8 @@ class RLTrainer:
         self.tracker.log_rollout(rollout_id, self.args, samples, dict(rollout_logged), times["rollout"])
 
         # a rollout redone after a crash keeps its first run's line, samples and token file
-        logged = samples_due(cfg.tracking.log_samples_interval, rollout_id) and not self.tracker.recorded(rollout_id)
+        logged = (samples_due(cfg.tracking.log_samples_interval, rollout_id, cfg.rollout.num_rollout)
+                  and not self.tracker.recorded(rollout_id))
         with self.phase("train", rollout_id, times):  # log_probs and actor_train are phases inside the ranks
             batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id,
                                       return_token_stats=logged)

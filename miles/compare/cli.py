@@ -1,7 +1,9 @@
 """`miles compare RUN_DIR BASELINE_DIR...`: a run against its baselines, signal by signal and step by step.
 
-Exit 0 when every signal is within the baselines' corridor, 1 on a regression (a signal outside it,
-or a value missing or not finite), 2 on a usage error, 3 when a run dir cannot be read.
+Exit 0 when every learning signal is within the baselines' corridor, 1 on a regression (a signal that
+stays outside it, or a value missing or not finite), 2 on a usage error, 3 when a run dir cannot be read
+or a baseline holds nothing to compare against. Timing signals (perf/*_time) are reported apart and
+fail only with --gate-timing.
 """
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from miles.compare.curves import UnreadableRun, read_run
+from miles.compare.curves import UnreadableRun, read_run, require_judged
 from miles.compare.comparison import EXIT_REGRESSION, EXIT_UNREADABLE, EXIT_WITHIN, compare, format_table
 from miles.compare.mlflow_tags import tag_mlflow_run
 from miles.compare.rules import DEFAULT_RULES, load_rules
+from miles.compare.text import terminal_safe
 from miles.config import ConfigError
 
 
@@ -32,6 +35,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mlflow-experiment-name", default="miles", help="its experiment (default miles)")
     parser.add_argument("--mlflow-run-id", default=None, help="the MLflow run to tag (default: the newest run "
                         "named after RUN_DIR in the experiment)")
+    parser.add_argument("--gate-timing", action="store_true", help="a timing signal (perf/*_time) outside "
+                        "its corridor fails the comparison too (default: reported as slower, exit 0: a busier "
+                        "machine is not a broken run)")
     parser.add_argument("--top-prompts", type=int, default=10, help="eval prompts to list (default 10)")
     args = parser.parse_args(argv)
     if (args.mlflow_run_id or args.mlflow_experiment_name != "miles") and not args.mlflow_tracking_uri:
@@ -48,12 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("BASELINE_DIR", f"{args.run_dir} is its own baseline")
     try:
         run = read_run(Path(args.run_dir), rules)
-        baselines = [read_run(Path(b), rules, "BASELINE_DIR") for b in args.baselines]
+        baselines = [require_judged(read_run(Path(b), rules, "BASELINE_DIR")) for b in args.baselines]
     except UnreadableRun as exc:
-        print(f"miles compare: cannot read the run: {exc}", file=sys.stderr)
+        print(terminal_safe(f"miles compare: cannot read the run: {exc}"), file=sys.stderr)
         return EXIT_UNREADABLE
-    result = compare(run, baselines, rules, finished=args.finished, top_prompts=args.top_prompts)
-    print(json.dumps(result.as_json()) if args.json else format_table(result))
+    result = compare(run, baselines, rules, finished=args.finished, top_prompts=args.top_prompts,
+                     gate_timing=args.gate_timing)
+    print(json.dumps(result.as_json(), allow_nan=False) if args.json else format_table(result))
     if args.mlflow_tracking_uri:
         try:
             run_id = tag_mlflow_run(args.mlflow_tracking_uri, result.tags(), run_id=args.mlflow_run_id,

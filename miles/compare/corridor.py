@@ -1,20 +1,32 @@
 """Judge a run against baseline runs, metric by metric and step by step.
 
-At each step the baselines that recorded a metric give its mean and spread; the corridor is the
-mean plus (or minus, by the rule's worse direction) the widest of the relative tolerance, the
-absolute tolerance and k standard deviations of the baselines. A value past it is outside; a value
-past the rule's absolute bounds is outside with or without baselines; a value the run should have
-(a step it reached, or every step for a finished run) that is missing or not finite is an error.
+At each step the baselines that recorded a metric give its mean; the corridor is the mean plus (or minus,
+by the rule's worse direction) the widest of the relative tolerance, the absolute tolerance and k times
+the baselines' noise (their spread at that step, or their own step-to-step jitter: `miles.compare.noise`).
+A step past the corridor is outside; a signal is a regression (OUTSIDE) only where it is outside at k of
+2k-1 judged steps in a stretch (k the rule's `sustain`: 3 of 5 on the rollout and train axes, 1 on the
+eval axis), or goes past twice the tolerance at one step: one step just outside is the noise of a second
+seed, not a regression. A value past the rule's absolute bounds is outside with or
+without baselines; a value the run should have (a step it reached, or every step for a finished run) that
+is missing or not finite is an error, as is a corridor that is not finite (baselines near the float limit).
+
+Eval steps need not line up: a run's eval at step 6 is judged against each baseline's eval curve
+interpolated between its evals at 5 and 7; a baseline eval step the run never scheduled is not judged.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from miles.compare.curves import RunCurves
+from miles.compare.curves import EVAL_AXIS, RunCurves
+from miles.compare.noise import mean_std, pooled_jitter
 from miles.compare.rules import Rule, rule_for
 
 WITHIN, OUTSIDE, ERROR, UNJUDGED, NOT_REACHED = "within", "outside", "error", "no baseline", "not reached"
+
+
+def finite_or_none(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
 
 
 @dataclass(frozen=True)
@@ -24,17 +36,21 @@ class Point:
     step: int
     value: float | None  # None: the run has no value there
     mean: float | None  # None: no baseline there (only absolute bounds apply)
-    std: float
+    std: float  # the baselines' spread at this step
     n: int  # baselines with a finite value at this step
     bound: float | None
-    verdict: str
+    verdict: str  # WITHIN | OUTSIDE | ERROR | UNJUDGED (no baseline here and no absolute bound)
     why: str = ""
+    noise: float = 0.0  # the noise the corridor allows for: max(std, the baselines' jitter)
+    spike: bool = False  # outside by more than twice the tolerance (a regression at one step)
+    hard: bool = False  # past an absolute bound (a regression at one step)
 
     def as_json(self) -> dict:
-        finite = lambda v: v if v is None or math.isfinite(v) else str(v)  # noqa: E731 (JSON has no NaN)
-        return {"step": self.step, "value": finite(self.value), "mean": self.mean, "std": self.std, "n": self.n,
-                "bound": self.bound, "delta": None if self.value is None or self.mean is None or
-                not math.isfinite(self.value) else self.value - self.mean, "verdict": self.verdict, "why": self.why}
+        value = self.value if self.value is None or math.isfinite(self.value) else str(self.value)  # JSON: no NaN
+        delta = None if self.value is None or self.mean is None else finite_or_none(self.value - self.mean)
+        return {"step": self.step, "value": value, "mean": finite_or_none(self.mean), "std": finite_or_none(self.std),
+                "noise": finite_or_none(self.noise), "n": self.n, "bound": finite_or_none(self.bound),
+                "delta": delta, "verdict": self.verdict, "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -44,44 +60,89 @@ class SignalResult:
     rule: Rule
     verdict: str  # WITHIN | OUTSIDE | ERROR | UNJUDGED | NOT_REACHED
     points: list[Point] = field(default_factory=list)
+    start: Point | None = None  # where the regression (or the first error) starts
+    note: str = ""  # what the verdict leaves out: steps with no baseline, excursions that were noise
 
     @property
     def first(self) -> Point | None:
-        """Where it left the corridor (or the first error)."""
-        return next((p for p in self.points if p.verdict == self.verdict and self.verdict in (OUTSIDE, ERROR)), None)
+        """Where it left the corridor for good (or the first error)."""
+        return self.start if self.verdict in (OUTSIDE, ERROR) else None
+
+    @property
+    def timing(self) -> bool:
+        return self.rule.is_timing
+
+    def judged(self) -> list[Point]:
+        return [p for p in self.points if p.verdict != UNJUDGED]
 
     def as_json(self) -> dict:
         first = self.first
-        return {"key": self.key, "axis": self.axis, "verdict": self.verdict, "worse": self.rule.worse,
-                "rel": self.rule.rel, "abs": self.rule.abs, "k_sigma": self.rule.k_sigma,
-                "min": self.rule.min, "max": self.rule.max,
-                "first_step": first.step if first else None, "why": first.why if first else "",
-                "steps": len(self.points), "steps_outside": sum(p.verdict == OUTSIDE for p in self.points),
+        return {"key": self.key, "axis": self.axis, "verdict": self.verdict, "timing": self.timing,
+                "worse": self.rule.worse, "rel": self.rule.rel, "abs": self.rule.abs, "k_sigma": self.rule.k_sigma,
+                "min": self.rule.min, "max": self.rule.max, "sustain": self.rule.steps_needed(self.axis),
+                "first_step": first.step if first else None, "why": first.why if first else "", "note": self.note,
+                "steps": len(self.points), "steps_judged": len(self.judged()),
+                "steps_outside": sum(p.verdict == OUTSIDE for p in self.points),
                 "points": [p.as_json() for p in self.points]}
 
 
-def _stats(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return mean, std
-
-
-def judge_point(rule: Rule, step: int, value: float | None, baseline: list[float]) -> Point:
-    mean, std = _stats(baseline) if baseline else (None, 0.0)
-    bound = rule.bound(mean, std) if mean is not None else None
+def judge_point(rule: Rule, step: int, value: float | None, baseline: list[float], jitter: float = 0.0) -> Point:
+    mean, std = mean_std(baseline) if baseline else (None, 0.0)
+    noise = max(std, jitter)
+    tol = rule.tolerance(mean, noise) if mean is not None else None
+    bound = (mean + tol if rule.worse == "up" else mean - tol) if tol is not None else None
     n = len(baseline)
     if value is None:
-        return Point(step, None, mean, std, n, bound, ERROR, "missing")
+        return Point(step, None, mean, std, n, bound, ERROR, "missing", noise)
     if not math.isfinite(value):
-        return Point(step, value, mean, std, n, bound, ERROR, f"not finite ({value})")
+        return Point(step, value, mean, std, n, bound, ERROR, f"not finite ({value})", noise)
     off = rule.out_of_bounds(value)
     if off:
-        return Point(step, value, mean, std, n, bound, OUTSIDE, f"{value:.4g} {off}")
-    if bound is not None and rule.outside(value, bound):
+        return Point(step, value, mean, std, n, bound, OUTSIDE, f"{value:.4g} {off}", noise, hard=True)
+    if mean is None:
+        verdict = WITHIN if rule.min is not None or rule.max is not None else UNJUDGED
+        return Point(step, value, None, std, n, None, verdict, "", noise)
+    if not all(math.isfinite(x) for x in (mean, noise, bound)):
+        return Point(step, value, mean, std, n, bound, ERROR, f"the baselines' corridor is not finite (mean "
+                     f"{mean:.4g}, bound {bound:.4g}, n={n}): nothing to judge against", noise)
+    if rule.outside(value, bound):
         side = "above" if rule.worse == "up" else "below"
+        spike = abs(value - mean) > 2 * tol
         return Point(step, value, mean, std, n, bound, OUTSIDE,
-                     f"{value:.4g} {side} the corridor {bound:.4g} (baselines' mean {mean:.4g}, n={n})")
-    return Point(step, value, mean, std, n, bound, WITHIN)
+                     f"{value:.4g} {side} the corridor {bound:.4g} (baselines' mean {mean:.4g}, n={n})", noise,
+                     spike=spike)
+    return Point(step, value, mean, std, n, bound, WITHIN, "", noise)
+
+
+def _at(curve: dict[int, float], step: int) -> float | None:
+    """A baseline's eval curve at `step`: its value there, or interpolated between the evals either side
+    (None outside its range: no extrapolation)."""
+    if step in curve:
+        return curve[step]
+    below = [s for s in curve if s < step]
+    above = [s for s in curve if s > step]
+    if not below or not above:
+        return None
+    lo, hi = max(below), min(above)
+    return curve[lo] + (curve[hi] - curve[lo]) * (step - lo) / (hi - lo)
+
+
+def _regression(rule: Rule, axis: str, points: list[Point]) -> Point | None:
+    """The first point of the first regression: a point past an absolute bound or twice the tolerance, or
+    one that starts a stretch of 2k-1 judged points of which k are outside the corridor (k: the rule's
+    steps_needed; 3 of 5 by default, so a reward outside at rollouts 4, 6 and 7 is one, a lone step is not)."""
+    need = rule.steps_needed(axis)
+    judged = [p for p in points if p.verdict != UNJUDGED]  # a step with no baseline neither breaks nor counts
+    for i, p in enumerate(judged):
+        if p.verdict != OUTSIDE:
+            continue
+        if p.hard or p.spike or sum(q.verdict == OUTSIDE for q in judged[i:i + 2 * need - 1]) >= need:
+            return p
+    return None
+
+
+def _ranges(steps: list[int]) -> str:
+    return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
 
 
 def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves], *,
@@ -90,27 +151,49 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
     step past the run's last one is not judged yet (a run still going, or a shorter one)."""
     axis = run.axis(key)
     mine = run.curves.get(key, {})
+    curves = [{s: v for s, v in b.curves.get(key, {}).items() if math.isfinite(v)} for b in baselines]
     theirs: dict[int, list[float]] = {}
-    for b in baselines:
-        for step, value in b.curves.get(key, {}).items():
-            if math.isfinite(value):
-                theirs.setdefault(step, []).append(value)
+    for curve in curves:
+        for step, value in curve.items():
+            theirs.setdefault(step, []).append(value)
     reached = run.reached.get(axis)
-    steps = sorted(set(theirs) | set(mine))
-    if not finished:
-        steps = [s for s in steps if s in mine or (reached is not None and s <= reached)]
-    points = [judge_point(rule, s, mine.get(s), theirs.get(s, [])) for s in steps]
-    if any(p.verdict == ERROR for p in points):
+    if axis == EVAL_AXIS:
+        # the run's own eval steps, each against the baselines' curves there; a baseline's eval step the run
+        # did not schedule is not comparable (unless the run is finished and stopped before it)
+        scheduled = run.eval_steps()
+        past_end = lambda s: finished and (reached is None or s > reached)  # noqa: E731
+        steps = sorted(set(mine) | {s for s in theirs if s in scheduled or past_end(s)})
+        at = {s: [v for v in (_at(c, s) for c in curves) if v is not None] for s in steps}
+    else:
+        steps = sorted(set(theirs) | set(mine))
+        if not finished:
+            steps = [s for s in steps if s in mine or (reached is not None and s <= reached)]
+        at = {s: theirs.get(s, []) for s in steps}
+    jitter = 0.0 if axis == EVAL_AXIS else pooled_jitter(curves)
+    points = [judge_point(rule, s, mine.get(s), at[s], jitter) for s in steps]
+    error = next((p for p in points if p.verdict == ERROR), None)
+    start = error or _regression(rule, axis, points)
+    notes = []
+    unjudged = [p.step for p in points if p.verdict == UNJUDGED]
+    if unjudged and len(unjudged) < len(points):
+        notes.append(f"steps {_ranges([p.step for p in points if p.verdict != UNJUDGED])} judged; "
+                     f"{len(unjudged)} with no baseline ({_ranges(unjudged)})")
+    outside = [p for p in points if p.verdict == OUTSIDE]
+    if outside and start is None:
+        need = rule.steps_needed(axis)
+        notes.append(f"{len(outside)} step(s) just outside (at {', '.join(str(p.step) for p in outside[:5])}), "
+                     f"never {need} of {2 * need - 1} steps nor past twice the tolerance: noise")
+    if error is not None:
         verdict = ERROR
-    elif any(p.verdict == OUTSIDE for p in points):
+    elif start is not None:
         verdict = OUTSIDE
     elif not points and theirs:
         verdict = NOT_REACHED  # the run has not reached the baselines' first step of it yet
-    elif theirs or rule.min is not None or rule.max is not None:
+    elif any(p.verdict != UNJUDGED for p in points):
         verdict = WITHIN
     else:
         verdict = UNJUDGED  # nothing to judge it against (its values are finite)
-    return SignalResult(key, axis, rule, verdict, points)
+    return SignalResult(key, axis, rule, verdict, points, start, "; ".join(notes))
 
 
 def judge(run: RunCurves, baselines: list[RunCurves], rules: tuple[Rule, ...], *,

@@ -39,6 +39,20 @@ class RunCurves:
     def axis(self, key: str) -> str:
         return step_key(key)
 
+    def eval_steps(self) -> set[int]:
+        """The eval steps the run recorded (of any compared eval metric)."""
+        return {s for key, points in self.curves.items() if step_key(key) == EVAL_AXIS for s in points}
+
+
+def require_judged(run: RunCurves, what: str = "baseline") -> RunCurves:
+    """A baseline must hold something to compare against: one with no journal line holding a compared
+    metric (empty, binary, `garbage`, lines without metrics) would make every signal "no baseline" and pass
+    any run (probe N30). UnreadableRun naming it: exit 3, as a journal that cannot be read."""
+    if not any(run.curves.values()):
+        raise UnreadableRun(f"the {what} {run.source} has no journal line with a compared metric: nothing to "
+                            f"compare against")
+    return run
+
 
 def curves_of(lines: list[JournalLine], rules: tuple[Rule, ...] = DEFAULT_RULES) -> tuple[dict, dict]:
     """The compared keys' points, and the last step reached per axis, of journal lines in order (a later

@@ -1,7 +1,9 @@
 """Where a run and its baselines share an eval set: the prompts whose pass rate changed most.
 
-Prompts are matched by eval set and prompt text, at the last eval step every run recorded per-prompt
-results for (`samples/eval/`); the baselines' pass rate of a prompt is their mean.
+Prompts are matched by eval set and prompt text, at the last eval step after training that every run
+recorded per-prompt results for (`samples/eval/`); the baselines' pass rate of a prompt is their mean. The
+base eval (step 0) is never diffed: the runs start from the same weights, so its differences are sampling
+noise alone (first-hour N3).
 """
 from __future__ import annotations
 
@@ -50,7 +52,11 @@ def prompt_diff(run: RunCurves, baselines: list[RunCurves], top: int = 10) -> Pr
         note = (f"no per-prompt eval results in {', '.join(missing)}" if missing
                 else "no eval step with per-prompt results in every run")
         return PromptDiff(None, 0, [], note if baselines else "no baselines")
-    step = max(common)
+    trained = {s for s in common if s > 0}
+    if not trained:
+        return PromptDiff(None, 0, [], "no shared eval step after training (the base evals differ by sampling "
+                                       "alone: not diffed)")
+    step = max(trained)
     mine = _rates(run.prompts[step])
     theirs = [_rates(b.prompts[step]) for b in baselines]
     shared = set(mine).intersection(*theirs)

@@ -1,5 +1,7 @@
 """Which metrics a comparison judges and how: one one-sided rule per metric (the direction that is worse,
-a relative and an absolute tolerance, a k-sigma band, optional absolute bounds).
+a relative and an absolute tolerance, a k-sigma band, optional absolute bounds, how many steps of a
+stretch must be outside for a regression, and whether it is a timing: a slower machine is not a broken run, so
+timing verdicts are reported apart and fail a comparison only when asked to, `--gate-timing`).
 
 The defaults follow Miles' CI metric-history gate (grad_norm may rise 50% or 0.1, raw_reward fall 20% or
 0.05) and extend it to the rest of the "What to watch" signals, eval pass@k and the perf/ times. A
@@ -16,6 +18,7 @@ from pathlib import Path
 from miles.config import ConfigError
 
 UP, DOWN = "up", "down"  # the direction in which a metric gets worse
+SUSTAIN = 3  # by default 3 of 5 steps outside are a regression on the rollout and train axes
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,17 @@ class Rule:
     k_sigma: float = 3.0  # the band widens to k standard deviations of the baselines at that step
     min: float | None = None  # absolute bounds, judged at every step, with or without baselines
     max: float | None = None
+    # k: outside at k of 2k-1 judged steps in a stretch is a regression (None: 1 on the eval axis, whose points
+    # are each the mean of hundreds of samples, SUSTAIN elsewhere); one step past twice the tolerance is one too
+    sustain: int | None = None
+    timing: bool | None = None  # a timing (None: the key is under perf/): reported apart, gated on request
+
+    def steps_needed(self, axis: str) -> int:
+        return self.sustain if self.sustain is not None else (1 if axis == "eval/step" else SUSTAIN)
+
+    @property
+    def is_timing(self) -> bool:
+        return self.timing if self.timing is not None else self.pattern.startswith("perf/")
 
     def tolerance(self, mean: float, std: float) -> float:
         """How far past the baselines' mean a value may go in the worse direction."""
@@ -64,7 +78,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     # perf/: a phase 50% (and a second) slower than the baselines
     Rule("perf/*_time", UP, rel=0.5, abs=1.0),
 )
-FIELDS = {"pattern": str, "worse": str, "rel": float, "abs": float, "k_sigma": float, "min": float, "max": float}
+FIELDS = {"pattern": str, "worse": str, "rel": float, "abs": float, "k_sigma": float, "min": float, "max": float,
+          "sustain": int, "timing": bool}
 
 
 def rule_for(key: str, rules: tuple[Rule, ...]) -> Rule | None:
@@ -95,6 +110,10 @@ def parse_rules(raw: object, where: str) -> tuple[Rule, ...]:
             kind = FIELDS[name]
             if kind is str and not isinstance(value, str):
                 raise ConfigError(where, f"rules[{i}].{name}: {value!r:.40} is not a string")
+            if kind is bool and not isinstance(value, bool):
+                raise ConfigError(where, f"rules[{i}].{name}: {value!r:.40} is not true or false")
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000):
+                raise ConfigError(where, f"rules[{i}].{name}: {value!r:.40} is not a whole number of steps 1-1000")
             if kind is float:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     raise ConfigError(where, f"rules[{i}].{name}: {value!r:.40} is not a finite number")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from miles.compare.comparison import Comparison, compare, format_table
-from miles.compare.curves import UnreadableRun, read_run
+from miles.compare.curves import UnreadableRun, read_run, require_judged
 from miles.compare.mlflow_tags import tag_mlflow_run
 from miles.compare.rules import DEFAULT_RULES
 from miles.config import ConfigError
@@ -32,7 +32,7 @@ def compare_at_end(config) -> Comparison | None:
         return None
     try:
         run = read_run(Path(config.train.run_dir))
-        baselines = [read_run(Path(d), flag=FLAG) for d in t.baseline_run_dirs]
+        baselines = [require_judged(read_run(Path(d), flag=FLAG)) for d in t.baseline_run_dirs]
     except (ConfigError, UnreadableRun) as exc:
         print(f"[compare] not compared: {exc}", file=sys.stderr, flush=True)
         return None

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
-from miles.compare.curves import RunCurves, UnreadableRun
+from miles.compare.curves import RunCurves, UnreadableRun, require_judged
 from miles.compare.rules import DEFAULT_RULES, Rule, load_rules
 from miles.config import ConfigError
 
@@ -57,18 +59,30 @@ def add_trusted(directory: Path, run: RunCurves) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stem, n = _file_name(run.name), 1
     path = directory / f"{stem}.json"
-    while path.exists() and _source_of(path) != run.source:
+    while (path.is_symlink() or path.exists()) and _source_of(path) != run.source:
         n += 1
         path = directory / f"{stem}-{n}.json"
+    if path.is_symlink():
+        raise UnreadableRun(f"{path} is a symbolic link: not replaced (a record is a regular file)")
     if not all(math.isfinite(v) for points in run.curves.values() for v in points.values()):
         raise ValueError(f"{run.source} has a value that is not finite: not a trusted run")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record_of(run), indent=None, separators=(",", ":")) + "\n")
-    tmp.replace(path)
+    # a fresh temporary name, created exclusively (O_EXCL: never through a planted `<run>.tmp` link, probe
+    # N37), then renamed over the record: the rename replaces a directory entry, never writes through one
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=directory)
+    try:
+        os.fchmod(fd, 0o644)  # a record to commit, readable as any other file in the history
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record_of(run), indent=None, separators=(",", ":"), allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 
 def _source_of(path: Path) -> str | None:
+    if path.is_symlink():
+        return None
     try:
         return json.loads(path.read_bytes()).get("source")
     except (OSError, ValueError, AttributeError):
@@ -91,15 +105,25 @@ def read_record(path: Path) -> RunCurves:
         if not isinstance(points, list) or not all(_is_point(p) for p in points):
             raise UnreadableRun(f"{path}: curves[{key!r:.60}] is not a list of [step, finite value]")
         out[key] = {int(s): float(v) for s, v in points}
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in reached.values()):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**53 for v in reached.values()):
         raise UnreadableRun(f"{path}: reached must map step axes to integers")
     name = raw.get("run") if isinstance(raw.get("run"), str) else path.stem
-    return RunCurves(name, str(path), out, dict(reached))
+    return require_judged(RunCurves(name, str(path), out, dict(reached)), "trusted run")
 
 
 def _is_point(p: object) -> bool:
+    """[step, value]: an integer step within 2**53 and a finite number (an integer past the float range,
+    a 401-digit one, is none: probe N36)."""
     return (isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool)
-            and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) and math.isfinite(p[1]))
+            and abs(p[0]) < 2**53 and isinstance(p[1], (int, float)) and not isinstance(p[1], bool)
+            and _finite(p[1]))
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large to convert to float
+        return False
 
 
 def read_trusted(directory: Path) -> list[RunCurves]:
@@ -108,6 +132,8 @@ def read_trusted(directory: Path) -> list[RunCurves]:
         return []
     files = sorted(p for p in directory.glob("*.json") if p.name != RULES_NAME)
     for p in files:
+        if p.is_symlink():  # a history meant to live in git can carry a planted link to any file
+            raise UnreadableRun(f"{p} is a symbolic link: a trusted-run record is a regular file in the history")
         if not p.is_file():
             raise UnreadableRun(f"{p} is not a regular file")
     return [read_record(p) for p in files]

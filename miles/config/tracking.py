@@ -30,7 +30,8 @@ class TrackingConfig:
     use_tensorboard: bool = flag(False, "write TensorBoard scalars")
     tensorboard_dir: str | None = flag(None, "TensorBoard scalars (default: RUN_DIR/tensorboard) and "
                                                  "profiler traces (default: RUN_DIR/profiler)")
-    log_samples_interval: int | None = flag(10, "log a table of sample generations every N rollouts", minimum=1)
+    log_samples_interval: int | None = flag(10, "log a table of sample generations every N rollouts and at the "
+                                                "last one", minimum=1)
     custom_rollout_log_function_path: str | None = flag(
         None, "dotted path of fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool")
     custom_eval_rollout_log_function_path: str | None = flag(

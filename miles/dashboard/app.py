@@ -51,6 +51,17 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
     def run() -> dict:
         return views.run_summary(files, follow)
 
+    @app.get("/api/summary")
+    def summary() -> dict:
+        return views.summary(files)
+
+    @app.get("/api/evals")
+    def evals(step: int | None = None) -> dict:
+        try:
+            return views.evals(files, step)
+        except views.NotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+
     @app.get("/api/metrics")
     def metrics() -> dict:
         return views.metrics(files)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.compare.comparison import compare
-from miles.compare.curves import RunCurves, UnreadableRun, read_run
+from miles.compare.curves import RunCurves, UnreadableRun, read_run, require_judged
 from miles.compare.rules import DEFAULT_RULES, Rule
 from miles.config import ConfigError
 from miles.record.journal import JOURNAL_NAME
@@ -71,7 +71,7 @@ def comparison(run_dir: Path, chosen: list[str], listed: list[Candidate],
         raise BadBaseline(f"baseline {unknown[0]!r:.200} is not one of the listed candidates (/api/baselines)")
     try:
         run = read_run(run_dir, rules)
-        baselines = [read_run(Path(c), rules, "baseline") for c in dict.fromkeys(chosen)]
+        baselines = [require_judged(read_run(Path(c), rules, "baseline")) for c in dict.fromkeys(chosen)]
     except (ConfigError, UnreadableRun) as exc:
         raise BadBaseline(str(exc)) from None
     result = compare(run, baselines, rules)

@@ -72,7 +72,14 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_finite(value: Any) -> bool:
+    """A number a view can compute with: finite, and (an int) within float range: a 401-digit integer
+    made math.isfinite raise OverflowError, a 500 on every view (probe A5)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) < 2**1023
     return _is_number(value) and math.isfinite(value)
+
+
+MAX_SPAN_TIME = 1e12  # unix seconds (year 33658): a span time past it is no time (1e308 * 1e6 overflows)
 
 
 def journal_row(row: dict) -> dict | None:
@@ -92,7 +99,10 @@ def journal_row(row: dict) -> dict | None:
 def timeline_row(row: dict) -> dict | None:
     """A span: finite start and end, a rollout id that is an integer or absent."""
     rollout_id = row.get("rollout_id")
-    if not (_is_finite(row.get("start")) and _is_finite(row.get("end"))) or not (rollout_id is None or _is_int(rollout_id)):
+    times = (row.get("start"), row.get("end"))
+    if not all(_is_finite(t) and abs(t) <= MAX_SPAN_TIME for t in times):
+        return None
+    if not (rollout_id is None or _is_int(rollout_id)):
         return None
     return row
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles.dashboard.run_files import RunFiles
+from miles.dashboard.run_state import run_state, summary as run_headline
+from miles.record.eval_prompts import read_eval_prompts
 from miles.health.report import panels
 from miles.record.journal import BOOKKEEPING, NON_FINITE
 from miles.record.names import STEP_KEYS, step_key
@@ -59,14 +61,37 @@ def run_summary(files: RunFiles, follow: bool) -> dict[str, Any]:
     off = [] if status["profiler"]["present"] else ["profiling off (no profiler window in this run)"]
     corrupt = [f"{name}: {info['skipped']} unreadable lines" for name, info in status.items() if info.get("skipped")]
     config = files.config()
+    last = max((row.get("rollout_id", -1) for row in journal), default=None)
+    num_rollout = num_rollout_of(config)
     return {"run_dir": str(files.run_dir), "name": files.run_dir.name, "follow": follow,
             # the eval before training has a line of its own (rollout id -1): not an iteration
             "iterations": len({row.get("rollout_id") for row in journal if (row.get("rollout_id") or 0) >= 0}),
-            "last_rollout_id": max((row.get("rollout_id", -1) for row in journal), default=None),
-            "num_rollout": config.get("rollout.num_rollout") or config.get("num_rollout"),
+            "last_rollout_id": last, "num_rollout": num_rollout,
+            "state": run_state(files.run_dir, last, num_rollout),
             # metrics recorded without a value (NaN or infinite): the health watch's non_finite flag
             "non_finite": sorted({name for row in journal for name in row.get(NON_FINITE, ())}),
             "files": status, "missing": missing, "corrupt": corrupt, "off": off, "health": watch_state}
+
+
+def num_rollout_of(config: dict[str, Any]) -> int | None:
+    value = config.get("rollout.num_rollout") or config.get("num_rollout")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def resumes(files: RunFiles) -> list[dict[str, Any]]:
+    """Where a trainer took over from a checkpoint: each chunk of `miles train` after the first, and a
+    resume after a crash. Their first iteration reopens the trackers and reloads the weights (seconds of
+    perf/train_time that are no anomaly: first-hour N15); the x of each on every step axis."""
+    journal = {row.get("rollout_id"): row for row in files.journal().rows}
+    out = []
+    for span in files.timeline().rows:
+        if span.get("name") != "resume" or span.get("lane") != "trainer" or span.get("rollout_id") is None:
+            continue
+        rid = span["rollout_id"]
+        row = journal.get(rid, {})
+        out.append({"rollout_id": rid, "start": span["start"], "end": span["end"],
+                    "x": {axis: row.get(axis, rid) for axis in STEP_KEYS if axis != "eval/step"}})
+    return out
 
 
 def _clip_grad(files: RunFiles) -> float:
@@ -97,7 +122,7 @@ def metrics(files: RunFiles) -> dict[str, Any]:
     namespaces: dict[str, list[str]] = defaultdict(list)
     for key in sorted(series):
         namespaces[key.split("/", 1)[0] if "/" in key else "other"].append(key)
-    return {"namespaces": dict(namespaces), "series": series}
+    return {"namespaces": dict(namespaces), "series": series, "resumes": resumes(files)}
 
 
 def watch(files: RunFiles) -> dict[str, Any]:
@@ -118,6 +143,8 @@ def watch(files: RunFiles) -> dict[str, Any]:
         axis = step_key(panel.keys[0])
         flags = [step_of_rollout.get(v.get("rollout_id"), {}).get(axis, v.get("rollout_id")) for v in verdicts
                  if v.get("severity") != "ok"]
+        if signal == "grad_norm":
+            red_flag = _grad_norm_rule(files, series.get("train/grad_norm"))
         out.append({"title": panel.title, "keys": list(panel.keys), "threshold": panel.hline, "flag_steps": flags,
                     "threshold_label": panel.hline_label,
                     "healthy": healthy, "red_flag": red_flag,
@@ -125,7 +152,26 @@ def watch(files: RunFiles) -> dict[str, Any]:
     others = [v for name, vs in verdicts_by_signal.items() if name not in shown for v in vs]
     state = health_watch(files)
     return {"panels": out, "other_verdicts": others, "health": state["state"], "health_signals": state["signals"],
-            "health_rollouts": state["rollouts"]}
+            "health_rollouts": state["rollouts"], "resumes": resumes(files)}
+
+
+def _grad_norm_rule(files: RunFiles, series: dict[str, Any] | None) -> str:
+    """The grad_norm panel's red flag as the watch judges it, with the run's share at clip: "repeatedly
+    hitting the clip threshold" beside 29 of 100 rollouts at clip and no flag read as a contradiction
+    (first-hour N11)."""
+    config, clip = files.config(), _clip_grad(files)
+    window = _number(config.get("health.health_grad_norm_window", config.get("health_grad_norm_window")), 20)
+    share = _number(config.get("health.health_grad_norm_clip_share", config.get("health_grad_norm_clip_share")), 1.0)
+    every = "every one" if share >= 1 else f"{share:.0%}"
+    rule = f"at or above clip_grad={clip:g} in {every} of {window:g} rollouts in a row"
+    values = (series or {}).get("y") or []
+    if values:
+        rule += f" (this run: at clip in {sum(v >= clip for v in values)} of {len(values)}; short runs of it are normal)"
+    return rule
+
+
+def _number(value: Any, default: float) -> float:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 def timeline(files: RunFiles, rollout_id: int | None = None) -> dict[str, Any]:
@@ -262,3 +308,35 @@ def sample_detail(files: RunFiles, rollout_id: int, index: int) -> dict[str, Any
     return {"rollout_id": rollout_id, "sample": sample, "tokens": tokens,
             "tokens_note": None if tokens else f"{NOT_AVAILABLE}: no per-token file for rollout {rollout_id}",
             "messages": sample.get("messages")}
+
+
+def summary(files: RunFiles) -> dict[str, Any]:
+    """The run's headline numbers for the top of the Metrics view (first-hour N9)."""
+    journal = files.journal().rows
+    config = files.config()
+    last = max((row.get("rollout_id", -1) for row in journal), default=None)
+    num_rollout = num_rollout_of(config)
+    return run_headline(files.run_dir, run_state(files.run_dir, last, num_rollout), num_rollout)
+
+
+def evals(files: RunFiles, step: int | None = None) -> dict[str, Any]:
+    """The per-prompt eval results (`samples/eval/`): which held-out prompts the model fails at an eval step
+    (default the last), worst first (first-hour N12)."""
+    try:
+        by_step = read_eval_prompts(files.run_dir)
+    except (OSError, ValueError):
+        by_step = {}
+    steps = sorted(by_step)
+    if not steps:
+        return {"available": False, "steps": [], "step": None, "prompts": []}
+    if step is None:
+        step = steps[-1]
+    if step not in by_step:
+        raise NotFound(f"no per-prompt eval results at eval step {step} (steps: {', '.join(map(str, steps))})")
+    rows = sorted(by_step[step], key=lambda r: (r["pass_rate"], r["eval_set"], str(r["prompt"])))
+    sets: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        sets[r["eval_set"]].append(r["pass_rate"])
+    return {"available": True, "steps": steps, "step": step, "prompts": rows,
+            "sets": {name: {"prompts": len(v), "mean_pass_rate": sum(v) / len(v),
+                            "never_solved": sum(x == 0 for x in v)} for name, v in sets.items()}}

@@ -141,6 +141,7 @@ def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = 
     from pathlib import Path
 
     from miles.compare.curves import UnreadableRun as UnreadableCurves
+    from miles.compare.text import terminal_safe_lines
     from miles.config import ConfigError
     from miles.health.history import UnreadableRun, from_mlflow, from_run_dir
     from miles.health.verdicts import format_table, summarize
@@ -160,10 +161,14 @@ def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = 
     except (UnreadableRun, UnreadableCurves) as exc:
         print(f"miles doctor: cannot read the run: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    print(format_table(run_history, rows))
+    print(terminal_safe_lines(format_table(run_history, rows)))  # the run dir's name is anyone's text (N33)
     red = any(r.verdict == "RED" for r in rows)
     if gate is not None:
-        print(history.report(gate, red))
+        try:
+            print(history.report(gate, red))
+        except (UnreadableRun, UnreadableCurves) as exc:  # --history-add refused to write (a planted link)
+            print(f"miles doctor: not added to the history: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
     return EXIT_RED_FLAG if red or (gate is not None and gate.fails) else 0
 
 

@@ -17,6 +17,7 @@ from miles.config.parse import build_section
 from miles.health.detectors import Rollout, RunFacts
 from miles.health.watch import rollouts_of
 from miles.record.journal import JOURNAL_NAME, JournalLine, read_journal
+from miles.record.journal_check import journal_problems
 from miles.record.names import step_key
 from miles.record.layout import TRACKING_CONFIG as CONFIG_ARTIFACT
 
@@ -31,6 +32,7 @@ class RunHistory:
     source: str
     rollouts: list[Rollout]
     params: dict[str, Any]  # the run's flat public config (empty when unknown: defaults apply)
+    problems: tuple[str, ...] = ()  # journal lines skipped and values dropped, named (miles.record.journal_check)
 
     def health_config(self, overrides: dict[str, Any] | None = None) -> HealthConfig:
         known = {k: v for k, v in self.params.items() if k.startswith(("health_", "on_red_flag"))}
@@ -66,9 +68,10 @@ def from_run_dir(run_dir: Path) -> RunHistory:
         raise ConfigError("RUN_DIR", f"{run_dir} has no {JOURNAL_NAME} (not a run directory?)")
     try:
         lines = read_journal(journal)  # refuses a FIFO or a directory before opening it
+        problems = tuple(journal_problems(journal))
     except (OSError, ValueError) as exc:
         raise UnreadableRun(f"cannot read {journal}: {exc}") from None
-    return RunHistory(str(run_dir), rollouts_of(lines), read_run_config(Path(run_dir) / CONFIG_ARTIFACT))
+    return RunHistory(str(run_dir), rollouts_of(lines), read_run_config(Path(run_dir) / CONFIG_ARTIFACT), problems)
 
 
 def read_run_config(path: Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from miles.health.detectors import DETECTORS, Rollout, RunFacts
 from miles.health.history import RunHistory
 from miles.health.signals import RED, SIGNALS, WARNING, Verdict
 from miles.health.watch import active_signals, replay
+from miles.record.journal import JOURNAL_NAME
 
 OFF = "off"  # a signal this run is not judged on (kl_loss without --use-kl-loss)
 
@@ -64,8 +65,11 @@ def evidence(rollouts: list[Rollout], signal: str, run: RunFacts) -> str:
 
 def format_table(history: RunHistory, rows: list[SignalSummary]) -> str:
     width = max(len(s) for s in DETECTORS)
-    lines = [f"health of {history.source}: {len(history.rollouts)} rollouts",
-             f"{'signal':<{width}}  {'verdict':<7}  {'first':>5}  {'times':>5}  values"]
+    lines = [f"health of {history.source}: {len(history.rollouts)} rollouts"]
+    if history.problems:  # what every reader skipped: the verdicts below do not see these values
+        lines.append(f"note: {JOURNAL_NAME} has values the verdicts do not see:")
+        lines += [f"  {p}" for p in history.problems]
+    lines += [f"{'signal':<{width}}  {'verdict':<7}  {'first':>5}  {'times':>5}  values"]
     for row in rows:
         first = str(row.first.rollout_id) if row.first else "-"
         values = " ".join(f"{k}={v:.4g}" for k, v in row.first.values.items()) if row.first else row.evidence

@@ -18,9 +18,12 @@ def samples_path(run_dir: Path, rollout_id: int) -> Path:
     return run_dir / SAMPLES_DIR / f"rollout_{rollout_id:06d}.jsonl"
 
 
-def samples_due(interval: int | None, rollout_id: int) -> bool:
-    """Whether `--log-samples-interval` logs this rollout's samples (and their per-token file)."""
-    return bool(interval) and rollout_id % interval == 0
+def samples_due(interval: int | None, rollout_id: int, num_rollout: int | None = None) -> bool:
+    """Whether `--log-samples-interval` logs this rollout's samples (and their per-token file): every
+    interval-th rollout, and the run's last one, so that the final policy has a sample table (first-hour
+    N12: rollouts 0, 10, ..., 90 of 100 left rollout 99 without one)."""
+    last = num_rollout is not None and rollout_id == num_rollout - 1
+    return bool(interval) and (rollout_id % interval == 0 or last)
 
 
 def sample_row(rollout_id: int, s) -> dict:

@@ -155,7 +155,8 @@ class RunTracker:
         `rollout/` and `passrate/` metrics (`extra_metrics`) join the rollout's line, and every
         `--log-samples-interval`-th rollout its samples table."""
         self._require_open()
-        if samples_due(self.config.tracking.log_samples_interval, rollout_id) and not self.recorded(rollout_id):
+        if samples_due(self.config.tracking.log_samples_interval, rollout_id, self.config.rollout.num_rollout) \
+                and not self.recorded(rollout_id):
             write_samples(self.run_dir, rollout_id, samples)
         if self._hook(self.hooks.rollout, ROLLOUT_FLAG, rollout_id, args, samples, extra_metrics, rollout_time):
             return  # Miles: True means the custom logger replaced the default one

@@ -44,7 +44,8 @@ def test_mlflow_run_has_params_artifacts_and_samples(run_dir):
     names = {a.path for a in client.list_artifacts(spec["run_id"])}
     assert {"config.yaml", "metrics.jsonl", "report.png", "samples"} <= names
     samples = {a.path for a in client.list_artifacts(spec["run_id"], "samples")}
-    assert samples == {"samples/rollout_000000.jsonl", "samples/rollout_000002.jsonl"}
+    # every --log-samples-interval-th rollout and the last one (the final policy's samples)
+    assert samples == {"samples/rollout_000000.jsonl", "samples/rollout_000002.jsonl", "samples/rollout_000003.jsonl"}
     row = json.loads((run_dir / "samples" / "rollout_000002.jsonl").read_text().splitlines()[0])
     assert row["prompt"] == "2+10=" and row["reward"] in (0.0, 1.0) and "response" in row
 

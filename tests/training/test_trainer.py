@@ -167,6 +167,10 @@ def test_resume_is_exact_even_past_a_corrupt_checkpoint(small_config, ray_cluste
             assert got[key] == pytest.approx(straight[r][key], rel=1e-5, abs=2e-6)
     journal = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [row["rollout/step"] for row in journal] == [0, 1, 2, 3]  # the redone rollout 2 is not doubled
+    # the trainer that continued wrote where it took over: the dashboard marks it (first-hour N15)
+    resumes = [s for s in read_spans(tmp_path / "b" / "timeline.jsonl") if s.name == "resume"]
+    assert [(s.lane, s.rollout_id) for s in resumes] == [("trainer", 2)]
+    assert resumes[0].args["checkpoint"].endswith("iter_0000001") and resumes[0].end >= resumes[0].start
 
 
 def test_attach_to_named_actors_and_restart_from_base(small_config, ray_cluster, engine, tmp_path):

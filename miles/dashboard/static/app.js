@@ -7,9 +7,15 @@ const PHASE_COLORS = {rollout: "#60a5fa", train: "#a78bfa", log_probs: "#34d399"
                       log_tokens: "#ef4444", token_stats: "#ef4444",
                       // the router's lane: bursts of proxied requests, and its admin events (instants)
                       proxy: "#fdba74", add_worker: "#15803d", readmit: "#15803d", remove_worker: "#b91c1c",
-                      quarantine: "#b91c1c", update_weight_version: "#db2777"};
+                      quarantine: "#b91c1c", update_weight_version: "#db2777",
+                      // a trainer taking over from a checkpoint: a chunk of `miles train` after the first, a resume
+                      resume: "#6b7280"};
 let RUN = null;
 let lastSeen = null;
+let lastState = null;
+const RESUME_NOTE = "resume: a new trainer continued from a checkpoint here (a chunk boundary of `miles train`, " +
+  "or a resume after a crash); its first iteration reloads weights and reopens the trackers, so seconds of " +
+  "perf/train_time there are expected";
 
 async function api(path) {
   const res = await fetch(path, {headers: TOKEN ? {Authorization: "Bearer " + TOKEN} : {}});
@@ -74,8 +80,35 @@ const healthLine = (rollouts, signals) =>
   `Health watch: no red flags in ${rollouts} rollouts (${signals.length} signals checked: ${signals.join(", ")})`;
 
 // ---- metrics ---------------------------------------------------------------------------
+// The run's headline (first-hour N9): the scorecard's numbers, as the terminal, Prefect and MLflow show them.
+function summaryCard(s) {
+  const num = (v, d = 3) => (v === null || v === undefined) ? "–" : v.toFixed(d);
+  const evalText = s.eval_key ? `${num(s.base_eval)} → ${num(s.final_eval)}` +
+    (s.final_eval_rollout !== null ? ` (after rollout ${s.final_eval_rollout})` : "") : "no eval";
+  const reward = s.reward_first ? `${num(s.reward_first[1])} → ${num(s.reward_last[1])}` +
+    ` (rollouts ${s.reward_first[0]}–${s.reward_last[0]})` : "not logged";
+  const cells = [
+    ["state", s.state], ["rollouts", `${s.rollouts}` + (s.num_rollout ? ` of ${s.num_rollout}` : "")],
+    ["duration", s.duration ?? "–", s.duration_note], [s.eval_key ? s.eval_key.replace("eval/", "held-out ") : "held-out eval", evalText],
+    [s.reward_key, reward], ["red flags", s.red_flags], ["model", s.checkpoint ?? "no checkpoint saved"]];
+  const ok = !s.red.length;
+  return el("div", {class: "summary", id: "run-summary"},
+    el("div", {class: "summary-verdict " + (ok ? "ok" : "flag"), id: "summary-verdict"}, s.verdict),
+    el("div", {class: "summary-grid"}, ...cells.map(([k, v, title]) => el("div", {class: "summary-cell",
+      "data-key": k, ...(title ? {title} : {})}, el("div", {class: "summary-label"}, k),
+      el("div", {class: "summary-value"}, String(v))))));
+}
+
+// x positions of the resumes on a chart's step axis
+const resumeMarks = (resumes, axis) => (resumes || []).map(r => r.x[axis]).filter(x => x !== undefined && x !== null);
+
 async function showMetrics(view) {
-  const [watch, metrics] = await Promise.all([api("/api/watch"), api("/api/metrics")]);
+  const [watch, metrics, summary] = await Promise.all([api("/api/watch"), api("/api/metrics"), api("/api/summary")]);
+  view.append(summaryCard(summary));
+  if (metrics.resumes.length) {
+    view.append(el("div", {class: "legend", id: "resume-note"}, legendItem("", "#6b7280", true),
+      `${metrics.resumes.length} resume(s), at rollout ${metrics.resumes.map(r => r.rollout_id).join(", ")}: ` + RESUME_NOTE));
+  }
   view.append(el("h2", {}, "What to watch"));
   if (watch.health === "healthy") {
     view.append(el("div", {class: "legend", id: "watch-healthy"},
@@ -91,7 +124,9 @@ async function showMetrics(view) {
     grid.append(box);
     const series = Object.entries(p.series).map(([k, s]) => ({name: k, x: s.x, y: s.y}));
     if (!series.length) { box.append(el("div", {class: "na"}, "not logged")); continue; }
-    lineChart(box, series, {threshold: p.threshold, flags: p.flag_steps, xlabel: Object.values(p.series)[0].step_key});
+    const axis = Object.values(p.series)[0].step_key;
+    lineChart(box, series, {threshold: p.threshold, flags: p.flag_steps, xlabel: axis,
+                            marks: resumeMarks(watch.resumes, axis), markTitle: RESUME_NOTE});
     const legend = el("div", {class: "legend"},
       ...series.map((s, k) => legendItem(s.name, COLORS[k % COLORS.length])));
     if (p.threshold_label) legend.append(legendItem(p.threshold_label, "#dc2626", true));
@@ -119,7 +154,8 @@ async function showMetrics(view) {
       const s = metrics.series[key];
       const box = el("div", {class: "panel metric-panel"}, el("h3", {}, key));
       g.append(box);
-      lineChart(box, [{name: key, x: s.x, y: s.y}], {xlabel: s.step_key});
+      lineChart(box, [{name: key, x: s.x, y: s.y}], {xlabel: s.step_key, marks: resumeMarks(metrics.resumes, s.step_key),
+                                                      markTitle: RESUME_NOTE});
     }
   }
 }
@@ -168,6 +204,12 @@ async function showTimeline(view) {
       svgEl("title", {}, r).textContent =
         `${s.lane} ${s.name}` + (s.rollout_id !== null && s.rollout_id !== undefined ? ` rollout ${s.rollout_id}` : "") +
         `: ${(s.end - s.start).toFixed(3)} s` + (s.args ? " " + JSON.stringify(s.args) : "");
+    }
+    for (const s of data.spans.filter(sp => sp.name === "resume" && sp.lane === "trainer")) {
+      if (s.start < range[0] || s.start > range[1]) continue;
+      const m = svgEl("line", {x1: px(s.start), x2: px(s.start), y1: top, y2: H - 20, stroke: "#6b7280",
+                               "stroke-dasharray": "3 3", class: "resume-mark"}, svg);
+      svgEl("title", {}, m).textContent = `rollout ${s.rollout_id}: ` + RESUME_NOTE;
     }
     for (let k = 0; k <= 4; k++) {
       const t = range[0] + span * k / 4;
@@ -253,12 +295,12 @@ async function showRollouts(view) {
   for (const f of [...FILTERS, "truncated", "zero_std"]) if (params.get(f)) q.set(f, params.get(f));
   const data = await api(`/api/rollouts/${rid}?` + q.toString());
   view.append(el("div", {class: "legend", id: "rollout-count"}, `${data.samples.length} of ${data.total} samples`));
-  const table = el("table", {id: "samples-table"}, el("tr", {}, ...["#", "group", "reward", "length", "status",
-    "turns", "zero std", "prompt", "label", "response"].map(h => el("th", {}, h))));
+  const table = el("table", {id: "samples-table"}, el("tr", {}, ...["#", "group", "reward", "advantage", "length",
+    "status", "turns", "zero std", "prompt", "label", "response"].map(h => el("th", {}, h))));
   for (const s of data.samples) {
     const row = el("tr", {class: "sample-row", "data-index": s.index},
       el("td", {}, String(s.index)), el("td", {}, String(s.group_index ?? "–")), el("td", {}, String(fmt(s.reward))),
-      el("td", {}, String(s.response_length)), el("td", {}, asText(s.status)), el("td", {}, String(s.turns)),
+      el("td", {class: "advantage"}, String(fmt(s.advantage))), el("td", {}, String(s.response_length)), el("td", {}, asText(s.status)), el("td", {}, String(s.turns)),
       el("td", {class: s.zero_std ? "zero" : ""}, s.zero_std ? "zero std" : ""),
       el("td", {class: "text"}, asText(s.prompt).slice(-120)), el("td", {class: "text label"}, asText(s.label).slice(0, 80)),
       el("td", {class: "text"}, asText(s.response).slice(0, 160)));
@@ -358,6 +400,38 @@ async function showSample(view) {
   view.append(grid);
 }
 
+// ---- per-prompt evals: which held-out prompts the model still fails ---------------------
+async function showEvals(view) {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const step = params.get("step");
+  const data = await api("/api/evals" + (step !== null ? "?step=" + encodeURIComponent(step) : ""));
+  view.append(el("h2", {}, "Held-out eval, prompt by prompt"));
+  if (!data.available) {
+    view.append(el("div", {class: "na", id: "evals-na"}, "Per-prompt eval results: not available (samples/eval/ is written by each eval)"));
+    return;
+  }
+  const pick = el("select", {id: "eval-step"}, ...data.steps.map(s => {
+    const o = el("option", {value: s}, s === 0 ? "step 0 (the base eval, before training)" : `eval step ${s}`);
+    if (s === data.step) o.selected = true;
+    return o;
+  }));
+  pick.onchange = () => { location.hash = "#evals?step=" + pick.value; };
+  view.append(el("div", {class: "filters"}, el("label", {}, "eval step", pick)));
+  for (const [name, st] of Object.entries(data.sets)) {
+    view.append(el("div", {class: "legend", "data-set": name}, `${name}: ${st.prompts} prompts, mean pass rate ` +
+      `${fmt(st.mean_pass_rate)}, never solved at this step: ${st.never_solved}`));
+  }
+  const t = el("table", {id: "eval-prompts"}, el("tr", {}, ...["set", "pass rate", "rewards", "prompt", "label"].map(h =>
+    el("th", {}, h))));
+  for (const r of data.prompts) {
+    t.append(el("tr", {class: "eval-row"}, el("td", {}, r.eval_set),
+      el("td", {class: r.pass_rate === 0 ? "flag" : (r.pass_rate === 1 ? "ok" : "")}, String(fmt(r.pass_rate))),
+      el("td", {}, Array.isArray(r.rewards) ? r.rewards.map(v => fmt(v)).join(" ") : ""),
+      el("td", {class: "text"}, asText(r.prompt).slice(-160)), el("td", {class: "text"}, asText(r.label).slice(0, 80))));
+  }
+  view.append(t);
+}
+
 // ---- compare with baselines -----------------------------------------------------------
 const VERDICT_CLASS = {within: "ok", outside: "flag", error: "flag", "no baseline": "na-text", "not reached": "na-text"};
 
@@ -388,7 +462,9 @@ async function showCompare(view) {
   }
   if (!chosen.length) { view.append(el("div", {class: "na", id: "compare-none"}, "Choose one or more baselines above")); return; }
   const data = await api("/api/compare?" + chosen.map(p => "baseline=" + encodeURIComponent(p)).join("&"));
-  const failed = data.failed.length ? ` · regressions: ${data.failed.join(", ")}` : " · every signal within the corridor";
+  const failed = (data.failed.length ? ` · regressions: ${data.failed.join(", ")}` :
+    " · every learning signal within the corridor") +
+    (data.slower.length && !data.gate_timing ? ` · slower (timing, not gated): ${data.slower.join(", ")}` : "");
   view.append(el("div", {id: "compare-verdict", class: data.verdict === "within" ? "ok" : "flag"},
     `${data.run.name} vs ${data.baselines.map(b => b.name).join(", ")}: ${data.verdict}${failed}`));
   for (const n of data.notes) view.append(el("div", {class: "legend"}, n));
@@ -396,12 +472,13 @@ async function showCompare(view) {
     "baselines' mean", "bound", "delta", "steps outside", "why"].map(h => el("th", {}, h))));
   for (const s of data.signals) {
     const at = s.points.find(p => p.step === s.first_step) || s.points[s.points.length - 1] || {};
-    table.append(el("tr", {class: "signal-row", "data-key": s.key, "data-verdict": s.verdict,
+    table.append(el("tr", {class: "signal-row" + (s.timing ? " timing" : ""), "data-key": s.key, "data-verdict": s.verdict,
                            "data-first-step": s.first_step ?? ""},
       el("td", {}, s.key), el("td", {}, s.axis), el("td", {class: VERDICT_CLASS[s.verdict] || ""}, s.verdict),
       el("td", {}, at.step ?? "–"), el("td", {}, fmt(at.value)), el("td", {}, fmt(at.mean)), el("td", {}, fmt(at.bound)),
       el("td", {class: "delta"}, at.delta === null || at.delta === undefined ? "–" : (at.delta >= 0 ? "+" : "") + fmt(at.delta)),
-      el("td", {}, `${s.steps_outside}/${s.steps}`), el("td", {}, s.why)));
+      el("td", {}, `${s.steps_outside}/${s.steps}`),
+      el("td", {}, (s.timing ? "timing (not gated) · " : "") + (s.why || s.note || ""))));
   }
   view.append(table);
   view.append(el("h2", {}, "Curves (the run, each baseline, the corridor's bound dashed)"));
@@ -423,7 +500,7 @@ async function showCompare(view) {
     if (bounded.length) series.push({name: "bound", x: bounded.map(p => p.step), y: bounded.map(p => p.bound),
                                      color: "#dc2626", dash: "4 3", cls: "corridor"});
     if (!series.length) { box.append(el("div", {class: "na"}, "not logged")); continue; }
-    const outside = s.points.filter(p => p.verdict !== "within").map(p => p.step);
+    const outside = s.points.filter(p => p.verdict === "outside" || p.verdict === "error").map(p => p.step);
     lineChart(box, series, {flags: outside, xlabel: s.axis});
     box.append(el("div", {class: "legend"}, ...series.map(x => legendItem(x.name, x.color, Boolean(x.dash)))));
   }
@@ -446,7 +523,8 @@ async function showCompare(view) {
 
 // ---- routing and following -------------------------------------------------------------
 const VIEWS = {metrics: showMetrics, timeline: showTimeline, rollouts: showRollouts, sample: showSample,
-               compare: showCompare};
+               evals: showEvals, compare: showCompare};
+const STATE_TEXT = {running: "running", finished: "finished", stopped: "no trainer running now", unknown: ""};
 
 let renders = 0;
 
@@ -459,9 +537,14 @@ async function render() {
   try {
     RUN = await api("/api/run");
     lastSeen = RUN.last_rollout_id;
+    lastState = RUN.state;
     document.getElementById("run-name").textContent = RUN.name;
-    document.getElementById("run-state").textContent = `${RUN.iterations} iterations` +
-      (RUN.last_rollout_id !== null ? `, last rollout ${RUN.last_rollout_id}` : "") + (RUN.follow ? " · following" : "");
+    const state = STATE_TEXT[RUN.state] ?? RUN.state;
+    const runState = document.getElementById("run-state");
+    runState.textContent = `${RUN.iterations}` + (RUN.num_rollout ? ` of ${RUN.num_rollout}` : "") + " iterations" +
+      (RUN.last_rollout_id !== null ? `, last rollout ${RUN.last_rollout_id}` : "") + (state ? ` · ${state}` : "") +
+      (RUN.follow ? (RUN.state === "finished" ? " · the run ended: nothing more to follow" : " · following") : "");
+    runState.setAttribute("data-state", RUN.state);
     notice(RUN);
     await (VIEWS[name] || showMetrics)(view);
   } catch (err) {
@@ -476,7 +559,8 @@ async function render() {
 async function follow() {
   try {
     const run = await api("/api/run");
-    if (run.last_rollout_id !== lastSeen) await render();
+    if (run.last_rollout_id !== lastSeen || run.state !== lastState) await render();
+    if (run.state === "finished") return;  // said in the header; nothing more will come
   } catch (err) { /* the next poll retries */ }
   setTimeout(follow, 2000);
 }

@@ -27,7 +27,8 @@ function xTicks(range, integral) {
   return [...new Set(ticks)];
 }
 
-// series: [{name, x: [], y: [], color?, dash? (a dashed line, no points), cls?}]; opts: {threshold, flags: [x...], xlabel}
+// series: [{name, x: [], y: [], color?, dash? (a dashed line, no points), cls?}];
+// opts: {threshold, flags: [x...] (red bands), marks: [x...] (grey dotted verticals: resumes), markTitle, xlabel}
 function lineChart(container, series, opts) {
   opts = opts || {};
   const svg = svgEl("svg", {class: "chart", viewBox: "0 0 400 170", preserveAspectRatio: "none"}, container);
@@ -64,6 +65,12 @@ function lineChart(container, series, opts) {
     if (opts.threshold !== null && opts.threshold !== undefined) {
       svgEl("line", {x1: L, x2: W - R, y1: py(opts.threshold), y2: py(opts.threshold), stroke: "#dc2626",
                      "stroke-dasharray": "4 3", class: "threshold"}, svg);
+    }
+    for (const mx of (opts.marks || [])) {
+      if (!inRange(mx)) continue;
+      const m = svgEl("line", {x1: px(mx), x2: px(mx), y1: T, y2: H - B, stroke: "#6b7280", "stroke-dasharray": "2 3",
+                               class: "resume-mark"}, svg);
+      if (opts.markTitle) svgEl("title", {}, m).textContent = `${mx}: ${opts.markTitle}`;
     }
     for (const fx of (opts.flags || [])) {
       if (!inRange(fx)) continue;

@@ -1,0 +1,46 @@
+"""How much a metric moves from seed to seed, estimated from the baselines themselves, overflow-safe.
+
+Two estimates, the wider one wins: the spread of the baselines at a step (needs two of them), and each
+baseline's own step-to-step jitter (robust: the median absolute change between successive steps, scaled to
+a standard deviation). One baseline has no spread at any step, so without the jitter its corridor would be
+the rules' bare tolerance, and a second seed of the same run leaves it by chance (issue 38: grad_norm 1.043
+against a bound of 0.887 at one step, n=1). The jitter needs `MIN_JITTER_STEPS` points; eval curves (a
+few points, each the mean of hundreds of samples, dominated by the learning trend) are not given one.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+MIN_JITTER_STEPS = 6  # fewer points: the median of 4 changes is too rough to widen a corridor by
+# median |x_t+1 - x_t| of Gaussian noise with std s is 0.6745 * sqrt(2) * s
+_MEDIAN_ABS_DIFF_TO_STD = 1 / (0.6744897501960817 * math.sqrt(2))
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (n-1; 0 for one value) of finite values, computed on the
+    values scaled by the largest magnitude, so that values near the float limit (1e308) do not overflow
+    to infinity in the sum; the results may still be infinite when the true spread is past the limit."""
+    scale = max(abs(v) for v in values) or 1.0
+    scaled = [v / scale for v in values]
+    mean = math.fsum(scaled) / len(scaled)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in scaled) / (len(scaled) - 1)) if len(scaled) > 1 else 0.0
+    return mean * scale, std * scale  # a product past the float limit is inf: the caller refuses it
+
+
+def jitter(curve: dict[int, float]) -> float:
+    """One curve's step-to-step noise as a standard deviation (0 with fewer than MIN_JITTER_STEPS points)."""
+    values = [v for _, v in sorted(curve.items()) if math.isfinite(v)]
+    if len(values) < MIN_JITTER_STEPS:
+        return 0.0
+    diffs = [abs(b / 2 - a / 2) * 2 for a, b in zip(values, values[1:])]  # halves: no overflow at 1e308
+    return statistics.median(diffs) * _MEDIAN_ABS_DIFF_TO_STD
+
+
+def pooled_jitter(curves: list[dict[int, float]]) -> float:
+    """The baselines' jitters pooled (root mean square) over those that have one."""
+    found = [j for j in (jitter(c) for c in curves) if j > 0]
+    if not found:
+        return 0.0
+    scale = max(found)
+    return scale * math.sqrt(math.fsum((j / scale) ** 2 for j in found) / len(found))
