@@ -5,10 +5,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from miles.dashboard.headline import run_state, summary as run_headline
 from miles.dashboard.run_files import RunFiles
-from miles.dashboard.run_state import run_state, summary as run_headline
-from miles.record.eval_prompts import read_eval_prompts
 from miles.health.report import panels
+from miles.record.eval_prompts import read_eval_prompts
 from miles.record.journal import BOOKKEEPING, NON_FINITE
 from miles.record.names import STEP_KEYS, step_key
 from miles.record.timeline import Span, chrome_trace, lane_order

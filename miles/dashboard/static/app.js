@@ -478,7 +478,8 @@ async function showCompare(view) {
       el("td", {}, at.step ?? "–"), el("td", {}, fmt(at.value)), el("td", {}, fmt(at.mean)), el("td", {}, fmt(at.bound)),
       el("td", {class: "delta"}, at.delta === null || at.delta === undefined ? "–" : (at.delta >= 0 ? "+" : "") + fmt(at.delta)),
       el("td", {}, `${s.steps_outside}/${s.steps}`),
-      el("td", {}, (s.timing ? "timing (not gated) · " : "") + (s.why || s.note || ""))));
+      el("td", {}, [s.timing ? (data.gate_timing ? "timing" : "timing (not gated)") : "", s.why || s.note || ""]
+        .filter(Boolean).join(" · "))));
   }
   view.append(table);
   view.append(el("h2", {}, "Curves (the run, each baseline, the corridor's bound dashed)"));
