@@ -284,8 +284,8 @@ def check_server(name: str, spec: SinkSpec, trusted: str | None, source: Path) -
         return  # a local store: confined to the run dir by check_specs
     if trusted and same_server(uri, trusted):
         return
-    shown = f"the one you configured ({trusted})" if trusted else "no server you configured"
-    raise StateError(f"{source}: tracker {name!r}: names the MLflow server {uri!r:.200}, not {shown}; "
+    shown = f"not the one you configured ({trusted})" if trusted else "and you configured none"
+    raise StateError(f"{source}: tracker {name!r}: names the MLflow server {uri!r:.200}, {shown}; "
                      f"replay-spool talks (and sends MLflow credentials) only to the server you name: pass "
                      f"--mlflow-tracking-uri {uri:.200} (or set MLFLOW_TRACKING_URI) if it is the run's own")
 
