@@ -114,9 +114,11 @@ class RunLayout:
         return self.root / LOGS / name
 
 
-# The profiler folder's bookkeeping (pids for py-spy, windows asked for) is written by every run; only what
-# is left besides them is a profile.
-PROFILER_BOOKKEEPING = frozenset({Path(PROFILER_PROCESSES).name, Path(PROFILER_REQUESTED).name})
+# The profiler folder's bookkeeping (pids for py-spy, windows asked for, the services `miles diagnose` finds)
+# is written by every run; only what is left besides them is a profile. Every file ENTRIES puts directly in
+# profiler/ that is not a profile belongs here.
+PROFILER_BOOKKEEPING = frozenset({Path(PROFILER_PROCESSES).name, Path(PROFILER_REQUESTED).name,
+                                  Path(SERVICES).name})
 
 
 def has_traces(directory: str | Path) -> bool:
