@@ -50,8 +50,9 @@ ENTRIES: dict[str, Entry] = dict([
     ("weights", Entry("weights/", "trainer", "weights staged for the engines (weight sync from disk)")),
     ("faults", Entry("faults/", "--inject-fault", "markers of faults already fired")),
     ("lock", Entry(".lock", "trainer", "one trainer per run dir")),
-    ("mlflow_db", Entry("mlflow.db", "MLflow sink", "the MLflow store (the default --mlflow-tracking-uri)")),
-    ("mlartifacts", Entry("mlartifacts/", "MLflow sink", "MLflow artifacts of a local store")),
+    ("mlflow_db", Entry("mlflow.db", "MLflow sink", "a run's own MLflow store (--mlflow-tracking-uri "
+                        "sqlite:///RUN_DIR/mlflow.db; by default the runs in one folder share FOLDER/mlflow.db)")),
+    ("mlartifacts", Entry("mlartifacts/", "MLflow sink", "MLflow artifacts beside a SQLite store, a folder per run")),
     ("tensorboard", Entry("tensorboard/", "TensorBoard sink", "event files (the default --tensorboard-dir)")),
     ("wandb", Entry("wandb/", "wandb sink", "wandb's local run files (the default --wandb-dir is RUN_DIR)")),
 ])

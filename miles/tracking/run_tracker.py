@@ -32,6 +32,7 @@ from miles.tracking.hooks import EVAL_FLAG, ROLLOUT_FLAG, load_hooks
 from miles.tracking.sinks.base import SinkSpec
 from miles.tracking.sinks.wandb_sink import new_run_id, resolve_mode
 from miles.tracking.state import CONFIG_ARTIFACT, DeliveryState, TrainerFile, spooled
+from miles.tracking.mlflow_store import artifact_dir as mlflow_artifact_dir
 
 log = logging.getLogger("miles.tracking")
 PROFILER_DIRS = (layout.PROFILER,)  # under RUN_DIR, uploaded when present
@@ -54,10 +55,9 @@ def build_specs(config: Any, run_dir: Path, extra: dict) -> dict[str, SinkSpec]:
             entity=t.wandb_team, run_name=None))
     if t.use_mlflow:
         uri = t.mlflow_tracking_uri
-        local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
         specs["mlflow"] = SinkSpec("mlflow", dict(
             tracking_uri=uri, experiment=t.mlflow_experiment_name, run_id=t.mlflow_run_id or known("mlflow"),
-            run_name=t.mlflow_run_name or run_name(run_dir), artifact_dir=str(run_dir / layout.MLARTIFACTS) if local else None,
+            run_name=t.mlflow_run_name or run_name(run_dir), artifact_dir=mlflow_artifact_dir(uri, run_dir),
             tags=run_tags(config, run_dir), description=describe(config, run_dir),
             system_metrics=t.mlflow_system_metrics))
     if t.use_tensorboard:

@@ -15,7 +15,7 @@ from tasks.finish import RunReport
 def test_the_link_to_a_local_store_comes_with_the_command_that_serves_it(tmp_path, capsys):
     config = resolve_run(parse_config(["--use-mlflow", "--run-dir", str(tmp_path / "r")]))
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
-    command = (f"{runnable('mlflow')} ui --backend-store-uri sqlite:///{tmp_path / 'r' / 'mlflow.db'} --host 127.0.0.1 --port 5000"
+    command = (f"{runnable('mlflow')} ui --backend-store-uri sqlite:///{tmp_path / 'mlflow.db'} --host 127.0.0.1 --port 5000"
                " --workers 1 --app-name miles")
     assert ("MLflow", command) in where_to_look(config, server)
     link = "http://127.0.0.1:5000/#/experiments/1/runs/abc"
