@@ -9,6 +9,7 @@ chunk resubmitted after healing the engines when it fails; then the run is finis
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,9 @@ from tasks.options import with_run_retries
 from tasks.training import ChunkResult, RunServices, profile_window, train_chunk
 
 
+STARTED_AT_ENV = "MILES_COMMAND_STARTED_AT"  # when `miles train` started, for the flow it runs in-process
+
+
 def main(argv: list[str] | None = None) -> int:
     """`miles train`: prepare the run, start or find the Prefect server, run the flow, say where to look."""
     from prefect.settings import temporary_settings
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
     print_where_to_look(config, server, ui)
     stopped = False
+    os.environ[STARTED_AT_ENV] = repr(started_at)  # the flow's scorecard counts from the command's start too
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         try:
             report = grpo(**flow_parameters(argv))
@@ -68,10 +73,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"miles train: stopped: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
             # the scorecard all the same: what was trained, the red flag, the checkpoint it stopped at
             stopped, report = True, RunReport(run_dir=config.train.run_dir, iterations=0)
+        finally:
+            os.environ.pop(STARTED_AT_ENV, None)  # a later flow in this process counts from its own start
     if (ui is not None or stopped) and (link := mlflow_link(config, Path(report.run_dir), ui.url if ui else None)):
         report.links["mlflow-run"] = link
-    print_finished(report, server, config, ui, seconds=time.time() - started_at)
+    print_finished(report, server, config, ui, seconds=wall_time(report, started_at))
     return 1 if stopped else 0
+
+
+def wall_time(report: RunReport, started_at: float) -> float:
+    """The wall time the flow's scorecard has (the Prefect artifact, MLflow's description: the same figure in
+    the terminal), else (a run stopped before finish_run) the command's start to now."""
+    return report.seconds if report.seconds is not None else time.time() - started_at
+
+
+def command_started_at() -> float:
+    """When `miles train` started (its STARTED_AT_ENV), so that the scorecard's wall time is the command's
+    in the terminal, the Prefect artifact and MLflow alike; now, for a flow run started otherwise (a
+    deployment, `prefect` itself)."""
+    try:
+        started = float(os.environ.get(STARTED_AT_ENV, ""))
+    except ValueError:
+        return time.time()
+    return started if 0 < started <= time.time() else time.time()
 
 
 def refuse_plain_only(config: MilesConfig) -> MilesConfig:
@@ -110,7 +134,7 @@ def flow_run_name_from_run_dir() -> str:
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
-    started_at = time.time()  # the scorecard's wall time: the model, the cluster and the training
+    started_at = command_started_at()  # the scorecard's wall time (miles.run.scorecard.WALL_TIME)
     config = export_secrets(refuse_plain_only(prepare(build_argv(config_file, flags), make_model=False)))
     # the run's router and engines get an admin token (random unless one is given)
     with run_token(config), RunDirLock(config.train.run_dir):  # one trainer per run dir: the next one fails here

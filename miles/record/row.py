@@ -56,7 +56,7 @@ def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], sho
         first += f" kl={_num(get('train/kl_loss'), '.3f')}"
     if get("multi_turn/round_number_mean") is not None:  # a multi-turn run: mean assistant turns per trajectory
         first += f" turns={get('multi_turn/round_number_mean'):.2f}"
-    clock = "" if elapsed is None else f"; {_span(elapsed)} in" + ("" if left is None else f", ~{_span(left)} left")
+    clock = "" if elapsed is None else f"; training {_span(elapsed)}" + ("" if left is None else f", ~{_span(left)} left")
     second = (f"rollout={_secs(get('perf/rollout_time'))} train={_secs(get('perf/train_time'))} "
               f"p2p={_secs(get('perf/update_weights_time'))}  (total {_secs(get('perf/step_time'))}{clock})")
     third = f"grad_norm={_num(get('train/grad_norm'), '.2f')} lr={_num(get('train/lr'), '.1e')}"

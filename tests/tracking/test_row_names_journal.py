@@ -32,7 +32,7 @@ def test_the_row_says_how_long_the_run_has_taken_and_about_how_long_is_left():
     elapsed, left = progress(lines, 60, now=113.0)
     assert (elapsed, left) == (13.0, 57 * 4.0)
     second = format_row(2, 60, PAGE_METRICS, show_kl=False, elapsed=elapsed, left=left).splitlines()[1]
-    assert second.endswith("(total 42.6s; 13s in, ~3m48s left)")
+    assert second.endswith("(total 42.6s; training 13s, ~3m48s left)")
     # a journal that starts with a rollout: its start is that line's time less its step; the last row: 0s left
     assert progress(lines[1:], 3, now=113.0) == (13.0, 0.0)
     assert progress([], 3, now=1.0) == (None, None)
