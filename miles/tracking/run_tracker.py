@@ -65,6 +65,14 @@ def build_specs(config: Any, run_dir: Path, extra: dict) -> dict[str, SinkSpec]:
     return specs
 
 
+def relative_to_run_dir(path: Path, run_dir: Path) -> str:
+    """`path` relative to `run_dir` when it lies inside it, else as given."""
+    try:
+        return str(Path(path).relative_to(run_dir))
+    except ValueError:
+        return str(path)
+
+
 class RunTracker:
     def __init__(self, config: Any, run_dir: Path):
         self.hooks = load_hooks(config.tracking)  # a bad hook fails before anything is written
@@ -217,7 +225,9 @@ class RunTracker:
                 files.append(write_report(self.journal.lines, self.run_dir / REPORT_NAME,
                                           clip_grad=self.config.train.clip_grad, title=str(self.run_dir.name)))
             files += [self.run_dir / d for d in PROFILER_DIRS if layout.has_traces(self.run_dir / d)]  # not pids alone
-            self.trainer_file.artifacts = [str(f) for f in files]  # for `miles replay-spool` if delivery falls short
+            # relative to the run dir (for `miles replay-spool` if delivery falls short): a copy of the run dir
+            # elsewhere still names its own files
+            self.trainer_file.artifacts = [relative_to_run_dir(f, self.run_dir) for f in files]
         timeout = self.config.tracking.tracking_close_timeout if self.opened else 0.0
         self.trainer_file.close = {"session": self.session, "final": final and self.opened, "timeout": timeout}
         self.trainer_file.save()
