@@ -15,7 +15,7 @@ from pathlib import Path
 
 from miles.config.rollout import DEFAULT_EVAL_NAME
 from miles.record import layout
-from miles.tracking.mlflow_store import default_store_uri
+from miles.config.mlflow_store import default_store_uri
 
 
 @dataclass(frozen=True)

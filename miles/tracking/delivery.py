@@ -24,7 +24,7 @@ from miles.config.secrets import Scrubber, env_scrubber
 from miles.record import layout
 from miles.record.journal import JOURNAL_NAME, JournalFollower
 from miles.record.samples import samples_path
-from miles.tracking.mlflow_store import artifact_dir as mlflow_artifact_dir, default_store_uri, sqlite_path
+from miles.config.mlflow_store import artifact_dir as mlflow_artifact_dir, default_store_uri, sqlite_path
 from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink, spec_problem
 from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DELIVERY_PATH, TRAINER_PATH, DeliveryState,
                                   SinkState, StateError, TrainerFile, pending, recorded_lines, try_delivery_lock)
@@ -266,7 +266,7 @@ def local_store(uri: str) -> str | None:
 
 
 def shared_store_paths(run_dir: Path) -> set[Path]:
-    """What the default MLflow store of a run writes besides its run dir (miles.tracking.mlflow_store): the
+    """What the default MLflow store of a run writes besides its run dir (miles.config.mlflow_store): the
     database and the artifact root beside it; exactly these, so a state file can name no other place there."""
     uri = default_store_uri(run_dir)
     return {sqlite_path(uri).resolve(), Path(mlflow_artifact_dir(uri, run_dir)).resolve()}

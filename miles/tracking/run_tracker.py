@@ -32,7 +32,7 @@ from miles.tracking.hooks import EVAL_FLAG, ROLLOUT_FLAG, load_hooks
 from miles.tracking.sinks.base import SinkSpec
 from miles.tracking.sinks.wandb_sink import new_run_id, resolve_mode
 from miles.tracking.state import CONFIG_ARTIFACT, DeliveryState, TrainerFile, spooled
-from miles.tracking.mlflow_store import artifact_dir as mlflow_artifact_dir
+from miles.config.mlflow_store import artifact_dir as mlflow_artifact_dir
 
 log = logging.getLogger("miles.tracking")
 PROFILER_DIRS = (layout.PROFILER,)  # under RUN_DIR, uploaded when present

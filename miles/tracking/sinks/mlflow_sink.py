@@ -17,7 +17,7 @@ from typing import Any
 
 from miles.health.alerts import red_flags_in
 from miles.record.names import STEP_KEYS, step_of
-from miles.tracking.mlflow_store import store_lock
+from miles.config.mlflow_store import store_lock
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
 # a dead tracking server must fail a call in seconds, not block the delivery worker in
