@@ -50,7 +50,9 @@ def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], sho
     the last row reads `(3000/3000)`. `elapsed`, `left` (seconds, see `progress`): the run's time so far and
     an estimate of what is left, after the step's total."""
     get = metrics.get
-    head = f"{PREFIX}iter {rollout_id} ({rollout_id + 1}/{num_rollout}) "
+    # padded to the run's widest counter, so the `|` column stays put as the ids grow (9 -> 10 -> 100)
+    widest = len(f"{PREFIX}iter {num_rollout - 1} ({num_rollout}/{num_rollout})")
+    head = f"{PREFIX}iter {rollout_id} ({rollout_id + 1}/{num_rollout})".ljust(widest) + " "
     first = f"loss={_num(get('train/loss'), '.3f')} reward={_num(get('rollout/raw_reward'), '.2f')}"
     if show_kl:
         first += f" kl={_num(get('train/kl_loss'), '.3f')}"

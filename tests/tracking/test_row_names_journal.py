@@ -15,10 +15,16 @@ PAGE_METRICS = {"train/loss": 0.412, "rollout/raw_reward": 0.61, "train/kl_loss"
 
 def test_row_matches_the_page():
     assert format_row(12, 3000, PAGE_METRICS, show_kl=True).splitlines() == [
-        "[trainer] iter 12 (13/3000) | loss=0.412 reward=0.61 kl=0.018",
-        "                            | rollout=18.4s train=22.1s p2p=2.1s  (total 42.6s)",
-        "                            | grad_norm=0.93 lr=1.0e-06",
+        "[trainer] iter 12 (13/3000)     | loss=0.412 reward=0.61 kl=0.018",  # padded to "iter 2999 (3000/3000)"
+        "                                | rollout=18.4s train=22.1s p2p=2.1s  (total 42.6s)",
+        "                                | grad_norm=0.93 lr=1.0e-06",
     ]
+
+
+def test_the_bar_column_stays_put_as_the_ids_grow():
+    """First-hour N17: the `|` moved right as the iteration number grew (52 -> 53 -> 56)."""
+    columns = {format_row(i, 100, {}, show_kl=False).splitlines()[0].index("|") for i in (0, 9, 10, 99)}
+    assert len(columns) == 1
 
 
 def test_the_last_row_counts_every_rollout_done():
@@ -40,7 +46,7 @@ def test_the_row_says_how_long_the_run_has_taken_and_about_how_long_is_left():
 
 def test_row_without_kl_loss_and_with_missing_metrics():
     first, second, third = format_row(3, 10, {"train/loss": 0.5}, show_kl=False).splitlines()
-    assert first == "[trainer] iter 3 (4/10) | loss=0.500 reward=n/a"
+    assert first == "[trainer] iter 3 (4/10)  | loss=0.500 reward=n/a"
     assert "rollout=n/a" in second and third.endswith("grad_norm=n/a lr=n/a")
 
 
