@@ -154,6 +154,7 @@ def train_on_ray(config: MilesConfig, started_at: float | None = None) -> RunRep
     chunks, then the finish; the run's actors are stopped at the end whatever happened."""
     o, run_dir = config.orchestration, config.train.run_dir
     training_url = announce_training_run()
+    tag_training_run(config)
     create_markdown_artifact(key="grpo-dashboard", description=f"the web view of {run_dir}",
                              markdown=f"Watch this run (or a copy of its run dir) in the browser:\n\n"
                                       f"```\n{dashboard_command(Path(run_dir))}\n```")
@@ -271,6 +272,23 @@ def config_source(config_file: str | None, flags: list[str] | None) -> str | Non
     return None
 
 
+def run_tags_of(config: MilesConfig, flow_run) -> list[str]:
+    """The flow run's tags with the run's backend and task, on the parent and on the subflow that trains."""
+    return sorted({*flow_run.tags, f"backend:{config.train.train_backend}", f"task:{task_name(config)}"})
+
+
+def tag_training_run(config: MilesConfig) -> list[str]:
+    """Tag this (the training) flow run as its parent is tagged: filtering by `backend:fsdp` or `task:...`
+    in the Prefect UI found only the parent, which trains nothing (first-hour N18). Returns the tags."""
+    from prefect.context import get_run_context
+
+    flow_run = get_run_context().flow_run
+    tags = run_tags_of(config, flow_run)
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, tags=tags)
+    return tags
+
+
 def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[str] | None) -> str:
     """Names this flow run after its run dir, tags it with backend and task, and describes it (which
     config, which flags) in the `grpo-run` artifact, since Prefect flow runs have no description field.
@@ -279,9 +297,8 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
     from prefect.utilities.urls import url_for
 
     flow_run = get_run_context().flow_run
-    tags = sorted({*flow_run.tags, f"backend:{config.train.train_backend}", f"task:{task_name(config)}"})
     with get_client(sync_client=True) as client:
-        client.update_flow_run(flow_run.id, name=run_name(config.train.run_dir), tags=tags)
+        client.update_flow_run(flow_run.id, name=run_name(config.train.run_dir), tags=run_tags_of(config, flow_run))
     source, name = config_source(config_file, flags), run_name(config.train.run_dir)
     # the description is the artifact list's one-line caption: it names what the body holds, not the body again
     create_markdown_artifact(key="grpo-run", description=f"config, flags and run dir of {name}", markdown="\n".join([
