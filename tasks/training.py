@@ -58,7 +58,7 @@ class HealthEvents(Observer):
         self.context.copy().run(report)
 
     def after_iteration(self, result) -> None:
-        emit_health(self.run_name, result.rollout_id, self.num_rollout, result.health)
+        emit_health(self.run_name, result.rollout_id, self.num_rollout, result.health, result.metrics)
         if result.rollout_id == self.num_rollout - 1 or (self.stops and result.health.red):
             emit_finished(self.run_name, result.rollout_id)
 
