@@ -9,6 +9,7 @@ chunk resubmitted after healing the engines when it fails; then the run is finis
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,9 @@ from tasks.options import with_run_retries
 from tasks.training import ChunkResult, RunServices, profile_window, train_chunk
 
 
+STARTED_AT_ENV = "MILES_COMMAND_STARTED_AT"  # when `miles train` started, for the flow it runs in-process
+
+
 def main(argv: list[str] | None = None) -> int:
     """`miles train`: prepare the run, start or find the Prefect server, run the flow, say where to look."""
     from prefect.settings import temporary_settings
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
     print_where_to_look(config, server, ui)
     stopped = False
+    os.environ[STARTED_AT_ENV] = repr(started_at)  # the flow's scorecard counts from the command's start too
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         try:
             report = grpo(**flow_parameters(argv))
@@ -68,10 +73,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"miles train: stopped: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
             # the scorecard all the same: what was trained, the red flag, the checkpoint it stopped at
             stopped, report = True, RunReport(run_dir=config.train.run_dir, iterations=0)
+        finally:
+            os.environ.pop(STARTED_AT_ENV, None)  # a later flow in this process counts from its own start
     if (ui is not None or stopped) and (link := mlflow_link(config, Path(report.run_dir), ui.url if ui else None)):
         report.links["mlflow-run"] = link
-    print_finished(report, server, config, ui, seconds=time.time() - started_at)
+    print_finished(report, server, config, ui, seconds=wall_time(report, started_at))
     return 1 if stopped else 0
+
+
+def wall_time(report: RunReport, started_at: float) -> float:
+    """The wall time the flow's scorecard has (the Prefect artifact, MLflow's description: the same figure in
+    the terminal), else (a run stopped before finish_run) the command's start to now."""
+    return report.seconds if report.seconds is not None else time.time() - started_at
+
+
+def command_started_at() -> float:
+    """When `miles train` started (its STARTED_AT_ENV), so that the scorecard's wall time is the command's
+    in the terminal, the Prefect artifact and MLflow alike; now, for a flow run started otherwise (a
+    deployment, `prefect` itself)."""
+    try:
+        started = float(os.environ.get(STARTED_AT_ENV, ""))
+    except ValueError:
+        return time.time()
+    return started if 0 < started <= time.time() else time.time()
 
 
 def refuse_plain_only(config: MilesConfig) -> MilesConfig:
@@ -110,7 +134,7 @@ def flow_run_name_from_run_dir() -> str:
 def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunReport:
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
-    started_at = time.time()  # the scorecard's wall time: the model, the cluster and the training
+    started_at = command_started_at()  # the scorecard's wall time (miles.run.scorecard.WALL_TIME)
     config = export_secrets(refuse_plain_only(prepare(build_argv(config_file, flags), make_model=False)))
     # the run's router and engines get an admin token (random unless one is given)
     with run_token(config), RunDirLock(config.train.run_dir):  # one trainer per run dir: the next one fails here
@@ -130,6 +154,7 @@ def train_on_ray(config: MilesConfig, started_at: float | None = None) -> RunRep
     chunks, then the finish; the run's actors are stopped at the end whatever happened."""
     o, run_dir = config.orchestration, config.train.run_dir
     training_url = announce_training_run()
+    tag_training_run(config)
     create_markdown_artifact(key="grpo-dashboard", description=f"the web view of {run_dir}",
                              markdown=f"Watch this run (or a copy of its run dir) in the browser:\n\n"
                                       f"```\n{dashboard_command(Path(run_dir))}\n```")
@@ -247,6 +272,23 @@ def config_source(config_file: str | None, flags: list[str] | None) -> str | Non
     return None
 
 
+def run_tags_of(config: MilesConfig, flow_run) -> list[str]:
+    """The flow run's tags with the run's backend and task, on the parent and on the subflow that trains."""
+    return sorted({*flow_run.tags, f"backend:{config.train.train_backend}", f"task:{task_name(config)}"})
+
+
+def tag_training_run(config: MilesConfig) -> list[str]:
+    """Tag this (the training) flow run as its parent is tagged: filtering by `backend:fsdp` or `task:...`
+    in the Prefect UI found only the parent, which trains nothing (first-hour N18). Returns the tags."""
+    from prefect.context import get_run_context
+
+    flow_run = get_run_context().flow_run
+    tags = run_tags_of(config, flow_run)
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, tags=tags)
+    return tags
+
+
 def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[str] | None) -> str:
     """Names this flow run after its run dir, tags it with backend and task, and describes it (which
     config, which flags) in the `grpo-run` artifact, since Prefect flow runs have no description field.
@@ -255,9 +297,8 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
     from prefect.utilities.urls import url_for
 
     flow_run = get_run_context().flow_run
-    tags = sorted({*flow_run.tags, f"backend:{config.train.train_backend}", f"task:{task_name(config)}"})
     with get_client(sync_client=True) as client:
-        client.update_flow_run(flow_run.id, name=run_name(config.train.run_dir), tags=tags)
+        client.update_flow_run(flow_run.id, name=run_name(config.train.run_dir), tags=run_tags_of(config, flow_run))
     source, name = config_source(config_file, flags), run_name(config.train.run_dir)
     # the description is the artifact list's one-line caption: it names what the body holds, not the body again
     create_markdown_artifact(key="grpo-run", description=f"config, flags and run dir of {name}", markdown="\n".join([

@@ -6,7 +6,6 @@ task runs would scatter; a real server on loopback, whose URL travels to the wor
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from miles.config.cache import cache_root
+from miles.config.prefect_home import default_state_dir, read_record, write_record
 from miles.config.secrets import child_env
 from miles.serving.process import free_port, log_tail, wait_healthy
 
@@ -42,10 +41,6 @@ class PrefectServer:
         if self.pid is None:
             return
         _terminate(self.pid, timeout)
-
-
-def default_state_dir() -> Path:
-    return Path(os.environ.get("MILES_PREFECT_HOME", cache_root() / "prefect"))
 
 
 def is_healthy(api_url: str, timeout: float = 2.0) -> bool:
@@ -86,7 +81,7 @@ def start_server(home: Path, port: int | None = None, timeout: float = 120.0, ui
         _terminate(process.pid, 10.0)
         raise
     server = PrefectServer(api_url=api_url, pid=process.pid, home=home, started_here=True)
-    (home / "server.json").write_text(json.dumps({"api_url": api_url, "pid": process.pid}))
+    write_record(home, api_url, process.pid)
     return server
 
 
@@ -99,12 +94,10 @@ def ensure_server(home: Path | None = None, port: int = DEFAULT_PORT, timeout: f
         wait_healthy(api_url, timeout=min(timeout, 30.0), path="/health")
         return PrefectServer(api_url=api_url)
     home = home or default_state_dir()
-    record = home / "server.json"
     server = None
-    if record.exists():
-        known = json.loads(record.read_text())
-        if is_healthy(known["api_url"]):
-            server = PrefectServer(api_url=known["api_url"], pid=known["pid"], home=home)
+    known = read_record(home)
+    if known is not None and is_healthy(known[0]):
+        server = PrefectServer(api_url=known[0], pid=known[1], home=home)
     if server is None:
         server = start_server(home, port, timeout)
     os.environ["PREFECT_API_URL"] = server.api_url

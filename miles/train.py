@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     from miles.prepare import make_base_model, prepare
     from miles.run.engine_loss import EnginesLost
 
+    started_at = time.time()  # the scorecard's wall time: from here to the scorecard (miles.run.scorecard.WALL_TIME)
     config = prepare(argv, prog="python -m miles.train", make_model=False)  # checked before anything starts
-    started_at = time.time()  # the scorecard's wall time of a run that stops: the model, Ray, the training
     print_where_to_look(config)  # before the long work: the tiny model's first build, Ray, the engines
     make_base_model(config)
     mlflow_uri = config.tracking.mlflow_tracking_uri
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if summary.stop_reason:
         print(f"[trainer] stopped early: {summary.stop_reason}", flush=True)
-    print_scorecard(config, summary.seconds)
+    print_scorecard(config, time.time() - started_at)
     compare_at_end(config)  # with --baseline-run-dirs: the verdicts, and the MLflow run's tags
     return 0
 

@@ -36,6 +36,7 @@ class RunReport:
     final_metrics: dict[str, float] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
     red_flags: list[str] = field(default_factory=list)
+    seconds: float | None = None  # the scorecard's wall time (miles.run.scorecard.WALL_TIME), as finish_run made it
 
 
 def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -> str | None:
@@ -149,4 +150,5 @@ def finish_run(config: MilesConfig, services: RunServices, started_at: float | N
         create_markdown_artifact(key="grpo-compare", markdown=format_markdown(compared),
                                  description=f"{run_dir} against its baselines (miles compare)")
     iterations = len({ln.rollout_id for ln in journal if ln.rollout_id >= 0})  # not the base eval's line
-    return RunReport(run_dir=run_dir, iterations=iterations, final_metrics=final, links=links, red_flags=flags)
+    return RunReport(run_dir=run_dir, iterations=iterations, final_metrics=final, links=links, red_flags=flags,
+                     seconds=card.seconds)

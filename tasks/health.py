@@ -24,10 +24,22 @@ def run_resource(run_name: str) -> dict[str, str]:
     return {"prefect.resource.id": f"prefect.flow-run.{flow_run.get_id()}", "prefect.resource.name": run_name}
 
 
-def emit_iteration(run_name: str, rollout_id: int, num_rollout: int, report: HealthReport) -> None:
-    emit_event(ITERATION_EVENT, resource=run_resource(run_name),
-               payload={"rollout_id": rollout_id, "num_rollout": num_rollout,
-                        "red_flags": sorted({v.signal for v in report.red})})
+# What an automation may react to besides the red flags: the row's headline figures, and any held-out eval.
+EVENT_METRICS = ("train/loss", "rollout/raw_reward", "train/grad_norm", "perf/step_time")
+
+
+def event_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The iteration's headline metrics (EVENT_METRICS and every eval/ figure but the step) present in `metrics`."""
+    return {k: float(v) for k, v in sorted(metrics.items())
+            if (k in EVENT_METRICS or (k.startswith("eval/") and k != "eval/step")) and isinstance(v, (int, float))}
+
+
+def emit_iteration(run_name: str, rollout_id: int, num_rollout: int, report: HealthReport,
+                   metrics: dict[str, float] | None = None) -> None:
+    payload = {"rollout_id": rollout_id, "num_rollout": num_rollout, "red_flags": sorted({v.signal for v in report.red})}
+    if metrics:  # an automation can react to reward or loss (first-hour N18), not only to red flags
+        payload["metrics"] = event_metrics(metrics)
+    emit_event(ITERATION_EVENT, resource=run_resource(run_name), payload=payload)
 
 
 def emit_finished(run_name: str, rollout_id: int) -> None:
@@ -52,11 +64,12 @@ def emit_engine_state(run_name: str, change: str, fields: dict) -> None:
     emit_event(ENGINE_EVENT + change, resource=resource, payload={k: v for k, v in fields.items()})
 
 
-def emit_health(run_name: str, rollout_id: int, num_rollout: int, report: HealthReport) -> None:
-    """The flags that start at this rollout, then the iteration event."""
+def emit_health(run_name: str, rollout_id: int, num_rollout: int, report: HealthReport,
+                metrics: dict[str, float] | None = None) -> None:
+    """The flags that start at this rollout, then the iteration event (with the headline `metrics`)."""
     for verdict in report.started:
         emit_red_flag(run_name, verdict)
-    emit_iteration(run_name, rollout_id, num_rollout, report)
+    emit_iteration(run_name, rollout_id, num_rollout, report, metrics)
 
 
 def diagnose_artifacts(run_dir: str, verdict: Verdict, diagnosis) -> None:

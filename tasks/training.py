@@ -12,7 +12,7 @@ from miles.cluster.chunks import Chunk
 from miles.cluster.names import RunNames
 from miles.config import MilesConfig
 from miles.run.observer import Observer
-from miles.config.run_info import run_name
+from miles.config.run_info import FLOW_RUN_URL_ENV, run_name
 from tasks.health import diagnose_artifacts, emit_engine_state, emit_finished, emit_health, emit_red_flag
 from tasks.logs import library_logs_to_prefect
 
@@ -58,7 +58,7 @@ class HealthEvents(Observer):
         self.context.copy().run(report)
 
     def after_iteration(self, result) -> None:
-        emit_health(self.run_name, result.rollout_id, self.num_rollout, result.health)
+        emit_health(self.run_name, result.rollout_id, self.num_rollout, result.health, result.metrics)
         if result.rollout_id == self.num_rollout - 1 or (self.stops and result.health.red):
             emit_finished(self.run_name, result.rollout_id)
 
@@ -82,6 +82,7 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> Chunk
     from miles.trainer import RLTrainer
 
     targets = ActorServices(config, services.names)  # --inject-fault hits the actors' services
+    link_tracker_runs_to_this_flow_run()
     with library_logs_to_prefect():
         supervisor = start_supervisor(config, services)
         try:
@@ -94,6 +95,22 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> Chunk
                 supervisor.stop(finish_healing=True)
     return ChunkResult(chunk.first, chunk.stop, outcome.resumed_at, len(outcome.rollout_ids), outcome.last_metrics,
                        outcome.stop_reason)
+
+
+def link_tracker_runs_to_this_flow_run() -> str | None:
+    """Point the tracker runs this chunk opens (MLflow's `prefect.flow_run_url` tag) at the flow run this task
+    belongs to, the one that trains: the URL the cluster's workers were started with is the parent's, which
+    only builds the model and the cluster (first-hour N13). Returns the URL, None outside a flow run."""
+    import os
+
+    from prefect.runtime import flow_run
+    from prefect.utilities.urls import url_for
+
+    flow_run_id = flow_run.get_id()
+    url = url_for("flow-run", obj_id=flow_run_id) if flow_run_id else None
+    if url:
+        os.environ[FLOW_RUN_URL_ENV] = url  # read by miles.config.run_info.run_tags in this worker
+    return url
 
 
 def start_supervisor(config: MilesConfig, services: RunServices):

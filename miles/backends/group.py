@@ -37,7 +37,8 @@ class ActorGroup:
         if existing is not None:
             self.actors = existing
             ray.get([a.info.remote() for a in self.actors])  # they answer: alive
-            log.info("attached to %d existing training actors %s", self.world_size, names.rank(0))
+            # every chunk after the first attaches (the ranks outlive it): routine, so not on stdout
+            log.debug("attached to %d existing training actors %s", self.world_size, names.rank(0))
             return
         cls = ray.remote(actor_class(config.train.train_backend))
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= self.world_size else 0

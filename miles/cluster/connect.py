@@ -10,6 +10,7 @@ import sys
 import ray
 
 from miles.cluster.names import NAMESPACE
+from miles.cluster.working_dir import unpack_on_every_node
 from miles.config import ConfigError
 from miles.config.secrets import child_env
 from miles.serving.process import SERVICE_KEEP_ENV
@@ -164,4 +165,5 @@ def connect(ray_address: str | None, num_cpus: int | None = None, object_store_m
                  log_to_driver=log_to_driver)
     except ConnectionError as exc:
         raise ConfigError(source, f"no Ray cluster at {address}: {exc}") from None
+    unpack_on_every_node()  # before anything is placed: see miles.cluster.working_dir
     return False

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from miles.config.rollout import DEFAULT_EVAL_NAME
 from miles.record import layout
+from miles.config.mlflow_store import default_store_uri
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def resolve(config, task: TaskDefaults | None = None):
         prompt_data=prompt_data,
         eval_prompt_data=[v if i % 2 == 0 else _absolute(v) for i, v in enumerate(eval_pairs)],
         save=save, load=_absolute(t.load) or save,
-        mlflow_tracking_uri=tr.mlflow_tracking_uri or f"sqlite:///{run_dir / layout.MLFLOW_DB}",
+        mlflow_tracking_uri=tr.mlflow_tracking_uri or default_store_uri(run_dir),
         tensorboard_dir=_absolute(tr.tensorboard_dir) or str(run_dir / layout.TENSORBOARD),
         wandb_dir=_absolute(tr.wandb_dir) or str(run_dir),
     )

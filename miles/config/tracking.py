@@ -20,7 +20,7 @@ class TrackingConfig:
     wandb_run_id: str | None = flag(None, "wandb run id to continue")
     wandb_key: str | None = flag(None, "wandb API key (prefer env WANDB_API_KEY); never stored", secret=True)
     use_mlflow: bool = flag(False, "log to MLflow")
-    mlflow_tracking_uri: str | None = flag(None, "MLflow tracking URI (default: sqlite:///RUN_DIR/mlflow.db)")
+    mlflow_tracking_uri: str | None = flag(None, "MLflow tracking URI (default: sqlite:///RUN_DIR/../mlflow.db, one store for the runs beside this one)")
     mlflow_experiment_name: str = flag("miles", "MLflow experiment")
     mlflow_run_name: str | None = flag(None, "MLflow run name (default: the run dir's name)")
     mlflow_run_id: str | None = flag(None, "MLflow run id to continue")

@@ -62,6 +62,24 @@ def check_url(name: str, url: str | None, path: str, unset: str) -> Check:
         return Check(name, False, f"{url} unreachable: {type(exc).__name__}")
 
 
+def local_prefect_server() -> str:
+    """What `miles train` will use without PREFECT_API_URL: the local server it started before, when that is
+    still up (it is reused), else a new one it starts."""
+    from miles.config.prefect_home import read_record
+
+    known = read_record()
+    if known is not None:
+        url, pid = known
+        try:
+            up = httpx.get(url.rstrip("/") + "/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            up = False
+        if up:
+            return f"PREFECT_API_URL unset: local server up at {url.removesuffix('/api')} " \
+                   f"(pid {pid}; reused by the next `miles train`)"
+    return "PREFECT_API_URL unset: `miles train` starts a local server"
+
+
 def check_disk(path: str = ".") -> Check:
     free_gb = shutil.disk_usage(path).free / 2**30
     return Check("disk", free_gb > 2, f"{free_gb:.1f} GiB free in {os.path.abspath(path)}")
@@ -85,7 +103,7 @@ def run_checks(mlflow_uri: str | None) -> list[Check]:
         *check_devices(),
         check_disk(),
         check_base_model(),
-        check_url("prefect api", prefect, "/health", "PREFECT_API_URL unset: `miles train` starts a local server"),
+        check_url("prefect api", prefect, "/health", local_prefect_server()),
         check_url("mlflow", mlflow_uri if mlflow_uri and mlflow_uri.startswith("http") else None, "/health",
                   "file/SQLite store in the run directory"),
     ]

@@ -50,8 +50,9 @@ ENTRIES: dict[str, Entry] = dict([
     ("weights", Entry("weights/", "trainer", "weights staged for the engines (weight sync from disk)")),
     ("faults", Entry("faults/", "--inject-fault", "markers of faults already fired")),
     ("lock", Entry(".lock", "trainer", "one trainer per run dir")),
-    ("mlflow_db", Entry("mlflow.db", "MLflow sink", "the MLflow store (the default --mlflow-tracking-uri)")),
-    ("mlartifacts", Entry("mlartifacts/", "MLflow sink", "MLflow artifacts of a local store")),
+    ("mlflow_db", Entry("mlflow.db", "MLflow sink", "a run's own MLflow store (--mlflow-tracking-uri "
+                        "sqlite:///RUN_DIR/mlflow.db; by default the runs in one folder share FOLDER/mlflow.db)")),
+    ("mlartifacts", Entry("mlartifacts/", "MLflow sink", "MLflow artifacts beside a SQLite store, a folder per run")),
     ("tensorboard", Entry("tensorboard/", "TensorBoard sink", "event files (the default --tensorboard-dir)")),
     ("wandb", Entry("wandb/", "wandb sink", "wandb's local run files (the default --wandb-dir is RUN_DIR)")),
 ])
@@ -114,9 +115,11 @@ class RunLayout:
         return self.root / LOGS / name
 
 
-# The profiler folder's bookkeeping (pids for py-spy, windows asked for) is written by every run; only what
-# is left besides them is a profile.
-PROFILER_BOOKKEEPING = frozenset({Path(PROFILER_PROCESSES).name, Path(PROFILER_REQUESTED).name})
+# The profiler folder's bookkeeping (pids for py-spy, windows asked for, the services `miles diagnose` finds)
+# is written by every run; only what is left besides them is a profile. Every file ENTRIES puts directly in
+# profiler/ that is not a profile belongs here.
+PROFILER_BOOKKEEPING = frozenset({Path(PROFILER_PROCESSES).name, Path(PROFILER_REQUESTED).name,
+                                  Path(SERVICES).name})
 
 
 def has_traces(directory: str | Path) -> bool:

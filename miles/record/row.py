@@ -50,13 +50,15 @@ def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], sho
     the last row reads `(3000/3000)`. `elapsed`, `left` (seconds, see `progress`): the run's time so far and
     an estimate of what is left, after the step's total."""
     get = metrics.get
-    head = f"{PREFIX}iter {rollout_id} ({rollout_id + 1}/{num_rollout}) "
+    # padded to the run's widest counter, so the `|` column stays put as the ids grow (9 -> 10 -> 100)
+    widest = len(f"{PREFIX}iter {num_rollout - 1} ({num_rollout}/{num_rollout})")
+    head = f"{PREFIX}iter {rollout_id} ({rollout_id + 1}/{num_rollout})".ljust(widest) + " "
     first = f"loss={_num(get('train/loss'), '.3f')} reward={_num(get('rollout/raw_reward'), '.2f')}"
     if show_kl:
         first += f" kl={_num(get('train/kl_loss'), '.3f')}"
     if get("multi_turn/round_number_mean") is not None:  # a multi-turn run: mean assistant turns per trajectory
         first += f" turns={get('multi_turn/round_number_mean'):.2f}"
-    clock = "" if elapsed is None else f"; {_span(elapsed)} in" + ("" if left is None else f", ~{_span(left)} left")
+    clock = "" if elapsed is None else f"; training {_span(elapsed)}" + ("" if left is None else f", ~{_span(left)} left")
     second = (f"rollout={_secs(get('perf/rollout_time'))} train={_secs(get('perf/train_time'))} "
               f"p2p={_secs(get('perf/update_weights_time'))}  (total {_secs(get('perf/step_time'))}{clock})")
     third = f"grad_norm={_num(get('train/grad_norm'), '.2f')} lr={_num(get('train/lr'), '.1e')}"

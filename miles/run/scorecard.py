@@ -96,10 +96,17 @@ class Scorecard:
             return "none trained"
         span = f"{len(self.rollouts)} ({self.rollouts[0]}..{self.rollouts[-1]})"
         if self.seconds is not None:
-            return f"{span} in {duration(self.seconds)} wall time"
+            training = f" (training {duration(self.journal_seconds)})" if self.journal_seconds is not None else ""
+            return f"{span} in {duration(self.seconds)} wall time{training}"
         if self.journal_seconds is not None:
             return f"{span}; {duration(self.journal_seconds)} from the first to the last journal line"
         return span
+
+
+# The one definition of a run's duration, everywhere the scorecard is (terminal, Prefect `grpo-scorecard`, the
+# MLflow run's description): from the start of the command (`miles train`, `python -m miles.train`) to the
+# scorecard, with the time from the first to the last journal line beside it as "training".
+WALL_TIME = "from the start of the command to the scorecard"
 
 
 def duration(seconds: float) -> str:

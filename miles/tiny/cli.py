@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from miles.tiny.warmstart import base_model_dir as target, ensure_base_model as ensure
     existed = (target() / "warmstart.json").exists()
+    if not existed:  # the warm start takes minutes: say so before it starts, not after the first check
+        print(f"making the {'multi-turn ' if args.multi_turn else ''}tiny base model (first start on this machine "
+              f"only, 1-3 min on 2 cores; a supervised warm start until held-out accuracy reaches its target): "
+              f"{target()}", flush=True)
     path = ensure(progress=not args.quiet)
     report = json.loads((path / "warmstart.json").read_text())
     state = "cached" if existed else f"made in {report['seconds']}s"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +21,10 @@ import torch.nn.functional as F
 from miles.rollout.tool_calls import TOOL_CALL, TOOL_CALL_END
 from miles.tiny import tool_task
 from miles.tiny.model import build_tiny_model
+from miles.tiny.progress import ProgressLines, off_terminal
 from miles.tiny.task import Problem
 from miles.config.cache import cache_root
-from miles.tiny.warmstart import ensure_cached
+from miles.tiny.warmstart import ensure_cached, save_checkpoint
 
 RECIPE = dict(version=2, seed=0, lr=3e-3, batch_size=64, max_steps=1500, eval_every=100, tool_rows=0.5,
               call_share=0.3, target_tool_path=0.95, eval_prompts=256)
@@ -134,6 +134,7 @@ def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
     gen = torch.Generator().manual_seed(seed)
     start, step, report, history = time.time(), 0, {}, []
     model.train()
+    lines = ProgressLines("warm start", RECIPE["max_steps"], off_terminal(progress))
     with Progress(disable=not progress, transient=True) as bar:
         job = bar.add_task("warm start (tool SFT)", total=RECIPE["max_steps"])
         for step in range(1, RECIPE["max_steps"] + 1):
@@ -148,15 +149,13 @@ def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
             loss.backward()
             optimizer.step()
             bar.update(job, advance=1, description=f"warm start (tool SFT) loss={loss.item():.3f}")
+            lines.tick(step, loss.item())
             if step % RECIPE["eval_every"] == 0:
                 report = evaluate_format(model, tokenizer, evals)
-                if progress and not sys.stdout.isatty():  # no bar off a terminal: a line per check
-                    print(f"[tiny] warm start step {step}/{RECIPE['max_steps']}: held-out tool path "
-                          f"{report['tool_path_greedy_accuracy']:.2f} (target {RECIPE['target_tool_path']})", flush=True)
+                lines.say(f"warm start step {step}/{RECIPE['max_steps']}: held-out tool path "
+                          f"{report['tool_path_greedy_accuracy']:.2f} (target {RECIPE['target_tool_path']})")
                 history.append(dict(step=step, **report))
                 if report["tool_path_greedy_accuracy"] >= RECIPE["target_tool_path"]:
                     break
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    save_checkpoint(model, tokenizer, out_dir)
     return dict(recipe=RECIPE, steps=step, **report, seconds=round(time.time() - start, 1), history=history)

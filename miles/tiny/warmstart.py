@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 from miles.config.cache import cache_root
 from miles.tiny.model import build_tiny_model
+from miles.tiny.progress import ProgressLines, off_terminal
 from miles.tiny.task import Problem, split_problems, write_task_data
 
 RECIPE = dict(version=3, seed=0, lr=3e-3, batch_size=64, max_steps=8000, eval_every=250,
@@ -50,10 +50,16 @@ def base_model_dir() -> Path:
 
 
 @contextmanager
-def _lock(path: Path):
+def _lock(path: Path, on_wait=None):
+    """An exclusive file lock; `on_wait()` is called once when another process holds it (before waiting)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -66,7 +72,13 @@ def ensure_cached(target: Path, make, progress: bool = True, marker: str = "warm
     written as `marker`, last)."""
     if (target / marker).exists():
         return target
-    with _lock(cache_root() / f".{target.name}.lock"):
+
+    def waiting() -> None:
+        if progress:
+            print(f"[tiny] another process is making {target.name}; waiting for it (its lock: "
+                  f"{cache_root() / f'.{target.name}.lock'})", flush=True)
+
+    with _lock(cache_root() / f".{target.name}.lock", on_wait=waiting):
         if (target / marker).exists():
             return target
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
@@ -76,6 +88,22 @@ def ensure_cached(target: Path, make, progress: bool = True, marker: str = "warm
         shutil.rmtree(target, ignore_errors=True)  # a dir without its marker is a half-made one
         tmp.rename(target)
     return target
+
+
+def save_checkpoint(model, tokenizer, out_dir: Path) -> None:
+    """save_pretrained without transformers' "Writing model shards" bar (one shard of a tiny model: it
+    only adds a line of noise to the first run's output)."""
+    from transformers.utils import logging as hf_logging
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out_dir, safe_serialization=True)
+        tokenizer.save_pretrained(out_dir)
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def ensure_base_model(progress: bool = True) -> Path:
@@ -138,6 +166,7 @@ def warm_start(out_dir: Path, progress: bool = True) -> dict:
     gen = torch.Generator().manual_seed(seed)
     start, greedy, step = time.time(), 0.0, 0
     model.train()
+    lines = ProgressLines("warm start", RECIPE["max_steps"], off_terminal(progress))
     with Progress(disable=not progress, transient=True) as bar:
         job = bar.add_task("warm start (SFT)", total=RECIPE["max_steps"])
         for step in range(1, RECIPE["max_steps"] + 1):
@@ -147,16 +176,14 @@ def warm_start(out_dir: Path, progress: bool = True) -> dict:
             loss.backward()
             optimizer.step()
             bar.update(job, advance=1, description=f"warm start (SFT) loss={loss.item():.3f} greedy={greedy:.2f}")
+            lines.tick(step, loss.item())
             if step % RECIPE["eval_every"] == 0:
                 greedy = eval_accuracy(model, tokenizer, evals, sample=False)
-                if progress and not sys.stdout.isatty():  # no bar off a terminal: a line per check
-                    print(f"[tiny] warm start step {step}/{RECIPE['max_steps']}: held-out greedy accuracy "
-                          f"{greedy:.2f} (target {TARGET_GREEDY})", flush=True)
+                lines.say(f"warm start step {step}/{RECIPE['max_steps']}: held-out greedy accuracy "
+                          f"{greedy:.2f} (target {TARGET_GREEDY})")
                 if greedy >= TARGET_GREEDY:
                     break
     sampled = eval_accuracy(model, tokenizer, evals, sample=True, seed=seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    save_checkpoint(model, tokenizer, out_dir)
     return dict(recipe=RECIPE, steps=step, eval_greedy_accuracy=greedy, eval_pass_at_1=sampled,
                 seconds=round(time.time() - start, 1))

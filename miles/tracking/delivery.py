@@ -24,6 +24,7 @@ from miles.config.secrets import Scrubber, env_scrubber
 from miles.record import layout
 from miles.record.journal import JOURNAL_NAME, JournalFollower
 from miles.record.samples import samples_path
+from miles.config.mlflow_store import artifact_dir as mlflow_artifact_dir, default_store_uri, sqlite_path
 from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink, spec_problem
 from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DELIVERY_PATH, TRAINER_PATH, DeliveryState,
                                   SinkState, StateError, TrainerFile, pending, recorded_lines, try_delivery_lock)
@@ -184,15 +185,18 @@ class DeliveryLoop:
         """The trainer's artifacts that exist and lie inside the run dir (symlinks resolved): trainer.json
         is a file in the run dir, and whoever can write it must not get other files of this user uploaded."""
         root = self.run_dir.resolve()
-        files = []
+        files, outside = [], []
         for name in self.trainer.artifacts:
             path = Path(name) if Path(name).is_absolute() else self.run_dir / name
             resolved = path.resolve()
             if not resolved.is_relative_to(root):
-                log.warning("tracking: not uploading %s: trainer.json names it, but it is outside the run dir %s",
-                            name, root)
+                outside.append(name)
             elif resolved.exists():
                 files.append(path)
+        if outside:  # one line: a run dir copied elsewhere by an older miles names each file by its old path
+            log.warning("tracking: not uploading %d file(s) trainer.json names outside the run dir %s "
+                        "(a copied run dir written by an older miles names its old paths): %s",
+                        len(outside), root, ", ".join(outside[:4]) + (", ..." if len(outside) > 4 else ""))
         return files
 
 
@@ -290,6 +294,13 @@ def check_server(name: str, spec: SinkSpec, trusted: str | None, source: Path) -
                      f"--mlflow-tracking-uri {uri:.200} (or set MLFLOW_TRACKING_URI) if it is the run's own")
 
 
+def shared_store_paths(run_dir: Path) -> set[Path]:
+    """What the default MLflow store of a run writes besides its run dir (miles.config.mlflow_store): the
+    database and the artifact root beside it; exactly these, so a state file can name no other place there."""
+    uri = default_store_uri(run_dir)
+    return {sqlite_path(uri).resolve(), Path(mlflow_artifact_dir(uri, run_dir)).resolve()}
+
+
 def check_specs(run_dir: Path, specs: dict[str, SinkSpec], todo: set[str], allowed: list[Path],
                 source: dict[str, Path], trusted_server: str | None = None) -> None:
     """StateError in one line for a spec its sink cannot be built from, one of `todo` (the trackers
@@ -298,6 +309,7 @@ def check_specs(run_dir: Path, specs: dict[str, SinkSpec], todo: set[str], allow
     dir, and whoever can edit them must not get files written elsewhere, or the user's credentials sent
     elsewhere, by the user who replays them. `source`: the state file each spec was read from."""
     roots = [Path(run_dir).resolve()] + [Path(a).resolve() for a in allowed]
+    shared = shared_store_paths(Path(run_dir).resolve())
     for name, spec in specs.items():
         problem = spec_problem(spec)
         if problem is not None:
@@ -310,7 +322,7 @@ def check_specs(run_dir: Path, specs: dict[str, SinkSpec], todo: set[str], allow
             if where is None:
                 continue
             target = Path(where).resolve()  # as the sink opens it (a relative one: from here)
-            if not any(target.is_relative_to(root) for root in roots):
+            if target not in shared and not any(target.is_relative_to(root) for root in roots):
                 raise StateError(f"{source[name]}: tracker {name!r}: option {option} names {where!r:.200}, "
                                  f"outside the run dir; replay-spool writes only inside it (pass --allow-dir DIR "
                                  f"if the run was started with its {spec.kind} files in DIR)")

@@ -32,6 +32,7 @@ from miles.tracking.hooks import EVAL_FLAG, ROLLOUT_FLAG, load_hooks
 from miles.tracking.sinks.base import SinkSpec
 from miles.tracking.sinks.wandb_sink import new_run_id, resolve_mode
 from miles.tracking.state import CONFIG_ARTIFACT, DeliveryState, TrainerFile, spooled
+from miles.config.mlflow_store import artifact_dir as mlflow_artifact_dir
 
 log = logging.getLogger("miles.tracking")
 PROFILER_DIRS = (layout.PROFILER,)  # under RUN_DIR, uploaded when present
@@ -54,15 +55,22 @@ def build_specs(config: Any, run_dir: Path, extra: dict) -> dict[str, SinkSpec]:
             entity=t.wandb_team, run_name=None))
     if t.use_mlflow:
         uri = t.mlflow_tracking_uri
-        local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
         specs["mlflow"] = SinkSpec("mlflow", dict(
             tracking_uri=uri, experiment=t.mlflow_experiment_name, run_id=t.mlflow_run_id or known("mlflow"),
-            run_name=t.mlflow_run_name or run_name(run_dir), artifact_dir=str(run_dir / layout.MLARTIFACTS) if local else None,
+            run_name=t.mlflow_run_name or run_name(run_dir), artifact_dir=mlflow_artifact_dir(uri, run_dir),
             tags=run_tags(config, run_dir), description=describe(config, run_dir),
             system_metrics=t.mlflow_system_metrics))
     if t.use_tensorboard:
         specs["tensorboard"] = SinkSpec("tensorboard", dict(log_dir=str(t.tensorboard_dir)))
     return specs
+
+
+def relative_to_run_dir(path: Path, run_dir: Path) -> str:
+    """`path` relative to `run_dir` when it lies inside it, else as given."""
+    try:
+        return str(Path(path).relative_to(run_dir))
+    except ValueError:
+        return str(path)
 
 
 class RunTracker:
@@ -219,7 +227,9 @@ class RunTracker:
                 files.append(write_report(self.journal.lines, self.run_dir / REPORT_NAME,
                                           clip_grad=self.config.train.clip_grad, title=str(self.run_dir.name)))
             files += [self.run_dir / d for d in PROFILER_DIRS if layout.has_traces(self.run_dir / d)]  # not pids alone
-            self.trainer_file.artifacts = [str(f) for f in files]  # for `miles replay-spool` if delivery falls short
+            # relative to the run dir (for `miles replay-spool` if delivery falls short): a copy of the run dir
+            # elsewhere still names its own files
+            self.trainer_file.artifacts = [relative_to_run_dir(f, self.run_dir) for f in files]
         timeout = self.config.tracking.tracking_close_timeout if self.opened else 0.0
         self.trainer_file.close = {"session": self.session, "final": final and self.opened, "timeout": timeout}
         self.trainer_file.save()

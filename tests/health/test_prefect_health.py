@@ -55,7 +55,9 @@ def test_red_flag_event_is_stored_and_the_automation_cancels_the_run(automations
 
     @task
     def train_one_rollout() -> None:  # as the training task does after an iteration
-        emit_health("health-run", 7, 10, HealthReport(7, [VERDICT], [VERDICT], {"health/grad_norm": 1.0}))
+        emit_health("health-run", 7, 10, HealthReport(7, [VERDICT], [VERDICT], {"health/grad_norm": 1.0}),
+                    {"train/loss": 0.25, "rollout/raw_reward": 0.5, "eval/arithmetic-pass_at_1": 0.75, "eval/step": 7.0,
+                     "rollout/response_len": 9.0})
 
     @flow
     def watched_run() -> None:
@@ -80,7 +82,10 @@ def test_red_flag_event_is_stored_and_the_automation_cancels_the_run(automations
     related = {r["prefect.resource.id"] for r in event["related"]}
     assert f"prefect.flow-run.{seen['id']}" in related
     iterations = read_events(ITERATION_EVENT, "health-run")
-    assert iterations and iterations[0]["payload"] == {"rollout_id": 7, "num_rollout": 10, "red_flags": ["grad_norm"]}
+    # the headline figures ride along, so an automation can react to reward or loss (first-hour N18)
+    assert iterations and iterations[0]["payload"] == {
+        "rollout_id": 7, "num_rollout": 10, "red_flags": ["grad_norm"],
+        "metrics": {"eval/arithmetic-pass_at_1": 0.75, "rollout/raw_reward": 0.5, "train/loss": 0.25}}
 
 
 def test_health_artifact_lists_the_real_flags():

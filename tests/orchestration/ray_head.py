@@ -86,10 +86,12 @@ class RayHead:
         nodes = answer.raise_for_status().json()["data"]["result"]["result"]
         return sum(1 for n in nodes if n["state"] == "ALIVE")
 
-    def join_node(self, num_cpus: int = 1, timeout: float = START_TIMEOUT_S) -> None:
-        """A second Ray node on this machine, joined to the head; returns once the head counts it."""
+    def join_node(self, num_cpus: int = 1, timeout: float = START_TIMEOUT_S, share_temp_dir: bool = False) -> None:
+        """A second Ray node on this machine, joined to the head; returns once the head counts it.
+        `share_temp_dir`: the head's temp dir, as two nodes started with Ray's default (/tmp/ray) share it."""
         want = self.alive_nodes() + 1
-        temp_dir = self.root / f"ray-node{len(self.nodes)}"  # never the default /tmp/ray
+        # never the default /tmp/ray
+        temp_dir = self.root / "ray" if share_temp_dir else self.root / f"ray-node{len(self.nodes)}"
         listen, runtime_env, metrics, grpc = free_ports(4)
         argv = ["ray", "start", "--block", f"--address={self.address}", f"--num-cpus={num_cpus}",
                 f"--temp-dir={temp_dir}",

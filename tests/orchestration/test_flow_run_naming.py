@@ -73,3 +73,27 @@ def test_config_source_is_the_yaml_however_it_was_given():
     assert config_source(None, ["--config=a.yaml", "--lr", "1"]) == "a.yaml"
     assert config_source(None, ["--lr", "1", "--config", "b.yaml"]) == "b.yaml"
     assert config_source(None, ["--lr", "1"]) is None
+
+
+@flow(name="grpo-on-ray-tag-probe")
+def training_tag_probe(flags: list[str]) -> str:
+    """The training subflow's first steps: its tags, as train_on_ray sets them."""
+    from prefect.context import get_run_context
+
+    from flows.grpo import tag_training_run
+
+    tag_training_run(resolve_run(parse_config(flags)))
+    return str(get_run_context().flow_run.id)
+
+
+def test_the_training_subflow_is_tagged_like_its_parent(prefect_api, tmp_path):
+    """First-hour N18: filtering by backend or task in the Prefect UI hid the flow run that trains."""
+    from prefect.client.orchestration import get_client
+
+    flow_run_id = training_tag_probe(["--run-dir", str(tmp_path / "r")])
+
+    async def tags():
+        async with get_client() as client:
+            return (await client.read_flow_run(flow_run_id)).tags
+
+    assert {"backend:fsdp", "task:arithmetic"} <= set(asyncio.run(tags()))

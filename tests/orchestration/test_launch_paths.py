@@ -84,7 +84,7 @@ def test_ray_address_with_token_auth_and_a_second_node(head, prefect_api, tmp_pa
     tags = mlflow_tags(tmp_path / "flow")
     assert tags["mlflow.runName"] == "flow"
     assert tags["prefect.flow_run_url"].startswith(f"{prefect_api.ui_url}/runs/flow-run/")
-    assert (f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'flow' / 'mlflow.db'} --host 127.0.0.1 --port 5000 "
+    assert (f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlflow.db'} --host 127.0.0.1 --port 5000 "
             f"--workers 1 --app-name miles") in flow.stdout
     plain = run([*with_ports(README_MULTI_NODE[3], head), *TINY, "--run-dir", str(tmp_path / "plain")], env)
     assert proc_ok(plain) and "[trainer] iter 0 (1/1) | loss=" in plain.stdout
@@ -123,7 +123,7 @@ def test_ray_job_submit_with_the_working_dir_on_two_one_cpu_nodes(tmp_path):
     uploaded copy first), MLflow on; the run finishes and the engine loads torch."""
     head = start_head(num_cpus=1)
     try:
-        head.join_node(num_cpus=1)
+        head.join_node(num_cpus=1, share_temp_dir=True)  # as the recipe's two `ray start` share /tmp/ray
         assert head.alive_nodes() == 2
         env = {**head.cli_env(), "PYTHONPATH": ""}
         run_dir, job_id = tmp_path / "run", f"miles-test-{tmp_path.name}-wd"
@@ -135,7 +135,7 @@ def test_ray_job_submit_with_the_working_dir_on_two_one_cpu_nodes(tmp_path):
         assert journal_rollouts(run_dir) == [0]
         assert "Ignoring upload" in proc.stderr or "Uploading package" in proc.stderr  # the working dir went up
         assert "Cannot load" not in engine_log(run_dir)
-        assert (run_dir / "mlflow.db").exists()
+        assert (run_dir.parent / "mlflow.db").exists()  # the store of the runs beside it
     finally:
         head.stop()
 

@@ -15,7 +15,7 @@ from tasks.finish import RunReport
 def test_the_link_to_a_local_store_comes_with_the_command_that_serves_it(tmp_path, capsys):
     config = resolve_run(parse_config(["--use-mlflow", "--run-dir", str(tmp_path / "r")]))
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
-    command = (f"{runnable('mlflow')} ui --backend-store-uri sqlite:///{tmp_path / 'r' / 'mlflow.db'} --host 127.0.0.1 --port 5000"
+    command = (f"{runnable('mlflow')} ui --backend-store-uri sqlite:///{tmp_path / 'mlflow.db'} --host 127.0.0.1 --port 5000"
                " --workers 1 --app-name miles")
     assert ("MLflow", command) in where_to_look(config, server)
     link = "http://127.0.0.1:5000/#/experiments/1/runs/abc"
@@ -85,3 +85,31 @@ def test_where_to_look_says_how_deployments_appear(tmp_path, capsys):
     config = resolve_run(parse_config(["--run-dir", str(tmp_path / "r")]))
     print_where_to_look(config, PrefectServer(api_url="http://127.0.0.1:4200/api"))
     assert "Deployments page stays empty until `make deploy`" in capsys.readouterr().out
+
+
+def test_the_terminal_prints_the_wall_time_of_the_flows_scorecard(tmp_path, capsys):
+    """First-hour N8: the terminal's scorecard said 3m12s (measured after the teardown) where the Prefect
+    artifact and MLflow's description, made by finish_run, said 2m54s; now all print finish_run's figure."""
+    from flows.grpo import STARTED_AT_ENV, command_started_at, wall_time
+
+    config = resolve_run(parse_config(["--run-dir", str(tmp_path / "r")]))
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"rollout_id": 0, "time": 1.0, "metrics": {}}\n')
+    server = PrefectServer(api_url="http://127.0.0.1:4200/api")
+    report = RunReport(run_dir=str(tmp_path / "r"), iterations=1, seconds=174.0)
+    import os
+    import time
+
+    started = time.time() - 192.0  # the command began 3m12s ago; finish_run's scorecard said 2m54s
+    print_finished(report, server, config, seconds=wall_time(report, started))
+    assert "1 (0..0) in 2m54s wall time" in capsys.readouterr().out
+    stopped = RunReport(run_dir=str(tmp_path / "r"), iterations=0)  # no finish_run: measured now
+    assert 191 < wall_time(stopped, started) < 250
+
+    os.environ[STARTED_AT_ENV] = repr(time.time() - 30)  # `miles train` started 30 s before its flow
+    try:
+        assert 29 < time.time() - command_started_at() < 60
+        os.environ[STARTED_AT_ENV] = "soon"  # unreadable: the flow's own start
+        assert time.time() - command_started_at() < 5
+    finally:
+        os.environ.pop(STARTED_AT_ENV, None)

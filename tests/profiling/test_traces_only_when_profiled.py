@@ -15,3 +15,17 @@ def test_bookkeeping_alone_is_no_trace(tmp_path):
     (layout.profiler / "rank0").mkdir()
     (layout.profiler / "rank0" / "trace.json").write_text("{}")
     assert has_traces(layout.profiler)
+
+
+def test_the_services_file_every_run_writes_is_no_trace(tmp_path):
+    """The first-hour review's E1: services.json (written by every run for `miles diagnose`) made every
+    run print `traces` and upload profiler/ with the cluster's and services' addresses."""
+    from miles.profiling.run_services import write_services
+
+    layout = RunLayout(tmp_path)
+    path = write_services(tmp_path, ["http://127.0.0.1:1"], "http://127.0.0.1:2")
+    assert path.parent == layout.profiler
+    layout.profiler_processes.write_text('{"trainer": 1}')
+    assert not has_traces(layout.profiler)
+    (layout.profiler / "summaries.jsonl").write_text("{}\n")
+    assert has_traces(layout.profiler)

@@ -38,12 +38,15 @@ def finished_run(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def run_copy(finished_run, tmp_path) -> Path:
-    """A copy whose state files name the copy (the probe's `cp -r` + `sed`)."""
+    """A copy whose state files name the copy (the probe's `cp -r` + `sed`), with the MLflow store the runs
+    of its folder share (RUN_DIR/../mlflow.db) copied beside it."""
     target = tmp_path / "run"
     shutil.copytree(finished_run, target)
+    shutil.copy(finished_run.parent / "mlflow.db", tmp_path / "mlflow.db")
+    shutil.copytree(finished_run.parent / "mlartifacts", tmp_path / "mlartifacts")
     for name in ("trainer.json", "delivery.json"):
         path = target / "tracking" / name
-        path.write_text(path.read_text().replace(str(finished_run), str(target)))
+        path.write_text(path.read_text().replace(str(finished_run.parent), str(tmp_path)))
     return target
 
 
@@ -153,8 +156,9 @@ def test_only_files_inside_the_run_dir_are_uploaded(tmp_path):
     edit_delivery(run_dir, _set("uploaded", False))  # so the replay uploads again
     done = replay_spool(run_dir)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stderr.count("outside the run dir") == 3, done.stderr
-    uploaded = [p for p in (run_dir / "mlartifacts").rglob("*") if p.is_file()]
+    assert done.stderr.count("outside the run dir") == 1, done.stderr  # one line names the 3 files
+    assert "not uploading 3 file(s)" in done.stderr, done.stderr
+    uploaded = [p for p in (run_dir.parent / "mlartifacts").rglob("*") if p.is_file()]  # the shared store's
     assert any(p.name == "metrics.jsonl" for p in uploaded)  # the run's own artifacts still go up
     assert not any(p.name in ("outside-secret.txt", "link-out") for p in uploaded)
     assert all(b"probe-outside-secret-7731" not in p.read_bytes() for p in uploaded)
@@ -197,3 +201,16 @@ def test_mlflow_writes_outside_the_run_dir_are_refused(run_copy, tmp_path, optio
     done = replay_spool(run_copy)
     assert done.returncode == 2 and option in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_copied_run_dir_names_its_own_files_and_replays_without_warnings(finished_run, tmp_path):
+    """First-hour N19: trainer.json named each artifact by its absolute path, so a copy of the run dir
+    warned "outside the run dir" for each of them on every replay; the names are relative now."""
+    trainer = json.loads((finished_run / "tracking" / "trainer.json").read_text())
+    assert trainer["artifacts"] and not any(Path(a).is_absolute() for a in trainer["artifacts"])
+    copy = tmp_path / "elsewhere" / "run"
+    shutil.copytree(finished_run, copy)
+    edit_delivery(copy, _set("uploaded", False))  # so the replay uploads again, from the copy
+    done = replay_spool(copy, "--allow-dir", str(finished_run.parent))  # its trackers still write where they did
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "outside the run dir" not in done.stderr, done.stderr

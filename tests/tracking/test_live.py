@@ -28,9 +28,10 @@ SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-roll
 def mlflow_points(run_dir: Path) -> set[tuple[str, int]]:
     """(key, step) of every point in the run's MLflow store, read as a watcher would (nothing if not there yet)."""
     sink = DeliveryState.load(run_dir).sinks.get("mlflow")
-    if sink is None or not sink.spec.options.get("run_id") or not (run_dir / "mlflow.db").exists():
+    store = run_dir.parent / "mlflow.db"  # the default store, shared by the runs beside this one
+    if sink is None or not sink.spec.options.get("run_id") or not store.exists():
         return set()
-    with sqlite3.connect(f"file:{run_dir / 'mlflow.db'}?mode=ro", uri=True, timeout=30) as db:
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=30) as db:
         rows = db.execute("SELECT key, step FROM metrics WHERE run_uuid = ?", (sink.spec.options["run_id"],))
         return set(rows)
 

@@ -15,10 +15,16 @@ PAGE_METRICS = {"train/loss": 0.412, "rollout/raw_reward": 0.61, "train/kl_loss"
 
 def test_row_matches_the_page():
     assert format_row(12, 3000, PAGE_METRICS, show_kl=True).splitlines() == [
-        "[trainer] iter 12 (13/3000) | loss=0.412 reward=0.61 kl=0.018",
-        "                            | rollout=18.4s train=22.1s p2p=2.1s  (total 42.6s)",
-        "                            | grad_norm=0.93 lr=1.0e-06",
+        "[trainer] iter 12 (13/3000)     | loss=0.412 reward=0.61 kl=0.018",  # padded to "iter 2999 (3000/3000)"
+        "                                | rollout=18.4s train=22.1s p2p=2.1s  (total 42.6s)",
+        "                                | grad_norm=0.93 lr=1.0e-06",
     ]
+
+
+def test_the_bar_column_stays_put_as_the_ids_grow():
+    """First-hour N17: the `|` moved right as the iteration number grew (52 -> 53 -> 56)."""
+    columns = {format_row(i, 100, {}, show_kl=False).splitlines()[0].index("|") for i in (0, 9, 10, 99)}
+    assert len(columns) == 1
 
 
 def test_the_last_row_counts_every_rollout_done():
@@ -32,7 +38,7 @@ def test_the_row_says_how_long_the_run_has_taken_and_about_how_long_is_left():
     elapsed, left = progress(lines, 60, now=113.0)
     assert (elapsed, left) == (13.0, 57 * 4.0)
     second = format_row(2, 60, PAGE_METRICS, show_kl=False, elapsed=elapsed, left=left).splitlines()[1]
-    assert second.endswith("(total 42.6s; 13s in, ~3m48s left)")
+    assert second.endswith("(total 42.6s; training 13s, ~3m48s left)")
     # a journal that starts with a rollout: its start is that line's time less its step; the last row: 0s left
     assert progress(lines[1:], 3, now=113.0) == (13.0, 0.0)
     assert progress([], 3, now=1.0) == (None, None)
@@ -40,7 +46,7 @@ def test_the_row_says_how_long_the_run_has_taken_and_about_how_long_is_left():
 
 def test_row_without_kl_loss_and_with_missing_metrics():
     first, second, third = format_row(3, 10, {"train/loss": 0.5}, show_kl=False).splitlines()
-    assert first == "[trainer] iter 3 (4/10) | loss=0.500 reward=n/a"
+    assert first == "[trainer] iter 3 (4/10)  | loss=0.500 reward=n/a"
     assert "rollout=n/a" in second and third.endswith("grad_norm=n/a lr=n/a")
 
 

@@ -33,7 +33,7 @@ def test_mlflow_run_has_params_artifacts_and_samples(run_dir):
 
     run_synthetic(run_dir, "--rollouts", "4", "--use-mlflow", "--log-samples-interval", "2")
     spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
-    assert spec["tracking_uri"] == f"sqlite:///{run_dir.resolve()}/mlflow.db"
+    assert spec["tracking_uri"] == f"sqlite:///{run_dir.resolve().parent}/mlflow.db"  # shared by the runs beside it
     client = MlflowClient(tracking_uri=spec["tracking_uri"])
     run = client.get_run(spec["run_id"])
     assert client.get_experiment(run.info.experiment_id).name == "miles"

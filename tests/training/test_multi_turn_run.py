@@ -51,8 +51,9 @@ def test_multi_turn_run_end_to_end(tmp_path, capsys):
 
     import mlflow
 
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("miles").experiment_id])
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")  # shared by the runs beside it
+    (run,) = [r for r in client.search_runs([client.get_experiment_by_name("miles").experiment_id])
+              if r.info.run_name == run_dir.name]
     history = client.get_metric_history(run.info.run_id, "multi_turn/round_number_mean")
     assert sorted(p.step for p in history) == [0, 1]
     assert summary.checkpoint is not None

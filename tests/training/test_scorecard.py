@@ -35,7 +35,7 @@ def test_a_healthy_run_reads_base_to_final_reward_time_flags_and_model(tmp_path)
     rows = dict(card.rows())
     assert rows["held-out eval"] == "eval/arithmetic-pass_at_1: 0.229 (base) -> 0.796 (after rollout 2), +0.567"
     assert rows["reward"] == "rollout/raw_reward: 0.270 (rollout 0) -> 0.830 (rollout 2)"
-    assert rows["rollouts"] == "3 (0..2) in 4m55s wall time"
+    assert rows["rollouts"] == "3 (0..2) in 4m55s wall time (training 30s)"  # base eval line to the last one
     assert rows["red flags"] == "none (3 signals checked)"
     assert rows["model"] == str(tmp_path / "checkpoints" / "iter_0000002")  # the newest, not the first found
     assert rows["health"] == "miles doctor X"

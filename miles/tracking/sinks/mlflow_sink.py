@@ -18,6 +18,7 @@ from typing import Any
 
 from miles.health.alerts import red_flags_in
 from miles.record.names import STEP_KEYS, step_of
+from miles.config.mlflow_store import store_lock
 from miles.tracking.sinks.base import Delivery, SinkSpec
 
 # a dead tracking server must fail a call in seconds, not block the delivery worker in
@@ -72,7 +73,8 @@ class MlflowSink:
     def prepare(self) -> None:
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(tracking_uri=self.tracking_uri).get_experiment_by_name(self.experiment)  # creates a SQLite store
+        with store_lock(self.tracking_uri):  # a store shared by parallel runs is created once
+            MlflowClient(tracking_uri=self.tracking_uri).get_experiment_by_name(self.experiment)  # creates a SQLite store
 
     def open(self) -> None:
         from mlflow.entities import Param, RunStatus
@@ -87,13 +89,14 @@ class MlflowSink:
                 self.client.update_run(self.run_id, status="RUNNING")
             self._start_system_metrics(resume=True)
             return
-        experiment = self.client.get_experiment_by_name(self.experiment)
-        if experiment is None:
-            # a file-backed store keeps artifacts in the run dir, not ./mlruns of whatever cwd
-            location = Path(self.artifact_dir).resolve().as_uri() if self.artifact_dir else None
-            experiment_id = self.client.create_experiment(self.experiment, artifact_location=location,
-                                                          tags=EXPERIMENT_KIND)
-        else:
+        with store_lock(self.tracking_uri):  # runs sharing a store: one creates the experiment
+            experiment = self.client.get_experiment_by_name(self.experiment)
+            if experiment is None:
+                # a local store keeps artifacts beside it (mlflow_store.artifact_dir), not ./mlruns of whatever cwd
+                location = Path(self.artifact_dir).resolve().as_uri() if self.artifact_dir else None
+                experiment_id = self.client.create_experiment(self.experiment, artifact_location=location,
+                                                              tags=EXPERIMENT_KIND)
+        if experiment is not None:
             experiment_id = experiment.experiment_id
             if not any(k in experiment.tags for k in EXPERIMENT_KIND):  # never override a kind a user chose
                 for key, value in EXPERIMENT_KIND.items():
