@@ -350,7 +350,10 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber:
         check_specs(run_dir, specs, set(todo), allowed or [],
                     {name: run_dir / (DELIVERY_PATH if name in sinks else TRAINER_PATH) for name in specs},
                     trusted_server)
-        roots = [Path(run_dir).resolve()] + [Path(a).resolve() for a in allowed or []]
+        # the default MLflow store beside the run dir (shared by the runs of its folder) keeps this run's
+        # artifacts under its own artifact root: that root is the run's too
+        roots = [Path(run_dir).resolve()] + [Path(a).resolve() for a in allowed or []] + \
+            sorted(p for p in shared_store_paths(Path(run_dir).resolve()) if p.suffix != ".db")
         return DeliveryLoop(run_dir, todo, scrubber or env_scrubber(), retry_interval,
                             write_roots=roots).finish(True, timeout)
 
