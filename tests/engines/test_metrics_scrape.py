@@ -4,6 +4,8 @@ router's stats (what a run's journal records as rollout/router_*) and with the e
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from miles.config import RouterConfig
 from miles.router import start_router
 
+ROOT = Path(__file__).resolve().parents[2]
 REQUEST = {"text": "12+34=", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0.0}}
 
 
@@ -98,7 +101,7 @@ def test_router_and_engine_histograms_count_the_requests_served(engine, router_i
         assert (gauge, frozenset(model_label.items())) in engine_after, gauge
 
 
-def test_weight_update_seconds_and_version_on_the_engine(engine, base_model):
+def test_weight_update_seconds_and_version_on_the_engine(engine, base_model, router_in_front):
     previous = httpx.get(engine.url + "/get_weight_version").json()["weight_version"]
     before = scrape(engine.url)
     try:
@@ -116,7 +119,15 @@ def test_weight_update_seconds_and_version_on_the_engine(engine, base_model):
     assert value(after, "miles_engine_weight_version_number") == 7
     refused = httpx.post(engine.url + "/update_weights_from_disk", json={"model_path": "/no/such/dir"}, timeout=60)
     assert refused.json()["success"] is False
-    assert value(scrape(engine.url), "miles_engine_weight_update_failures_total", source="disk") >= 1
+    served = scrape(engine.url)
+    assert value(served, "miles_engine_weight_update_failures_total", source="disk") >= 1
+
+    # every series the Grafana dashboard plots is one the router or an engine exposes
+    names = {name for name, _ in served} | {name for name, _ in scrape(router_in_front.url)}
+    dashboard = json.loads((ROOT / "deployments" / "grafana" / "miles-fleet.json").read_text())
+    plotted = {m for panel in dashboard["panels"] for t in panel["targets"]
+               for m in re.findall(r"(?:miles_\w+|sglang:\w+)", t["expr"])}
+    assert len(plotted) >= 15 and plotted - names == set()
 
 
 def test_metrics_keep_the_host_guard(engine, router_in_front):
