@@ -1,6 +1,6 @@
-"""The health watch's abort-storm and degenerate-groups alarms fire on a real iteration (engine, router,
-Ray ranks, the trainer's own watch) when `--inject-fault abort-engine@0` makes the engine abort every
-request of the rollout: every sample aborted, every group without reward variance."""
+"""The health watch's stall, abort-storm and degenerate-groups alarms fire on a real iteration (engine, router,
+Ray ranks, the trainer's own watch): `--inject-fault abort-engine@0` makes the engine abort every request of
+the rollout (every sample aborted, every group without reward variance); a paused engine holds a rollout."""
 from __future__ import annotations
 
 import json
@@ -59,5 +59,37 @@ def test_an_abort_storm_fires_abort_storm_and_degenerate_groups(small_config, ra
         assert "abort_storm" not in {v.signal for v in healthy.health.verdicts}
     finally:
         fault.end(None)
+        trainer.close()
+        router.stop()
+
+
+def test_a_held_rollout_fires_the_stall_alarm(small_config, ray_cluster, engine, tmp_path):
+    """Rollout 3 held by a paused engine for ten times the median rollout so far: `stall` is red on it."""
+    import threading
+
+    import httpx
+
+    from miles.router import start_router
+
+    config = small_config("--eval-interval", "none", "--health-stall-factor", "3", "--health-stall-min-s", "1",
+                          "--health-stall-check-interval", "0")
+    router = start_router(config.router, worker_urls=[engine.url])
+    trainer = RLTrainer.start(prepare_config(config), router.url, [engine.url])
+    timer = None
+    try:
+        assert trainer.resume() == 0
+        times = [trainer.run_iteration(i).metrics["perf/rollout_time"] for i in range(3)]
+        hold = max(10 * sorted(times)[1], 5.0)
+        httpx.post(engine.url + "/pause_generation").raise_for_status()
+        timer = threading.Timer(hold, lambda: httpx.post(engine.url + "/continue_generation"))
+        timer.start()
+        held = trainer.run_iteration(3)
+        assert held.metrics["perf/rollout_time"] >= 0.9 * hold  # the pause began just before the rollout
+        stall = [v for v in held.health.verdicts if v.signal == "stall"]
+        assert stall and stall[0].severity == RED and stall[0].rollout_id == 3, held.health.verdicts
+    finally:
+        if timer is not None:
+            timer.join()
+        httpx.post(engine.url + "/continue_generation")
         trainer.close()
         router.stop()
