@@ -71,8 +71,9 @@ def standard_observers(trainer, kill_engine: Callable[[], object] | None = None,
     `fault_targets`, a plain run's services, can kill or stop any engine mid-rollout), the --on-red-flag
     stop and profile reactions, and the trainer's profiler (it opens and closes windows)."""
     config = trainer.config
+    requests = config.rollout.rollout_batch_size * config.rollout.n_samples_per_prompt
     return [FaultInjector(config.orchestration.inject_fault, config.train.run_dir, kill_engine=kill_engine,
-                          targets=fault_targets),
+                          targets=fault_targets, rollout_requests=requests),
             RedFlagStopper(config), RedFlagProfiler(config, trainer.profiler), trainer.profiler]
 
 

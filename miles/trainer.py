@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from miles.run import checkpoint
 from miles.run.engine_loss import EnginesLost, NoEngineLeft, silent_engines, supervised_loss, unsupervised_loss, when
+from miles.backends.flops import ModelShape, mfu_metrics
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, WeightSyncError, served_version
@@ -94,6 +95,7 @@ class RLTrainer:
         self.tracker, self.health, self.group, self.sync, self.profiler = tracker, health, group, sync, profiler
         self.weight_version = 0
         self._phase = "rollout"  # the iteration's phase now (what an engine loss happened in)
+        self._flops: tuple | None = None  # (ModelShape or False, each rank's peak FLOP/s): asked once
         self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME, starts=self.run_dir / OPEN_NAME)
 
     # ---- resume / checkpoint --------------------------------------------------------------
@@ -196,7 +198,8 @@ class RLTrainer:
         with self.phase("train", rollout_id, times):  # log_probs and actor_train are phases inside the ranks
             batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id,
                                       return_token_stats=logged)
-            summary = combine(self.group.train(batches))
+            results = self.group.train(batches)
+            summary = combine(results)
         self._write_rank_phases(rollout_id, summary)
         if logged:
             with self.phase("log_tokens", rollout_id):
@@ -211,6 +214,8 @@ class RLTrainer:
         metrics.update(self._router_metrics())
         metrics.update(self._fault_metrics(metrics))
         metrics.update(perf_metrics(times, step_time, summary, cfg))
+        metrics.update(self._mfu_metrics(batches, results))
+        metrics.update(self.sync.last_times)  # perf/update_weights_{rank,engine}_<i>_time
         steps = cfg.train.num_steps_per_rollout
         metrics.update({"train/step": float(rollout_id * steps + steps - 1), "rollout/step": float(rollout_id)})
         evaluated = {}
@@ -231,6 +236,23 @@ class RLTrainer:
         self._phase = name
         with timed(name, times), self.timeline.span(name, rollout_id, **span):
             yield
+
+    def _mfu_metrics(self, batches, results) -> dict[str, float]:
+        """Each rank's TFLOP/s and MFU in actor_train: FLOPs counted from the model's config, peaks asked
+        of the ranks once (a GPU from the table, a CPU measured on the rank)."""
+        if self._flops is None:
+            try:
+                shape = ModelShape.from_checkpoint(self.model_path)
+            except (OSError, ValueError) as exc:
+                print(f"{PREFIX}no perf/mfu: {exc}", flush=True)
+                shape = False
+            peaks = [float(info.extra.get("peak_flops") or 0.0) for info in self.group.call("info")]
+            self._flops = (shape, peaks)
+        shape, peaks = self._flops
+        if not shape:
+            return {}
+        return mfu_metrics(shape, [[len(t) for t in b.tokens] for b in batches],
+                           [r.actor_train_time for r in results], peaks)
 
     def _write_rank_phases(self, rollout_id: int, summary) -> None:
         for rank, phases in summary.phases.items():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import ray
@@ -56,6 +57,17 @@ class ActorGroup:
     def call(self, method: str, *args: Any) -> list[Any]:
         """Run a collective method on every rank; results in rank order."""
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def call_timed(self, method: str, *args: Any) -> tuple[list[Any], list[float]]:
+        """`call`, and the seconds until each rank's answer arrived (all start together)."""
+        start = time.perf_counter()
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        seconds: dict[Any, float] = {}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            seconds[done[0]] = time.perf_counter() - start
+        return ray.get(refs), [seconds[ref] for ref in refs]
 
     def train(self, batches: list[RankBatch]) -> list[RankTrainResult]:
         return ray.get([a.train.remote(b) for a, b in zip(self.actors, batches)])

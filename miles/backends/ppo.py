@@ -26,6 +26,7 @@ import torch.distributed as dist
 from miles.backends import hf_weights as W
 from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainResult
 from miles.backends.batch import MicroBatch, micro_batches
+from miles.backends.flops import rank_peak_flops
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
 from miles.backends.schedule import lr_at
@@ -193,8 +194,9 @@ class PPORank:
             dist.destroy_process_group()
 
     def info(self) -> ActorInfo:
+        peak, source = rank_peak_flops(getattr(self, "device", None))
         return ActorInfo(self.rank, self.world_size, self.weight_version, self.optimizer_steps,
-                         extra={"pid": os.getpid()})
+                         extra={"pid": os.getpid(), "peak_flops": peak, "peak_source": source})
 
     # ---- profiling windows (miles.profiling.driver drives these) --------------------------
     def profile_open(self, window: ProfileWindow) -> bool:

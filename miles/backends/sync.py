@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -26,21 +27,25 @@ def _engine_weights():
 
 
 def push_disk(engine_urls: list[str], model_dir: Path, version: int, token: str | None = None) -> None:
-    failures = push_disk_each(engine_urls, model_dir, version, token)
+    failures = push_disk_each(engine_urls, model_dir, version, token)[0]
     if failures:
         raise next(iter(failures.values()))
 
 
 def push_disk_each(engine_urls: list[str], model_dir: Path, version: int,
-                   token: str | None = None) -> dict[str, Exception]:
-    """Push to every engine in parallel; the engines that failed, with their error."""
+                   token: str | None = None) -> tuple[dict[str, Exception], dict[str, float]]:
+    """Push to every engine in parallel; the engines that failed, with their error, and each push's seconds."""
     weights = _engine_weights()
+    seconds: dict[str, float] = {}
 
     def push(url: str) -> Exception | None:
+        start = time.perf_counter()
         try:
             weights.push_weights_from_disk(url, str(model_dir), str(version), token=token)
         except Exception as exc:  # reported per engine: with supervision one dead engine must not fail the push
             return exc
+        finally:
+            seconds[url] = time.perf_counter() - start
         return None
 
     # one daemon thread per engine, not a thread pool: a pool's exit (and the interpreter's) waits for every
@@ -52,7 +57,7 @@ def push_disk_each(engine_urls: list[str], model_dir: Path, version: int,
         thread.start()
     for thread in threads:
         thread.join()  # interruptible: the stall reaction's SIGINT ends the wait
-    return {url: exc for url, exc in results.items() if exc is not None}
+    return {url: exc for url, exc in results.items() if exc is not None}, seconds
 
 
 def tell_router(router_url: str | None, version: int, admin_token: str | None = None) -> None:
@@ -81,6 +86,8 @@ class WeightSync:
         self.supervisor = supervisor
         self.lock = threading.Lock()
         self._current: tuple[Path, int] | None = None
+        # the last push's seconds per rank (export) and per engine (load), as journal keys
+        self.last_times: dict[str, float] = {}
 
     def current(self) -> tuple[Path, int]:
         """The directory of the weights the engines should serve, and their version."""
@@ -100,26 +107,49 @@ class WeightSync:
                 self._push_supervised(version)
             return
         if self.in_memory:
-            state = self.group.call("export_weights", None)[0]
+            states = self._export(None)
             weights = _engine_weights()
+            seconds = {}
             for url in self.engine_urls:
-                weights.push_weights_in_memory(url, state, str(version), token=self.admin_token)
+                start = time.perf_counter()
+                weights.push_weights_in_memory(url, states[0], str(version), token=self.admin_token)
+                seconds[url] = time.perf_counter() - start
+            self._engine_times(seconds)
         else:
             target = self.export_root / f"v{version:06d}"
-            self.group.call("export_weights", str(target))
-            push_disk(self.engine_urls, target, version, self.admin_token)
+            self._export(str(target))
+            failures, seconds = push_disk_each(self.engine_urls, target, version, self.admin_token)
+            self._engine_times(seconds)
+            if failures:
+                raise next(iter(failures.values()))
             for old in self.export_root.glob("v*"):
                 if old != target:
                     shutil.rmtree(old, ignore_errors=True)
         self.group.call("set_weight_version", version)
         tell_router(self.router_url, version, self.admin_token)
 
+    def _export(self, directory: str | None) -> list:
+        """Every rank's export_weights (rank 0 writes or returns the full state), timed per rank."""
+        self.last_times = {}
+        results, seconds = self.group.call_timed("export_weights", directory)
+        self.last_times.update({f"perf/update_weights_rank_{r}_time": s for r, s in enumerate(seconds)})
+        return results
+
+    def _engine_times(self, seconds: dict[str, float]) -> None:
+        """Per engine, named by its index in the run's engine list (a URL is no metric name; a relaunched
+        engine keeps its port, so its URL and index)."""
+        for url, s in seconds.items():
+            if url in self.engine_urls:
+                self.last_times[f"perf/update_weights_engine_{self.engine_urls.index(url)}_time"] = s
+
     def _push_supervised(self, version: int) -> None:
         """Push to the ready engines only; an engine that fails is marked stale for the supervisor, which
         brings it (and any engine that is relaunching) up to `version` from the kept directory."""
         target = self.export_root / f"v{version:06d}"
-        self.group.call("export_weights", str(target))
-        for url, exc in push_disk_each(self.supervisor.ready_urls(), target, version, self.admin_token).items():
+        self._export(str(target))
+        failures, seconds = push_disk_each(self.supervisor.ready_urls(), target, version, self.admin_token)
+        self._engine_times(seconds)
+        for url, exc in failures.items():
             self.supervisor.engine_failed(url, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         self._current = (target, version)
         for old in self.export_root.glob("v*"):

@@ -54,6 +54,13 @@ class InferenceServices:
         os.kill(engine.pid, signal.SIGSTOP)
         return engine.pid
 
+    def abort_engine(self, index: int, count: int):
+        """Test hook (`--inject-fault abort-engine:N@ITER`): engine `index` aborts its next `count` requests
+        (an abort storm, `stop()` ends it)."""
+        from miles.engines.abort_storm import AbortStorm
+
+        return AbortStorm(self.engines[index].url, count, token=self.admin_token)
+
     def stop(self) -> None:
         """Stop the router first (no traffic), then every engine; report the first failure."""
         errors = []

@@ -81,6 +81,13 @@ class ActorServices:
     def kill_router(self) -> int:
         return ray.get(find(self.names.router).kill_service.remote(), timeout=CALL_TIMEOUT_S)
 
+    def abort_engine(self, index: int, count: int):
+        """Engine `index` aborts its next `count` requests (an abort storm; `stop()` ends it)."""
+        from miles.engines.abort_storm import AbortStorm
+        from miles.router.app import resolve_admin_token
+
+        return AbortStorm(self.engine(index).url, count, token=resolve_admin_token(self.config.router))
+
 
 def supervise_actors(config, names: RunNames, router_url: str, admin_token: str | None,
                      on_event: Callable[[str, dict], None] | None = None, log: Callable[[str], None] | None = None):

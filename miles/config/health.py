@@ -75,6 +75,15 @@ class HealthConfig:
                                                  "within --health-engine-flap-window rollouts (one restart: a "
                                                  "warning)", minimum=1)
     health_engine_flap_window: int = flag(10, "liveness: rollouts over which engine restarts are counted", minimum=1)
+    health_abort_storm_share: float = flag(0.2, "abort_storm: red flag when this share of a rollout's samples was "
+                                                "aborted by the engines (warning from half of it)",
+                                           minimum=0.0, maximum=1.0)
+    health_degenerate_groups_share: float = flag(
+        0.9, "degenerate_groups: flagged when this share of a rollout's reward groups has zero advantage variance "
+             "(no GRPO signal): a warning for one rollout, red once it held for --health-degenerate-groups-window",
+        minimum=0.0, maximum=1.0)
+    health_degenerate_groups_window: int = flag(3, "degenerate_groups: rollouts in a row the share must hold for a "
+                                                   "red flag", minimum=1)
     health_truncated_ratio: float = flag(0.5, "liveness: red flag when this share of samples was truncated "
                                               "(warning from half of it)", minimum=0.0, maximum=1.0)
     health_param_norm_growth: float = flag(10.0, "param_norm: red flag when the weights' norm grows by this factor "

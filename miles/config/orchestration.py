@@ -20,8 +20,9 @@ class OrchestrationConfig:
     task_timeout: float = flag(3600.0, "seconds a task may run", minimum=1.0)
     inject_fault: str | None = flag(None, "test hook: raise@ITER or kill@ITER fails the run once at rollout ITER; "
                                           "kill-engine[:N]@ITER SIGKILLs engine N (default 0), "
-                                          "stop-engine[:N]@ITER SIGSTOPs it, kill-router@ITER SIGKILLs the router, all as "
-                                          "rollout ITER starts")
+                                          "stop-engine[:N]@ITER SIGSTOPs it, abort-engine[:N]@ITER makes it abort every "
+                                          "request of the rollout (an abort storm), kill-router@ITER SIGKILLs the "
+                                          "router, all as rollout ITER starts")
     use_fault_tolerance: bool = flag(False, "supervise the engines and the router (both drivers): "
                                             "relaunch a dead or hung engine on its port, readmit it once it serves "
                                             "the current weights, re-send the requests it never answered; a dead "

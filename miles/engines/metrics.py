@@ -5,12 +5,14 @@ process (tests) without their counters adding up.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TOKEN_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# a weight update on the tiny model takes milliseconds; a 7B checkpoint from disk, tens of seconds
+WEIGHT_UPDATE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class EngineMetrics:
@@ -47,6 +49,18 @@ class EngineMetrics:
         # Not an SGLang metric: how many requests each batch decoded together (the batching evidence).
         self.batch_size = histogram("sglang:batch_size", "Requests decoded together per batch (embedded engine).",
                                     BATCH_BUCKETS)
+        # Miles' own: which weights serve, and what swapping them in cost (the engine's side of the weight sync).
+        self.weight_version = Info("miles_engine_weight_version", "The weight version this engine serves.",
+                                   registry=self.registry)
+        self.weight_version_number = Gauge("miles_engine_weight_version_number",
+                                           "The served weight version as a number (-1 when it is not one).",
+                                           registry=self.registry)
+        self.weight_update_seconds = Histogram("miles_engine_weight_update_seconds",
+                                               "Time to read, check and swap in one weight update, in seconds.",
+                                               ["source"], buckets=WEIGHT_UPDATE_BUCKETS, registry=self.registry)
+        self.weight_update_failures = Counter("miles_engine_weight_update_failures",
+                                              "Weight updates refused (bad path, tensors or values).", ["source"],
+                                              registry=self.registry)
 
     def record_finish(self, request, finish_type: str, latency: float) -> None:
         self.num_requests.inc()
@@ -57,6 +71,14 @@ class EngineMetrics:
         if n > 1 and request.first_token_at is not None:
             decode_time = latency - (request.first_token_at - request.created)
             self.time_per_output_token.observe(decode_time / (n - 1))
+
+    def set_weight_version(self, version: str) -> None:
+        """Called at scrape time (not per request): the version label and its numeric twin for graphs."""
+        self.weight_version.info({"weight_version": str(version)})
+        try:
+            self.weight_version_number.set(float(version))
+        except (TypeError, ValueError):
+            self.weight_version_number.set(-1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -242,22 +242,28 @@ class EngineServer:
             if not _encodable(body.get(name)):  # a lone surrogate: no such path, and no answer could quote it
                 return weight_failure(f"{name} is not valid Unicode text (it holds a lone surrogate)")
         path = body["model_path"]
+        started = time.perf_counter()
         try:
             named = await run_in_threadpool(self._read_checked_dir, path)
         except weight_update.WeightUpdateError as exc:
+            self.metrics.weight_update_failures.labels("disk").inc()
             return weight_failure(str(exc))
         await self._swap(named, version, model_path=path)
+        self.metrics.weight_update_seconds.labels("disk").observe(time.perf_counter() - started)
         return {"success": True, "message": f"Succeeded to update model weights from {path}.",
                 "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
 
     async def update_weights_from_tensor(self, request: Request):
         version = request.query_params.get("weight_version") or request.headers.get("x-weight-version")
         data = await request.body()  # bounded by the model's size (BodyLimit's own limit for this path)
+        started = time.perf_counter()  # from the received bytes: the transfer is the trainer's side of the sync
         try:
             named = await run_in_threadpool(self._read_checked_bytes, data)
         except weight_update.WeightUpdateError as exc:
+            self.metrics.weight_update_failures.labels("tensor").inc()
             return weight_failure(str(exc))
         await self._swap(named, version)
+        self.metrics.weight_update_seconds.labels("tensor").observe(time.perf_counter() - started)
         return {"success": True, "message": f"Succeeded to update {len(named)} tensors in memory.",
                 "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
 
@@ -282,6 +288,7 @@ class EngineServer:
         await asyncio.wrap_future(self.scheduler.call_between_batches(apply))
 
     async def prometheus_metrics(self):
+        self.metrics.set_weight_version(self.scheduler.weight_version)
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
 

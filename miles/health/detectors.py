@@ -264,6 +264,36 @@ def check_engine_flapping(history, cfg: HealthConfig, run: RunFacts) -> Verdict 
                     **{key: now, "restarts_in_window": restarts})
 
 
+def check_abort_storm(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """A share of the rollout's samples aborted by the engines: red at --health-abort-storm-share, a
+    warning from half of it."""
+    key = "rollout/aborted_ratio"
+    x = current(history, key)
+    if x is None or not x:
+        return None
+    if x >= cfg.health_abort_storm_share:
+        return _verdict(history, "abort_storm", RED, f"{x:.0%} of samples aborted by the engines", **{key: x})
+    if x >= cfg.health_abort_storm_share / 2:
+        return _verdict(history, "abort_storm", WARNING, f"{x:.0%} of samples aborted by the engines", **{key: x})
+    return None
+
+
+def check_degenerate_groups(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
+    """Most reward groups without advantage variance: a warning in one rollout, red once it held for the
+    window (a few such rollouts happen by chance in a small healthy run)."""
+    key = "rollout/degenerate_group_ratio"
+    x = current(history, key)
+    if x is None or x < cfg.health_degenerate_groups_share:
+        return None
+    w = cfg.health_degenerate_groups_window
+    streak = recent(history, key, w)
+    held = len(streak) == w and min(streak) >= cfg.health_degenerate_groups_share
+    return _verdict(history, "degenerate_groups", RED if held else WARNING,
+                    f"{x:.0%} of reward groups have zero advantage variance"
+                    + (f" (at least {cfg.health_degenerate_groups_share:.0%} for {w} rollouts)" if held else ""),
+                    **{key: x})
+
+
 def check_truncation(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
     key = "rollout/truncated_ratio"
     x = current(history, key)
@@ -317,6 +347,8 @@ DETECTORS: dict[str, Detector] = {
     "stall": check_stall,
     "router_errors": check_router_errors,
     "engine_flapping": check_engine_flapping,
+    "abort_storm": check_abort_storm,
+    "degenerate_groups": check_degenerate_groups,
     "truncated_ratio": check_truncation,
     "param_norm": check_param_norm,
     "non_finite": check_non_finite,

@@ -38,6 +38,12 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in [
     Signal("engine_flapping", ("rollout/engine_restarts",),
            "an engine relaunched again and again (--use-fault-tolerance): read its RUN_DIR/logs/engine-N.log "
            "for the cause (OOM, a bad device) before it uses its --engine-max-restarts"),
+    Signal("abort_storm", ("rollout/aborted_ratio",),
+           "the engines aborted many requests (aborted samples score 0 and train nothing): look for who calls "
+           "/abort_request, a client that disconnects, or an engine being paused and flushed"),
+    Signal("degenerate_groups", ("rollout/degenerate_group_ratio",),
+           "reward groups whose samples all scored the same carry no GRPO signal: the task is too hard or too "
+           "easy for the policy, or the reward is constant; check the reward and --n-samples-per-prompt"),
     Signal("truncated_ratio", ("rollout/truncated_ratio",),
            "most answers hit --rollout-max-response-len: raise it"),
     Signal("param_norm", ("train/param_norm", "train/param_norm_growth", "train/lr"),

@@ -31,7 +31,9 @@ def sample_row(rollout_id: int, s) -> dict:
                response=s.response, label=s.label, reward=s.reward, raw_reward=s.raw_reward,
                response_length=s.response_length, status=getattr(s.status, "value", str(s.status)),
                advantage=s.metadata.get("advantage"), weight_version=s.weight_version,
-               num_turns=getattr(s, "num_turns", 1))
+               num_turns=getattr(s, "num_turns", 1),
+               # the engine's log-prob of each response token (at most --rollout-max-response-len of them)
+               rollout_log_probs=[round(float(lp), 6) for lp in getattr(s, "rollout_log_probs", None) or []])
     turns = getattr(s, "turns", None)
     if turns:  # a multi-turn trajectory: its turns with roles (and tool calls)
         row["turns"] = turns

@@ -6,7 +6,7 @@ import statistics
 
 from miles.rollout.advantages import groups_of, zero_std_counts
 from miles.rollout.multi_turn_metrics import multi_turn_metrics
-from miles.rollout.sample import Sample
+from miles.rollout.sample import Sample, Status
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -29,6 +29,14 @@ def pass_rates(samples: list[Sample], group_size: int) -> dict[str, float]:
     return out
 
 
+def degenerate_group_ratio(samples: list[Sample], advantages: list[float]) -> float:
+    """The share of reward groups whose advantages do not vary (every sample the same): no GRPO signal."""
+    groups: dict[object, list[float]] = {}
+    for sample, advantage in zip(samples, advantages):
+        groups.setdefault(sample.group_index, []).append(advantage)
+    return sum(max(g) == min(g) for g in groups.values()) / len(groups) if groups else 0.0
+
+
 def rollout_metrics(samples: list[Sample], advantages: list[float], group_size: int,
                     binary_reward: bool) -> dict[str, float]:
     """The `rollout/`, `passrate/` and (for multi-turn samples) `multi_turn/` metrics computable before
@@ -44,6 +52,9 @@ def rollout_metrics(samples: list[Sample], advantages: list[float], group_size: 
         "rollout/response_lengths": sum(lengths) / n,
         "rollout/truncated": sum(s.truncated for s in samples) / n,
         "rollout/truncated_ratio": sum(s.truncated for s in samples) / n,
+        # the engines' aborts (an abort storm empties a rollout of signal: aborted samples score 0)
+        "rollout/aborted_ratio": sum(s.status == Status.ABORTED for s in samples) / n,
+        "rollout/degenerate_group_ratio": degenerate_group_ratio(samples, advantages),
         "rollout/response_len/mean": sum(lengths) / n,
         "rollout/response_len/median": float(statistics.median(lengths)),
         "rollout/response_len/max": float(max(lengths)),

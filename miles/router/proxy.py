@@ -236,12 +236,17 @@ class Proxy:
                     parts.append(chunk)
             except UpstreamError as exc:
                 return Outcome(delivered=False, error=str(exc))
+            self.stats.record_first_chunk(time.perf_counter() - watch.since)
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": parts[0] if len(parts) == 1 else b"".join(parts)})
             return DELIVERED_FAILED if failed else DELIVERED_OK
         await send({"type": "http.response.start", "status": status, "headers": headers})
+        first = True
         try:
             while (chunk := await conn.read()) is not None:
+                if first:  # a stream's first token(s): the client-side time to first token
+                    self.stats.record_first_chunk(time.perf_counter() - watch.since)
+                    first = False
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamError as exc:
             if watch.gone:

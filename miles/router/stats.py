@@ -5,9 +5,10 @@ constant however many requests pass between snapshots and p50/p99 cost nothing t
 """
 from __future__ import annotations
 
+import bisect
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _MIN_S = 1e-5       # 10 us: the first bucket
 _GROWTH = 1.04      # bucket width ratio: quantiles are within ~4%
@@ -42,6 +43,31 @@ class LatencyWindow:
     def reset(self) -> None:
         self.counts = [0] * _BUCKETS
         self.total = 0
+
+
+# Prometheus buckets (seconds) of the client-side histograms: whole requests and their first response chunk.
+REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass
+class FixedHistogram:
+    """Cumulative counts over fixed bounds since start: what /metrics exposes (two list adds per observation)."""
+
+    bounds: tuple[float, ...] = REQUEST_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(REQUEST_BUCKETS) + 1))
+    sum: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, count) pairs as prometheus_client's HistogramMetricFamily takes them, +Inf last."""
+        total, out = 0, []
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+            total += count
+            out.append((bound, total))
+        return out
 
 
 @dataclass
@@ -94,6 +120,8 @@ class RouterStats:
         self.window = Counters()
         self.latency = LatencyWindow()
         self.window_start = clock()
+        self.request_seconds = FixedHistogram()  # every answered client request, retries included
+        self.first_chunk_seconds = FixedHistogram()  # until the first response bytes went to the client
 
     def record(self, seconds: float, failed: bool, retries: int) -> None:
         for counters in (self.total, self.window):
@@ -102,6 +130,10 @@ class RouterStats:
             if failed:
                 counters.errors += 1
         self.latency.observe(seconds)
+        self.request_seconds.observe(seconds)
+
+    def record_first_chunk(self, seconds: float) -> None:
+        self.first_chunk_seconds.observe(seconds)
 
     def record_no_worker(self) -> None:
         for counters in (self.total, self.window):

@@ -2,7 +2,7 @@
 
 `raise@R` and `kill@R` fail the process running the loop before rollout R. `kill-engine[:N]@R` (SIGKILL)
 and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 0) as rollout R starts
-(`kill-router@R`: the router),
+(`kill-router@R`: the router; `abort-engine[:N]@R`: engine N aborts every request of rollout R, an abort storm),
 so that rollout's requests meet the fault: refused by a dead engine (the router fails them over, or with
 one engine the client waits for its relaunch), or held by a stopped one until the supervisor finds it hung.
 (Waiting for a request in flight first was tried: the tiny rollouts end before a poll of the router sees one.)
@@ -20,8 +20,8 @@ from miles.config import ConfigError
 from miles.record import layout
 from miles.run.observer import Observer
 
-KINDS = ("raise", "kill", "kill-engine", "stop-engine", "kill-router")
-ENGINE_KINDS = ("kill-engine", "stop-engine")
+KINDS = ("raise", "kill", "kill-engine", "stop-engine", "abort-engine", "kill-router")
+ENGINE_KINDS = ("kill-engine", "stop-engine", "abort-engine")
 SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<engine>\d+))?@(?P<at>\d+)$")
 
 
@@ -34,6 +34,7 @@ class FaultTargets(Protocol):
 
     def kill_engine(self, index: int) -> int: ...
     def stop_engine(self, index: int) -> int: ...
+    def abort_engine(self, index: int, count: int) -> object: ...
     def kill_router(self) -> int: ...
 
 
@@ -60,7 +61,7 @@ def parse_fault(spec: str | None) -> Fault | None:
     match = SPEC.match(spec)
     if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in ENGINE_KINDS):
         raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
-                                            f"stop-engine[:N]@ITER or kill-router@ITER, got {spec!r}")
+                                            f"stop-engine[:N]@ITER, abort-engine[:N]@ITER or kill-router@ITER, got {spec!r}")
     return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 
@@ -69,9 +70,11 @@ class FaultInjector(Observer):
     the retried chunk from failing again (a killed process cannot write it after)."""
 
     def __init__(self, spec: str | None, run_dir: str | Path, kill_engine: Callable[[], object] | None = None,
-                 targets: FaultTargets | None = None):
+                 targets: FaultTargets | None = None, rollout_requests: int = 0):
         self.fault, self.run_dir, self.kill_engine, self.targets = parse_fault(spec), Path(run_dir), kill_engine, \
             targets
+        self.rollout_requests = rollout_requests  # abort-engine: how many requests a storm aborts at most
+        self.storm = None
 
     def before_iteration(self, rollout_id: int) -> None:
         fault = self.fault
@@ -96,7 +99,25 @@ class FaultInjector(Observer):
             os.kill(os.getpid(), signal.SIGKILL)  # the process running the loop dies mid-run
         raise InjectedFault(f"--inject-fault {fault.kind}@{fault.rollout_id}: failing rollout {rollout_id} once")
 
+    def after_iteration(self, result):
+        self._end_storm()
+        return None
+
+    def end(self, outcome) -> None:
+        self._end_storm()
+
+    def _end_storm(self) -> None:
+        """The storm lasts one rollout: the engine takes requests again before the next."""
+        if self.storm is not None:
+            self.storm.stop()
+            self.storm = None
+
     def _hit_engine(self, fault: Fault) -> None:
+        if self.targets is not None and fault.kind == "abort-engine":
+            self.storm = self.targets.abort_engine(fault.engine, self.rollout_requests)
+            print(f"[trainer] --inject-fault {fault.name}: engine {fault.engine} aborts the requests of rollout "
+                  f"{fault.rollout_id}", flush=True)
+            return
         if self.targets is not None:
             hit = self.targets.kill_engine if fault.kind == "kill-engine" else self.targets.stop_engine
             pid = hit(fault.engine)

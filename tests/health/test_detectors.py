@@ -40,6 +40,8 @@ def healthy_row(i: int, rng: random.Random, noise: float) -> dict[str, float]:
         "rollout/truncated_ratio": abs(wobble(0.01)),
         "rollout/router_requests": 256.0, "rollout/router_errors": 0.0, "rollout/router_retries": 0.0,
         "rollout/router_no_worker": 0.0,
+        "rollout/aborted_ratio": 0.0,
+        "rollout/degenerate_group_ratio": rng.randint(0, 9) / 32,  # the zero-std counts above, at most
     }
 
 
@@ -86,6 +88,9 @@ RED_STREAMS = {
     "router_errors": (dict(rollout__router_errors=lambda i, v: 40.0, rollout__router_retries=lambda i, v: 10.0), 1),
     "truncated_ratio": (dict(rollout__truncated_ratio=lambda i, v: 0.9), 1),
     "engine_flapping": (dict(rollout__engine_restarts=lambda i, v: 1.0), CFG.health_engine_flap_restarts),
+    "abort_storm": (dict(rollout__aborted_ratio=lambda i, v: 0.5), 1),
+    "degenerate_groups": (dict(rollout__degenerate_group_ratio=lambda i, v: 1.0),
+                          CFG.health_degenerate_groups_window),
 }
 
 
@@ -156,3 +161,10 @@ def test_one_engine_restart_is_a_warning_and_a_flapping_engine_red():
     flapping = broken(stream(0.0), START, rollout__engine_restarts=lambda i, v: 1.0 if i % 2 == 0 else 0.0)
     mine = [(v.rollout_id, v.severity) for v in flagged(flapping) if v.signal == "engine_flapping"]
     assert mine[:3] == [(START, WARNING), (START + 2, WARNING), (START + 4, RED)]
+
+
+def test_abort_storm_warns_from_half_its_share_and_degenerate_groups_warn_before_red():
+    few = broken(stream(0.0), START, rollout__aborted_ratio=lambda i, v: CFG.health_abort_storm_share * 0.6)
+    assert {(v.signal, v.severity) for v in flagged(few)} == {("abort_storm", WARNING)}
+    one = broken(stream(0.0), START, rollout__degenerate_group_ratio=lambda i, v: 1.0 if i == 0 else 0.0)
+    assert [(v.rollout_id, v.signal, v.severity) for v in flagged(one)] == [(START, "degenerate_groups", WARNING)]

@@ -32,7 +32,7 @@ def make_samples(rollout_id: int, n_groups: int = 2, group: int = 4) -> list[Sam
             out.append(Sample(index=len(out), group_index=g, prompt=f"{a}+{b}=", label=str(a + b),
                               response=str(a + b if correct else a + b + 1) + "<|im_end|>", response_length=3,
                               status=Status.TRUNCATED if j == 3 and g == 1 else Status.COMPLETED,
-                              reward=reward, raw_reward=reward))
+                              reward=reward, raw_reward=reward, rollout_log_probs=[-0.5, -1.0 - j, -0.25]))
     return out
 
 

@@ -44,10 +44,18 @@ def test_mlflow_run_has_params_artifacts_and_samples(run_dir):
     names = {a.path for a in client.list_artifacts(spec["run_id"])}
     assert {"config.yaml", "metrics.jsonl", "report.png", "samples"} <= names
     samples = {a.path for a in client.list_artifacts(spec["run_id"], "samples")}
-    # every --log-samples-interval-th rollout and the last one (the final policy's samples)
-    assert samples == {"samples/rollout_000000.jsonl", "samples/rollout_000002.jsonl", "samples/rollout_000003.jsonl"}
+    # every --log-samples-interval-th rollout and the last one (the final policy's samples), each with its table
+    assert samples == {f"samples/rollout_{i:06d}.{kind}" for i in (0, 2, 3) for kind in ("jsonl", "table.json")}
     row = json.loads((run_dir / "samples" / "rollout_000002.jsonl").read_text().splitlines()[0])
     assert row["prompt"] == "2+10=" and row["reward"] in (0.0, 1.0) and "response" in row
+    assert row["rollout_log_probs"] == [-0.5, -1.0, -0.25]
+    # the table artifact: MLflow's split format, one row per sample, logged once (and listed as a table)
+    table = json.loads(open(client.download_artifacts(spec["run_id"], "samples/rollout_000002.table.json")).read())
+    cells = [dict(zip(table["columns"], r)) for r in table["data"]]
+    assert len(cells) == 8 and cells[0]["prompt"] == "2+10=" and cells[0]["log_probs"] == "[-0.5, -1.0, -0.25]"
+    assert abs(cells[1]["log_prob_mean"] - (-0.5 - 2.0 - 0.25) / 3) < 1e-9 and {c["reward"] for c in cells} <= {0.0, 1.0}
+    assert {"path": "samples/rollout_000002.table.json", "type": "table"} in \
+        json.loads(run.data.tags["mlflow.loggedArtifacts"])
 
 
 def test_wandb_table_config_and_step_axes(run_dir):
@@ -61,5 +69,8 @@ def test_wandb_table_config_and_step_axes(run_dir):
     assert run.config["num_rollout"] == 3 and run.config["wandb_group"] == "g1"
     with_table = [i for i, row in enumerate(run.history) if "rollout/samples/_type" in row]
     assert with_table == [0, 2] and run.history[0]["rollout/samples/nrows"] == 8
+    table = next(run_dir.glob("wandb/offline-run-*/files/media/table/rollout/samples_0_*.table.json"))
+    data = json.loads(table.read_text())
+    assert "log_probs" in data["columns"] and "log_prob_mean" in data["columns"] and len(data["data"]) == 8
     files = next(run_dir.glob("wandb/offline-run-*")) / "files"
     assert {"config.yaml", "metrics.jsonl", "report.png"} <= {p.name for p in files.iterdir()}

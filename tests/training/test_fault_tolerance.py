@@ -22,8 +22,10 @@ def test_inject_fault_names_the_engine_and_refuses_bad_specs():
     assert parse_fault("stop-engine:1@0") == Fault("stop-engine", 0, 1)
     assert parse_fault("kill-engine:1@3").marker == "kill-engine:1@3"
     assert parse_fault("kill-router@1") == Fault("kill-router", 1, 0)
+    assert parse_fault("abort-engine:1@2") == Fault("abort-engine", 2, 1)
     assert parse_fault("kill-engine:0@3").marker == "kill-engine@3"  # the marker of before engines had numbers
-    for bad in ("raise:1@2", "stop-engine@x", "explode@1", "kill-engine:1", "kill-router:1@2"):
+    for bad in ("raise:1@2", "stop-engine@x", "explode@1", "kill-engine:1", "kill-router:1@2",
+                "abort-engine@"):
         with pytest.raises(ConfigError, match="--inject-fault"):
             parse_fault(bad)
 

@@ -12,6 +12,7 @@ from miles.prepare import prepare_config
 from miles.record.timeline import read_spans
 from miles.trainer import RLTrainer
 from tests.engines.conftest import wait_for
+from tests.engines.test_metrics_scrape import check_histogram, histogram, scrape, value
 
 TRAIN_KEYS = ["loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
               "grad_norm", "lr"]
@@ -19,7 +20,8 @@ ROLLOUT_KEYS = ["raw_reward", "rewards", "advantages", "log_probs", "rollout_log
                 "truncated", "entropy", "response_len/mean", "response_len/median", "response_len/max",
                 "response_len/min", "zero_std/count_0.0", "zero_std/count_1.0", "truncated_ratio"]
 PERF_KEYS = ["rollout_time", "train_time", "actor_train_time", "log_probs_time", "update_weights_time",
-             "step_time", "wait_time_ratio", "actor_train_tok_per_s", "tokens_per_gpu_per_sec"]
+             "step_time", "wait_time_ratio", "actor_train_tok_per_s", "tokens_per_gpu_per_sec", "mfu", "tflops",
+             "rank_0_mfu", "rank_0_tflops", "update_weights_rank_0_time", "update_weights_engine_0_time"]
 # The engine's log-probs come from whatever batch a request joined; they may differ in the last bits
 # (fp32 log-probs of magnitude ~1-5 carry ~5e-7 of rounding, so these compare within 2e-6).
 ENGINE_FLOAT_KEYS = {"rollout/rollout_log_probs", "train/train_rollout_logprob_abs_diff"}
@@ -34,8 +36,10 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
     trainer = RLTrainer.start(prepare_config(config), router.url, [engine.url])
     try:
         assert trainer.resume() == 0
+        engine_before = scrape(engine.url)
         first = trainer.run_iteration(0)
         m = first.metrics
+        check_scraped_metrics(router.url, engine.url, engine_before, m, len(first.samples))
         # same fp32 weights on both sides: Miles' CI allows 0.03, we require 1e-3
         assert m["train/train_rollout_logprob_abs_diff"] <= 1e-3
         assert abs(m["train/ppo_kl"]) < 1e-6 and m["train/pg_clipfrac"] == 0.0
@@ -189,3 +193,22 @@ def test_attach_to_named_actors_and_restart_from_base(small_config, ray_cluster,
     finally:
         second.group.stop()
         second.close()
+
+
+def check_scraped_metrics(router_url: str, engine_url: str, engine_before: dict, m: dict, samples: int) -> None:
+    """The iteration's journal line and the router's and engine's /metrics, read by prometheus_client's
+    parser, count the same requests; the per-rank and per-engine weight-sync times fit in the phase."""
+    routed = scrape(router_url)
+    buckets, count, _ = histogram(routed, "miles_router_request_duration_seconds")
+    check_histogram(buckets, count)
+    # the router was started for this run: every request it served is in rollout 0's window
+    assert count == m["rollout/router_requests"] == value(routed, "miles_router_requests_total")
+    served = scrape(engine_url)
+    label = {"model_name": next(dict(k)["model_name"] for n, k in served if n == "sglang:num_requests_total")}
+    done = value(served, "sglang:e2e_request_latency_seconds_count", **label) - \
+        value(engine_before, "sglang:e2e_request_latency_seconds_count", **label)
+    assert done == samples  # one engine request per sample (a batched /generate carries several)
+    assert value(served, "miles_engine_weight_version_info", weight_version="1") == 1  # the sync's new version
+    assert m["perf/update_weights_rank_0_time"] <= m["perf/update_weights_time"]
+    assert m["perf/update_weights_engine_0_time"] <= m["perf/update_weights_time"]
+    assert 0 < m["perf/mfu"] and m["perf/tflops"] > 0

@@ -174,7 +174,19 @@ class MlflowSink:
             self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
         for path in delivery.samples.values():
             self.client.log_artifact(self.run_id, str(path), "samples")
+            self._log_sample_table(path)
         self._tag_red_flags(delivery)
+
+    def _log_sample_table(self, path: Path) -> None:
+        """The rollout's samples as an MLflow table artifact (the UI's evaluation view). log_table appends to
+        an existing file, so a redelivered rollout (after an outage) is logged only if it is not there yet."""
+        from miles.record.sample_table import sample_table
+
+        artifact = f"samples/{path.stem}.table.json"
+        if any(f.path == artifact for f in self.client.list_artifacts(self.run_id, "samples")):
+            return
+        columns, rows = sample_table(path)
+        self.client.log_table(self.run_id, {c: [r[i] for r in rows] for i, c in enumerate(columns)}, artifact)
 
     def _tag_red_flags(self, delivery: Delivery) -> None:
         """`miles.health.<signal>`: the first rollout a red flag was raised on; `miles.health`: red."""

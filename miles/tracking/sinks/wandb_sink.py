@@ -104,17 +104,12 @@ class WandbSink:
                            level="ERROR", wait_duration=self.alerts.interval or None)
 
     def _table(self, path: Path):
-        import json
-
         import wandb
 
-        rows = [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
-        columns = ["rollout_id", "prompt", "response", "label", "reward", "raw_reward", "response_length", "status",
-                   "num_turns"]
-        # the conversation turn by turn, one "role: text" line per message
-        data = [[r.get(c) for c in columns] + ["\n".join(f"{m['role']}: {m['content']}" for m in r.get("messages", []))]
-                for r in rows]
-        return wandb.Table(columns=columns + ["conversation"], data=data)
+        from miles.record.sample_table import sample_table
+
+        columns, rows = sample_table(path)  # bounded: rows, text and log-probs per row
+        return wandb.Table(columns=columns, data=rows)
 
     def upload(self, files: list[Path]) -> None:
         # copied into the run's files dir, which wandb syncs at finish (run.save would symlink

@@ -1,0 +1,146 @@
+"""Model FLOPs utilisation: the FLOPs of a training pass counted from the model's HF config, and the peak
+FLOP/s of the device it ran on (a table of GPUs' dense bf16 peaks, or a matmul measured once on CPU).
+
+Counted, not estimated from parameters alone: every matmul of a decoder layer (attention projections with
+grouped KV heads, the gated MLP), the LM head, and causal attention's score and value products over each
+sequence's own length. A training pass is three forward passes (forward, and backward's two products),
+the convention of the MFU papers (PaLM, Megatron); recomputation is not counted (it is not useful work).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets; matched by substring
+# of torch.cuda.get_device_name(), most specific first.
+GPU_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2500.0), ("B200", 2250.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0),
+    ("H800", 989.0), ("H20", 148.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0),
+    ("L4", 121.0), ("A10G", 125.0), ("A10", 125.0), ("RTX 4090", 165.2), ("RTX 3090", 71.0), ("V100", 125.0),
+    ("T4", 65.0), ("MI300X", 1307.0), ("MI250X", 383.0),
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the FLOP count needs from a decoder-only HF config."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    gated_mlp: bool = True  # SwiGLU (Qwen, Llama): three ffn matmuls; a plain MLP has two
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ModelShape":
+        try:
+            hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+            return cls(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
+                       kv_heads=int(config.get("num_key_value_heads") or heads),
+                       head_dim=int(config.get("head_dim") or hidden // heads),
+                       ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                       gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the model config lacks what a FLOP count needs ({exc})") from None
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> "ModelShape":
+        return cls.from_config(json.loads((Path(path) / "config.json").read_text()))
+
+    def matmul_params(self) -> int:
+        """Weights every token multiplies by: the layers' projections and MLP, and the LM head."""
+        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o; k, v
+        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn
+        return self.layers * (attention + mlp) + self.hidden * self.vocab
+
+    def forward_flops(self, seq_lens: list[int], causal: bool = True) -> float:
+        """FLOPs of one forward pass over sequences of these lengths (causal attention: token i sees i+1;
+        `causal=False`: every pair, what a masked dense attention kernel computes)."""
+        tokens = sum(seq_lens)
+        pairs = sum(s * (s + 1) // 2 if causal else s * s for s in seq_lens)
+        return 2.0 * self.matmul_params() * tokens + 4.0 * self.layers * self.heads * self.head_dim * pairs
+
+    def train_flops(self, seq_lens: list[int]) -> float:
+        return 3.0 * self.forward_flops(seq_lens)
+
+
+def gpu_peak_flops(device_name: str) -> float | None:
+    for key, tflops in GPU_PEAK_TFLOPS:
+        if key.lower() in device_name.lower():
+            return tflops * 1e12
+    return None
+
+
+@lru_cache(maxsize=None)
+def measured_peak_flops(device: str = "cpu", threads: int = 1, size: int = 512, repeats: int = 8) -> float:
+    """The best matmul FLOP/s on `device` (float32 with `threads` threads on CPU, bf16 on a GPU), measured
+    once per process: a CPU has no data-sheet number that holds across machines."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    previous = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(max(1, threads))
+    try:
+        size = 4096 if cuda else size
+        dtype = torch.bfloat16 if cuda else torch.float32
+        a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
+        torch.mm(a, b)  # warm-up: the first call pays for thread-pool (or kernel) start-up
+        best = float("inf")
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            torch.mm(a, b)
+            if cuda:
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return 2.0 * size ** 3 / max(best, 1e-9)
+
+
+def rank_peak_flops(device) -> tuple[float, str]:
+    """(peak FLOP/s of a rank's torch device, where the number comes from), asked on the rank itself: a
+    GPU by its name in the table (one it lacks: a bf16 matmul measured once); a CPU measured with the
+    rank's own threads."""
+    import torch
+
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = gpu_peak_flops(name)
+        if peak is not None:
+            return peak, f"table:{name}"
+        return measured_peak_flops(str(device)), f"measured:{name}-bf16-matmul"
+    return measured_peak_flops("cpu", torch.get_num_threads()), "measured:cpu-fp32-matmul"
+
+
+def rank_perf(shape: ModelShape, seq_lens: list[int], seconds: float, peak: float) -> tuple[float, float]:
+    """(TFLOP/s, MFU) of one rank that trained on sequences of `seq_lens` in `seconds`."""
+    achieved = shape.train_flops(seq_lens) / max(seconds, 1e-9)
+    return achieved / 1e12, achieved / peak if peak > 0 else 0.0
+
+
+def mfu_metrics(shape: ModelShape, rank_seq_lens: list[list[int]], rank_seconds: list[float],
+                rank_peaks: list[float]) -> dict[str, float]:
+    """`perf/rank_<r>_tflops` and `perf/rank_<r>_mfu` of each rank's actor_train, `perf/tflops` (all ranks)
+    and `perf/mfu` (their achieved FLOP/s over their summed peaks)."""
+    out: dict[str, float] = {}
+    achieved_total = peak_total = 0.0
+    for rank, (lens, seconds, peak) in enumerate(zip(rank_seq_lens, rank_seconds, rank_peaks)):
+        if not lens or seconds <= 0:
+            continue  # a rank with no samples did no useful work: no point for it
+        tflops, mfu = rank_perf(shape, lens, seconds, peak)
+        out[f"perf/rank_{rank}_tflops"], out[f"perf/rank_{rank}_mfu"] = tflops, mfu
+        achieved_total += tflops * 1e12
+        peak_total += peak
+    if peak_total > 0:
+        out["perf/tflops"] = achieved_total / 1e12
+        out["perf/mfu"] = achieved_total / peak_total
+    return out
