@@ -101,6 +101,7 @@ class RLTrainer:
         self.producer: RolloutProducer | None = None
         self._trained_cursor: dict | None = None
         self.guard = StalenessGuard(config.train) if t.staleness_guard else None
+        self.max_staleness = t.max_weight_staleness  # the guard's tightened bound, carried across a resume
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -114,6 +115,7 @@ class RLTrainer:
                 self.group.call("load_base", str(self.model_path))
             self.data.load_state_dict({"epoch": 0, "offset": 0})
             self.weight_version = 0
+            self.max_staleness = self.config.train.max_weight_staleness
             self.tracker.open({})
             self.health.resume([])
             self._engines_serve(self.model_path, 0)
@@ -126,6 +128,7 @@ class RLTrainer:
         journal = read_journal(self.run_dir / JOURNAL_NAME)
         # the watch judges the redone rollouts again: its history ends at the checkpoint
         self.health.resume([ln for ln in journal if ln.rollout_id <= state.rollout_id])
+        self.max_staleness = resumed_bound(self.config.train, journal, state.rollout_id)
         self._engines_serve(scan.path, state.weight_version)
         print(resume_message(scan.path, state.rollout_id, journal), flush=True)
         return state.rollout_id + 1
@@ -203,6 +206,7 @@ class RLTrainer:
             metrics["perf/eval_time"] = times["eval"]
         if self.guard is not None and self.producer is not None:
             metrics.update(self.guard.observe(rollout_id, metrics, self.producer))
+            self.max_staleness = self.producer.max_staleness
         health = self.health.observe(rollout_id, self.tracker.line_for(rollout_id, metrics))
         metrics.update(health.metrics)  # health/<signal> joins the iteration's own journal line
         self.tracker.record(rollout_id, metrics)
@@ -235,7 +239,7 @@ class RLTrainer:
             self.producer = RolloutProducer(
                 draw=lambda j: (self.data.next_batch(self.config.rollout.rollout_batch_size), self.data.state_dict()),
                 generate=lambda j, prompts, admit: self._generate_rollout(j, prompts, tokenizer, admit),
-                first=rollout_id, version=self.weight_version, max_staleness=t.max_weight_staleness,
+                first=rollout_id, version=self.weight_version, max_staleness=self.max_staleness,
                 overlap=t.fully_async)
         taken = self.producer.take(rollout_id)
         self._trained_cursor = taken.ready.cursor
@@ -384,6 +388,16 @@ def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> 
     if config.train.use_kl_loss:
         metrics["perf/ref_log_probs_time"] = summary.ref_log_probs_time
     return metrics
+
+
+def resumed_bound(train_config, journal, rollout_id: int) -> int:
+    """--max-weight-staleness as the run left it at its checkpoint: the guard only tightens, so the least
+    bound its journal recorded up to `rollout_id` (the flag's own value without the guard)."""
+    bound = train_config.max_weight_staleness
+    if not train_config.staleness_guard:
+        return bound
+    recorded = [ln.metrics.get("rollout/max_weight_staleness") for ln in journal if ln.rollout_id <= rollout_id]
+    return int(min([bound, *[v for v in recorded if isinstance(v, (int, float))]]))
 
 
 def resume_message(path: Path, rollout_id: int, journal) -> str:
