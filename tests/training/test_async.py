@@ -16,9 +16,9 @@ ASYNC_ONLY = ("rollout/staleness/", "rollout/mixed_version_ratio", "rollout/buff
               "rollout/reward_by_staleness/", "train/is_weight", "train/ess", "train/mismatch_kl")
 
 
-def train(config, engine):
+def train(config, engine, rollouts=None):
     trainer = RLTrainer.start(prepare_config(config), engine.url, [engine.url])
-    run_loop(trainer, range(config.rollout.num_rollout))
+    run_loop(trainer, rollouts or range(config.rollout.num_rollout))
     run_dir = trainer.run_dir
     journal = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     cursors = {}
@@ -51,9 +51,14 @@ def test_staleness_zero_through_the_producer_gives_the_synchronous_journal(small
     assert k0_cursors == sync_cursors and len(sync_cursors) == 3
 
 
-def test_one_version_stale_stays_in_its_bound_and_reports_it(small_config, ray_cluster, engine, tmp_path):
-    journal, _ = train(small_config(*ROLLOUTS, "--run-dir", str(tmp_path / "k1"), "--fully-async",
-                                    "--max-weight-staleness", "1", "--use-tis", "--staleness-guard"), engine)
+def test_one_version_stale_stays_in_its_bound_reports_it_and_resumes(small_config, ray_cluster, engine, tmp_path):
+    config = small_config(*ROLLOUTS, "--run-dir", str(tmp_path / "k1"), "--fully-async", "--max-weight-staleness",
+                          "1", "--use-tis", "--staleness-guard")
+    _, cursors = train(config, engine, range(0, 2))  # the run stops after rollout 1 (a Prefect chunk's end) ...
+    # ... having drawn ahead: its checkpoint keeps the cursor of the 2 rollouts it trained (4 prompts each)
+    assert cursors["iter_0000001"] == {"epoch": 0, "offset": 8}
+    journal, _ = train(config, engine, range(2, 3))  # a new trainer resumes there
+    assert [r["rollout_id"] for r in journal if r["rollout_id"] >= 0] == [0, 1, 2]
     rows = [r for r in journal if "rollout/staleness/max" in r]
     assert len(rows) == 3
     for r in rows:
