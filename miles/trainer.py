@@ -36,6 +36,9 @@ from miles.rollout.evaluation import evaluate, load_eval_sets
 from miles.rollout.generate import GenerateError, RolloutSampling, generate_groups, take_resends, watch_outage
 from miles.rollout.generate_hook import load_generate_function
 from miles.rollout.metrics import rollout_metrics
+from miles.rollout.producer import RolloutProducer, Taken
+from miles.rollout.staleness import staleness_metrics
+from miles.run.staleness_guard import StalenessGuard
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.router.app import resolve_admin_token
@@ -97,6 +100,14 @@ class RLTrainer:
         self._phase = "rollout"  # the iteration's phase now (what an engine loss happened in)
         self._flops: tuple | None = None  # (ModelShape or False, each rank's peak FLOP/s): asked once
         self.timeline = TimelineWriter(self.run_dir / TIMELINE_NAME, starts=self.run_dir / OPEN_NAME)
+        # async GRPO (--max-weight-staleness, --fully-async): the producer that generates ahead, started at
+        # the first iteration; the data cursor of the rollout trained last is what a checkpoint saves
+        t = config.train
+        self.async_mode = t.fully_async or t.max_weight_staleness > 0
+        self.producer: RolloutProducer | None = None
+        self._trained_cursor: dict | None = None
+        self.guard = StalenessGuard(config.train) if t.staleness_guard else None
+        self.max_staleness = t.max_weight_staleness  # the guard's tightened bound, carried across a resume
 
     # ---- resume / checkpoint --------------------------------------------------------------
     def resume(self) -> int:
@@ -104,6 +115,7 @@ class RLTrainer:
         one (the next chunk of `miles train`, or a resume after a crash) is a `resume` span of the timeline,
         at the rollout it continues with, so that views can mark where a new trainer took over."""
         began = time.time()
+        self._stop_producer()  # what it generated ahead belongs to weights that are being replaced
         scan = checkpoint.resume_point(self.save_dir, self.load_dir)
         for bad in scan.rejected:
             print(f"[trainer] skipping checkpoint {bad.path}: {bad.reason}", flush=True)
@@ -112,6 +124,7 @@ class RLTrainer:
                 self.group.call("load_base", str(self.model_path))
             self.data.load_state_dict({"epoch": 0, "offset": 0})
             self.weight_version = 0
+            self.max_staleness = self.config.train.max_weight_staleness
             self.tracker.open({})
             self.health.resume([])
             self._engines_serve(self.model_path, 0)
@@ -124,6 +137,7 @@ class RLTrainer:
         journal = read_journal(self.run_dir / JOURNAL_NAME)
         # the watch judges the redone rollouts again: its history ends at the checkpoint
         self.health.resume([ln for ln in journal if ln.rollout_id <= state.rollout_id])
+        self.max_staleness = resumed_bound(self.config.train, journal, state.rollout_id)
         self._engines_serve(scan.path, state.weight_version)
         print(resume_message(scan.path, state.rollout_id, journal), flush=True)
         self.timeline.add("resume", began, time.time(), state.rollout_id + 1, checkpoint=str(scan.path))
@@ -144,8 +158,9 @@ class RLTrainer:
         with self.phase("checkpoint", rollout_id):
             staged = checkpoint.staging_dir(self.save_dir, rollout_id)
             self.group.call("save", str(staged))
+            cursor = self._trained_cursor if self.async_mode else None  # the producer drew ahead of it
             state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
-                                            data_cursor=self.data.state_dict(), world_size=self.config.world_size,
+                                            data_cursor=cursor or self.data.state_dict(), world_size=self.config.world_size,
                                             extra=self.tracker.checkpoint_extra())
             return checkpoint.seal(staged, self.save_dir, state, self.config.train.keep_checkpoints)
 
@@ -185,8 +200,13 @@ class RLTrainer:
         cfg = self.config
         times: dict[str, float] = {}
         start = time.perf_counter()
-        with self.phase("rollout", rollout_id, times):
-            samples, advantages = self._rollout(rollout_id)
+        taken: Taken | None = None
+        with self.phase("rollout", rollout_id, times):  # async: the wait for the producer's rollout
+            if self.async_mode:
+                taken = self._take(rollout_id)
+                samples, advantages = taken.ready.result
+            else:
+                samples, advantages = self._rollout(rollout_id)
         # rollout/ and passrate/ go out through the rollout logger (a custom one may replace them)
         rollout_logged = rollout_metrics(samples, advantages, cfg.rollout.n_samples_per_prompt,
                                          binary_reward=cfg.rollout.custom_rm_path is None)
@@ -207,7 +227,10 @@ class RLTrainer:
 
         with self.phase("update_weights", rollout_id, times, version=self.weight_version + 1):
             self.weight_version += 1
-            self.sync.push(self.weight_version)
+            self.sync.push(self.weight_version, pause_mode=cfg.train.pause_generation_mode if self.async_mode
+                           else None)
+            if self.producer is not None:
+                self.producer.pushed(self.weight_version)  # requests waiting for this version may start
         step_time = time.perf_counter() - start
 
         metrics = dict(summary.metrics)
@@ -216,6 +239,8 @@ class RLTrainer:
         metrics.update(perf_metrics(times, step_time, summary, cfg))
         metrics.update(self._mfu_metrics(batches, results))
         metrics.update(self.sync.last_times)  # perf/update_weights_{rank,engine}_<i>_time
+        if taken is not None:
+            metrics.update(self._async_metrics(taken, samples, step_time))
         steps = cfg.train.num_steps_per_rollout
         metrics.update({"train/step": float(rollout_id * steps + steps - 1), "rollout/step": float(rollout_id)})
         evaluated = {}
@@ -223,6 +248,9 @@ class RLTrainer:
             with self.phase("eval", rollout_id, times):
                 evaluated = self.evaluate(rollout_id)  # goes out through the eval logger, with eval/step
             metrics["perf/eval_time"] = times["eval"]
+        if self.guard is not None and self.producer is not None:
+            metrics.update(self.guard.observe(rollout_id, metrics, self.producer))
+            self.max_staleness = self.producer.max_staleness
         health = self.health.observe(rollout_id, self.tracker.line_for(rollout_id, metrics))
         metrics.update(health.metrics)  # health/<signal> joins the iteration's own journal line
         self.tracker.record(rollout_id, metrics)
@@ -260,12 +288,48 @@ class RLTrainer:
                 self.timeline.add(name, begin, end, rollout_id, lane=f"rank{rank}")
 
     def _rollout(self, rollout_id: int) -> tuple[list[Sample], list[float]]:
+        prompts = self.data.next_batch(self.config.rollout.rollout_batch_size)
+        return self._generate_rollout(rollout_id, prompts, self.tokenizer)
+
+    # ---- async GRPO: the producer --------------------------------------------------------------
+    def _take(self, rollout_id: int) -> Taken:
+        """Rollout `rollout_id` from the producer (started here at the first iteration, or after a resume)."""
+        if self.producer is None:
+            t = self.config.train
+            tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))  # its own: a fast tokenizer is not
+            # safe to share between threads
+            self.producer = RolloutProducer(
+                draw=lambda j: (self.data.next_batch(self.config.rollout.rollout_batch_size), self.data.state_dict()),
+                generate=lambda j, prompts, admit: self._generate_rollout(j, prompts, tokenizer, admit),
+                first=rollout_id, version=self.weight_version, max_staleness=self.max_staleness,
+                overlap=t.fully_async)
+        taken = self.producer.take(rollout_id)
+        self._trained_cursor = taken.ready.cursor
+        return taken
+
+    def _async_metrics(self, taken: Taken, samples: list[Sample], step_time: float) -> dict[str, float]:
+        """Staleness (in weight versions, at the version this rollout trained on), the buffer, and how much
+        of the generation the trainer did not wait for."""
+        wait = taken.wait_time
+        out = staleness_metrics(samples, self.weight_version - 1)
+        out.update({"rollout/buffer_size": float(taken.buffer_size),
+                    "rollout/max_weight_staleness": float(self.producer.max_staleness),
+                    "perf/wait_time": wait, "perf/rollout_generate_time": taken.ready.generate_time,
+                    "perf/overlap_time": max(taken.ready.generate_time - wait, 0.0),
+                    "perf/trainer_idle_ratio": wait / step_time if step_time > 0 else 0.0})
+        return out
+
+    def _stop_producer(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+
+    def _generate_rollout(self, rollout_id: int, prompts, tokenizer, admit=None) -> tuple[list[Sample], list[float]]:
         r = self.config.rollout
-        prompts = self.data.next_batch(r.rollout_batch_size)
-        samples = generate_groups(self.rollout_url, prompts, r.n_samples_per_prompt, self.tokenizer, self.params,
+        samples = generate_groups(self.rollout_url, prompts, r.n_samples_per_prompt, tokenizer, self.params,
                                   seed=self.config.train.seed, stream="train", rollout_id=rollout_id,
                                   concurrency=r.sglang_server_concurrency, apply_chat_template=r.apply_chat_template,
-                                  generate_fn=self.generate_fn, args=self.args)
+                                  generate_fn=self.generate_fn, args=self.args, admit=admit)
         self.reward.score(samples)
         advantages = compute_advantages(samples, self.config.train.advantage_estimator,
                                         self.config.train.normalize_advantages_std)
@@ -370,6 +434,7 @@ class RLTrainer:
         flow's finish stops them), then close the trackers; `final=False`: the run goes on elsewhere."""
         watch_outage(None)  # this trainer's supervisor no longer speaks for the rollout client
         try:
+            self._stop_producer()
             self.profiler.close()  # the loop's end already did, unless the trainer ran outside the loop
             if self.group.actors and self.group.names is None:
                 self.group.stop()
@@ -394,6 +459,16 @@ def perf_metrics(times: dict[str, float], step_time: float, summary, config) -> 
     if config.train.use_kl_loss:
         metrics["perf/ref_log_probs_time"] = summary.ref_log_probs_time
     return metrics
+
+
+def resumed_bound(train_config, journal, rollout_id: int) -> int:
+    """--max-weight-staleness as the run left it at its checkpoint: the guard only tightens, so the least
+    bound its journal recorded up to `rollout_id` (the flag's own value without the guard)."""
+    bound = train_config.max_weight_staleness
+    if not train_config.staleness_guard:
+        return bound
+    recorded = [ln.metrics.get("rollout/max_weight_staleness") for ln in journal if ln.rollout_id <= rollout_id]
+    return int(min([bound, *[v for v in recorded if isinstance(v, (int, float))]]))
 
 
 def resume_message(path: Path, rollout_id: int, journal) -> str:

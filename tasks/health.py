@@ -16,6 +16,7 @@ from miles.health import HealthReport, Verdict
 ITERATION_EVENT = "miles.training.iteration"
 FINISHED_EVENT = "miles.training.finished"
 RED_FLAG_EVENT = "miles.health.red-flag"
+STALENESS_EVENT = "miles.staleness.tightened"  # --staleness-guard lowered --max-weight-staleness
 ENGINE_EVENT = "miles.engines."  # + the supervisor's state change: engine_down, engine_restart, router_down, ...
 
 
@@ -62,6 +63,15 @@ def emit_engine_state(run_name: str, change: str, fields: dict) -> None:
     if "engine" in fields:
         resource["miles.engine"] = str(fields["engine"])
     emit_event(ENGINE_EVENT + change, resource=resource, payload={k: v for k, v in fields.items()})
+
+
+def emit_staleness_tightened(run_name: str, rollout_id: int, metrics: dict[str, float]) -> None:
+    """`miles.staleness.tightened`: the guard's new bound and the signals that crossed theirs."""
+    reasons = sorted(k.rsplit("reason_", 1)[1] for k in metrics if k.startswith("rollout/staleness_guard/reason_"))
+    emit_event(STALENESS_EVENT, resource={"prefect.resource.id": f"miles.run.{run_name}",
+                                          "prefect.resource.name": run_name},
+               payload={"rollout_id": rollout_id, "max_weight_staleness": int(metrics["rollout/max_weight_staleness"]),
+                        "reasons": reasons, **{f"train/{r}": metrics.get(f"train/{r}") for r in reasons}})
 
 
 def emit_health(run_name: str, rollout_id: int, num_rollout: int, report: HealthReport,

@@ -13,7 +13,8 @@ from miles.cluster.names import RunNames
 from miles.config import MilesConfig
 from miles.run.observer import Observer
 from miles.config.run_info import FLOW_RUN_URL_ENV, run_name
-from tasks.health import diagnose_artifacts, emit_engine_state, emit_finished, emit_health, emit_red_flag
+from tasks.health import (diagnose_artifacts, emit_engine_state, emit_finished, emit_health, emit_red_flag,
+                          emit_staleness_tightened)
 from tasks.logs import library_logs_to_prefect
 
 
@@ -59,6 +60,8 @@ class HealthEvents(Observer):
 
     def after_iteration(self, result) -> None:
         emit_health(self.run_name, result.rollout_id, self.num_rollout, result.health, result.metrics)
+        if result.metrics.get("rollout/staleness_guard/tightened"):
+            emit_staleness_tightened(self.run_name, result.rollout_id, result.metrics)
         if result.rollout_id == self.num_rollout - 1 or (self.stops and result.health.red):
             emit_finished(self.run_name, result.rollout_id)
 

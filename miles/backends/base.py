@@ -46,6 +46,7 @@ class RankTrainResult:
     phases: list[tuple[str, float, float]] = field(default_factory=list)
     # sample index -> {"log_probs": [...], "entropy": [...]} per response token (logged rollouts only)
     token_stats: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    maxes: dict[str, float] = field(default_factory=dict)  # e.g. "train/is_weight_max": the driver takes the max
 
 
 @dataclass

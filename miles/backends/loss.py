@@ -32,6 +32,39 @@ def ppo_clip_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
     return PolicyLoss(torch.maximum(unclipped, clipped), (clipped > unclipped).float(), ppo_kl)
 
 
+@dataclass
+class ImportanceWeights:
+    """Per-token importance weights of the training policy against the rollout's (behaviour) policy."""
+
+    raw: torch.Tensor  # (B, T) exp(old - rollout log-prob)
+    clipped: torch.Tensor  # (B, T) clamped to [low, high]: what multiplies the policy loss (--use-tis)
+    clipfrac: torch.Tensor  # (B, T) 1 where the clamp changed the weight
+
+
+def importance_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, low: float,
+                       high: float) -> ImportanceWeights:
+    """Truncated importance sampling (Miles' --use-tis): the rollout's tokens came from the engine's weights,
+    which may be versions behind the ones trained (async) or differ numerically; the weight corrects the
+    policy gradient back to the trained policy. With the PPO ratio taken against the recomputed `old`
+    (the proximal policy) this is decoupled PPO when a rollout feeds several optimizer steps."""
+    raw = torch.exp((old_log_probs - rollout_log_probs).clamp(max=20.0))  # no inf on a wild mismatch
+    clipped = raw.clamp(min=low, max=high)
+    return ImportanceWeights(raw, clipped, (clipped != raw).float())
+
+
+def mismatch_kl(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(rollout policy || trained policy) on the rollout's own tokens."""
+    log_ratio = (old_log_probs - rollout_log_probs).clamp(min=-20.0, max=20.0)
+    return log_ratio.exp() - 1 - log_ratio
+
+
+def sample_ess(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) normalised effective sample size of each sample's token weights, (sum w)^2 / (n sum w^2), in (0, 1]."""
+    w = weights * mask
+    n = mask.sum(-1).clamp(min=1)
+    return w.sum(-1) ** 2 / (n * (w ** 2).sum(-1)).clamp(min=1e-12)
+
+
 def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
     """Per-token KL(pi || ref) estimators: k1, k2, k3 (= low_var_kl, clamped like slime)."""
     log_ratio = log_probs - ref_log_probs

@@ -50,6 +50,8 @@ def combine(results: list[RankTrainResult]) -> TrainSummary:
     metrics = {k: sum(r.sums.get(k, 0.0) for r in results) / total for k in keys}
     for key, values in results[0].step_values.items():
         metrics[key] = sum(values) / len(values)
+    for key in sorted({k for r in results for k in r.maxes}):
+        metrics[key] = max(r.maxes[key] for r in results if key in r.maxes)
     token_stats = {index: stats for r in results for index, stats in r.token_stats.items()}
     return TrainSummary(metrics, sum(r.num_tokens for r in results), max(r.log_probs_time for r in results),
                         max(r.ref_log_probs_time for r in results), max(r.actor_train_time for r in results),

@@ -28,7 +28,7 @@ from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainR
 from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.flops import rank_peak_flops
 from miles.backends.logprobs import TokenStats
-from miles.backends.loss import approx_kl, ppo_clip_loss, sample_mean
+from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
 from miles.run.phases import add_phase_hook, timed
 from miles.profiling.rank import RankProfiler
@@ -110,7 +110,11 @@ def sample_losses(stats: TokenStats, old_log_probs: torch.Tensor, ref_log_probs:
     m = mb.response_mask
     eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
     policy = ppo_clip_loss(stats.log_probs, old_log_probs, mb.advantages, cfg.eps_clip, eps_high)
-    pg = sample_mean(policy.pg_losses, m)
+    pg_losses = policy.pg_losses
+    if cfg.use_tis:  # weights of constants: no gradient flows through them
+        pg_losses = pg_losses * importance_weights(old_log_probs, mb.rollout_log_probs, cfg.tis_clip_low,
+                                                   cfg.tis_clip).clipped
+    pg = sample_mean(pg_losses, m)
     entropy = sample_mean(stats.entropy, m)
     loss = pg - cfg.entropy_coef * entropy
     kl = None
@@ -118,6 +122,13 @@ def sample_losses(stats: TokenStats, old_log_probs: torch.Tensor, ref_log_probs:
         kl = sample_mean(approx_kl(stats.log_probs, ref_log_probs, cfg.kl_loss_type), m)
         loss = loss + cfg.kl_loss_coef * kl
     return SampleLosses(loss, pg, entropy, sample_mean(policy.clipfrac, m), sample_mean(policy.ppo_kl, m), kl)
+
+
+def off_policy_metrics(config) -> bool:
+    """The importance-weight metrics are reported with --use-tis or async generation (a sync run's journal
+    keeps its keys)."""
+    t = config.train
+    return t.use_tis or t.fully_async or t.max_weight_staleness > 0
 
 
 class PPORank:
@@ -253,6 +264,7 @@ class PPORank:
             sums["train/train_rollout_logprob_abs_diff"] += sample_mean(diff, m).sum().item()
             if ref is not None:
                 sums["rollout/ref_log_probs"] += sample_mean(ref[i].log_probs, m).sum().item()
+        maxes = self._mismatch_metrics(mbs, old, sums) if off_policy_metrics(self.config) else {}
 
         self.model.train()
         # param_norm after each step and its growth over the step: exploding weights (a learning rate far
@@ -279,7 +291,25 @@ class PPORank:
             with timed("token_stats", times, phases):
                 token_stats = response_token_stats(batch, mbs, old)
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, times["log_probs"],
-                               times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats)
+                               times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats, maxes)
+
+    def _mismatch_metrics(self, mbs: list[MicroBatch], old: list[TokenStats], sums) -> dict[str, float]:
+        """How far the rollout's policy is from the trained one (async: versions behind): `train/is_weight`
+        (mean and max of exp(old - rollout log-prob)), `train/ess` (normalised effective sample size),
+        `train/mismatch_kl` and, with --use-tis, `train/tis_clipfrac`. Per-sample means, like the rest."""
+        cfg = self.config.train
+        peak = 0.0
+        for i, mb in enumerate(mbs):
+            m = mb.response_mask
+            w = importance_weights(old[i].log_probs, mb.rollout_log_probs, cfg.tis_clip_low, cfg.tis_clip)
+            sums["train/is_weight"] += sample_mean(w.raw, m).sum().item()
+            sums["train/ess"] += sample_ess(w.raw, m).sum().item()
+            sums["train/mismatch_kl"] += sample_mean(mismatch_kl(old[i].log_probs, mb.rollout_log_probs), m).sum().item()
+            if cfg.use_tis:
+                sums["train/tis_clipfrac"] += sample_mean(w.clipfrac, m).sum().item()
+            if bool(m.any()):
+                peak = max(peak, float(w.raw[m > 0].max()))
+        return {"train/is_weight_max": peak}
 
     def _backward(self, mb: MicroBatch, old_log_probs, ref_log_probs, global_step_size: int, sums) -> None:
         terms = sample_losses(self.token_stats(self.model, mb), old_log_probs, ref_log_probs, mb, self.config.train)

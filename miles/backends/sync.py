@@ -3,13 +3,19 @@
 Across processes the ranks write an HF checkpoint directory and each engine loads it
 (`/update_weights_from_disk`); co-located, rank 0's full state dict is pushed in memory.
 The router is told the new version so it can report which weights serve traffic.
+
+In async training requests are in flight during a push: each engine is paused first (SGLang's
+`/pause_generation` with mode `in_place` or `retract`), updated, then continued, so the requests go on
+under the new weights instead of holding the update back until they end.
 """
 from __future__ import annotations
 
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -60,6 +66,35 @@ def push_disk_each(engine_urls: list[str], model_dir: Path, version: int,
     return {url: exc for url, exc in results.items() if exc is not None}, seconds
 
 
+@contextmanager
+def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -> Iterator[None]:
+    """Pause every engine's generation in `mode` for the body, continue it after (even on failure);
+    None: nothing (a synchronous push has nothing in flight). An engine that cannot be reached is left
+    to the push, which reports it."""
+    if mode is None:
+        yield
+        return
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    reached = []
+    for url in engine_urls:
+        try:
+            response = httpx.post(f"{url}/pause_generation", json={"mode": mode}, headers=headers, timeout=120)
+        except httpx.TransportError:
+            continue
+        if response.status_code != 200:
+            raise WeightSyncError(f"engine {url} refused /pause_generation ({mode}): "
+                                  f"{response.status_code} {response.text[:200]}")
+        reached.append(url)
+    try:
+        yield
+    finally:
+        for url in reached:
+            try:
+                httpx.post(f"{url}/continue_generation", json={}, headers=headers, timeout=120)
+            except httpx.TransportError:  # a dead engine: its supervisor relaunches it unpaused
+                pass
+
+
 def tell_router(router_url: str | None, version: int, admin_token: str | None = None) -> None:
     if router_url is None:
         return
@@ -101,24 +136,28 @@ class WeightSync:
         if self.supervisor is not None:
             self.supervisor.attach_weights(self)
 
-    def push(self, version: int) -> None:
+    def push(self, version: int, pause_mode: str | None = None) -> None:
+        """Export the ranks' weights and load them into every engine as `version`; with `pause_mode`
+        (async training) the engines are paused in that mode around the load."""
         if self.supervisor is not None:
             with self.lock:
-                self._push_supervised(version)
+                self._push_supervised(version, pause_mode)
             return
         if self.in_memory:
             states = self._export(None)
             weights = _engine_weights()
             seconds = {}
-            for url in self.engine_urls:
-                start = time.perf_counter()
-                weights.push_weights_in_memory(url, states[0], str(version), token=self.admin_token)
-                seconds[url] = time.perf_counter() - start
+            with paused(self.engine_urls, pause_mode, self.admin_token):
+                for url in self.engine_urls:
+                    start = time.perf_counter()
+                    weights.push_weights_in_memory(url, states[0], str(version), token=self.admin_token)
+                    seconds[url] = time.perf_counter() - start
             self._engine_times(seconds)
         else:
             target = self.export_root / f"v{version:06d}"
             self._export(str(target))
-            failures, seconds = push_disk_each(self.engine_urls, target, version, self.admin_token)
+            with paused(self.engine_urls, pause_mode, self.admin_token):
+                failures, seconds = push_disk_each(self.engine_urls, target, version, self.admin_token)
             self._engine_times(seconds)
             if failures:
                 raise next(iter(failures.values()))
@@ -142,13 +181,18 @@ class WeightSync:
             if url in self.engine_urls:
                 self.last_times[f"perf/update_weights_engine_{self.engine_urls.index(url)}_time"] = s
 
-    def _push_supervised(self, version: int) -> None:
+    def _push_supervised(self, version: int, pause_mode: str | None = None) -> None:
         """Push to the ready engines only; an engine that fails is marked stale for the supervisor, which
         brings it (and any engine that is relaunching) up to `version` from the kept directory."""
         target = self.export_root / f"v{version:06d}"
         self._export(str(target))
-        failures, seconds = push_disk_each(self.supervisor.ready_urls(), target, version, self.admin_token)
-        self._engine_times(seconds)
+        ready = self.supervisor.ready_urls()
+        try:
+            with paused(ready, pause_mode, self.admin_token):
+                failures, seconds = push_disk_each(ready, target, version, self.admin_token)
+            self._engine_times(seconds)
+        except WeightSyncError as exc:  # an engine refused the pause: the supervisor's to heal, like a failed push
+            failures = {url: exc for url in ready}
         for url, exc in failures.items():
             self.supervisor.engine_failed(url, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         self._current = (target, version)

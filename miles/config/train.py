@@ -44,6 +44,27 @@ class TrainConfig:
                                     "refused when it holds none (default: --save when it holds one)")
     save_interval: int | None = flag(None, "checkpoint every N rollouts (none: only at the end)", minimum=1)
     keep_checkpoints: int = flag(2, "checkpoints kept on disk", minimum=1)
+    # Async GRPO (docs/user-guide/training.md#async-training): generation runs ahead of training.
+    max_weight_staleness: int = flag(0, "weight versions a sample may lag the policy it trains (0: synchronous); "
+                                        "1 or more: a producer generates the next rollouts while training runs, "
+                                        "one rollout at a time; needs --use-tis", minimum=0, maximum=64)
+    fully_async: bool = flag(False, "the producer overlaps rollouts too: the next rollout's requests start as "
+                                    "soon as admitted, while the last one's finish (with --max-weight-staleness "
+                                    "0: the synchronous schedule, through the producer)")
+    pause_generation_mode: str = flag("in_place", "how an async weight push pauses the engines' in-flight "
+                                                  "requests (SGLang /pause_generation modes)",
+                                      choices=("in_place", "retract"))
+    use_tis: bool = flag(False, "truncated importance sampling: weight each token's policy loss by "
+                                "min(exp(old - rollout log-prob), --tis-clip)")
+    tis_clip: float = flag(2.0, "upper clip of the TIS weight", minimum=0.0)
+    tis_clip_low: float = flag(0.0, "lower clip of the TIS weight", minimum=0.0)
+    staleness_guard: bool = flag(False, "tighten --max-weight-staleness (down to 0) while train/mismatch_kl, "
+                                        "train/ess or train/pg_clipfrac cross their bounds")
+    staleness_guard_max_mismatch_kl: float = flag(0.05, "--staleness-guard bound on train/mismatch_kl", minimum=0.0)
+    staleness_guard_min_ess: float = flag(0.5, "--staleness-guard bound on train/ess (normalised, 0..1)",
+                                          minimum=0.0, maximum=1.0)
+    staleness_guard_max_clipfrac: float = flag(0.4, "--staleness-guard bound on train/pg_clipfrac",
+                                               minimum=0.0, maximum=1.0)
 
     @property
     def floor_lr(self) -> float:
@@ -55,3 +76,12 @@ class TrainConfig:
             raise ConfigError("--eps-clip-high", f"must be >= --eps-clip ({self.eps_clip}), got {self.eps_clip_high}")
         if self.min_lr is not None and self.min_lr > self.lr:
             raise ConfigError("--min-lr", f"must be <= --lr ({self.lr}), got {self.min_lr}")
+        if self.max_weight_staleness > 0 and not self.use_tis:
+            raise ConfigError("--max-weight-staleness", f"async training ({self.max_weight_staleness} versions "
+                              "stale) needs a loss correction against the rollout's log-probs: add --use-tis "
+                              "(and --tis-clip, default 2.0); uncorrected async GRPO is refused")
+        if self.tis_clip_low > self.tis_clip:
+            raise ConfigError("--tis-clip-low", f"must be <= --tis-clip ({self.tis_clip}), got {self.tis_clip_low}")
+        if self.staleness_guard and self.max_weight_staleness == 0:
+            raise ConfigError("--staleness-guard", "tightens --max-weight-staleness; give it 1 or more "
+                                                   "(with --use-tis)")

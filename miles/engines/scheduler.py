@@ -7,6 +7,12 @@ running one, so they decode together with the rows already running from the next
 A finished row leaves the batch and its cache at once. Work that must not overlap decoding
 (weight swaps, profiler start/stop) waits until the running batch is empty; while it waits
 no request is admitted, so every response comes from exactly one weight version.
+
+SGLang's `/pause_generation` modes change that for async training: `in_place` freezes the running
+rows where they are (their KV cache kept) and `retract` puts them back at the head of the queue
+(re-prefilled, prompt and tokens so far, on continue); either way work waiting for the batch to
+empty (a weight swap) runs at once, and the rows go on under the new weights after
+`/continue_generation`. Every token records the weight version that sampled it.
 """
 from __future__ import annotations
 
@@ -60,6 +66,7 @@ class EngineRequest:
     abort_requested: bool = False
     first_token_at: float | None = None
     weight_version: str = "default"  # of the weights it was admitted under (constant while it runs)
+    output_versions: list[str] = field(default_factory=list)  # the weight version that sampled each token
     finished: bool = False
     sampler: RowSampler | None = None  # its own params and random generator, made when it is admitted
 
@@ -81,6 +88,7 @@ class QueueFull(RequestError):
         super().__init__(f"the engine's queue is full ({limit} waiting requests); retry later", status=503)
 
 
+PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput.mode
 IDLE_GAP_S = 0.05  # idle time that ends a stretch of decoding (one timeline span)
 
 
@@ -110,6 +118,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._paused = False
+        self._frozen = False  # paused in place or retracted: running rows take no decode step
         self._thread: threading.Thread | None = None
         self._seeds = random.Random()  # seeds the generators of requests that bring no seed
         self._stop_tokenizer = type(runner.tokenizer).from_pretrained(runner.model_path)  # own copy: not shared
@@ -164,10 +173,40 @@ class Scheduler:
         return future
 
     def set_paused(self, paused: bool) -> None:
-        """Paused: no waiting request is admitted; the running ones decode to their end."""
+        """Paused: no waiting request is admitted; the running ones decode to their end. Unpaused: also
+        ends a `pause` (frozen rows decode again, retracted ones are admitted again)."""
         with self._cond:
             self._paused = paused
+            if not paused:
+                self._frozen = False
             self._cond.notify_all()
+
+    def pause(self, mode: str) -> Future:
+        """SGLang's pause modes: `abort` ends every request; `in_place` freezes the running rows with their
+        cache; `retract` moves them back to the head of the queue. The future resolves (to the number of
+        requests paused) once the scheduler thread took no further step: a weight swap queued after it then
+        runs at once, with requests in flight."""
+        if mode not in PAUSE_MODES:
+            raise RequestError(f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r:.100}")
+        if mode == "abort":
+            self.abort(None)
+        with self._cond:
+            self._paused, self._frozen = True, mode != "abort"
+        return self.call_between_batches(self._retract if mode == "retract" else self._count_running)
+
+    def _count_running(self) -> int:
+        return len(self._batch.rows) if self._batch is not None else 0
+
+    def _retract(self) -> int:
+        """(scheduler thread) The running rows go back to the head of the queue, in order; their cache is
+        dropped and rebuilt from prompt + tokens so far when they are admitted again."""
+        rows = list(self._batch.rows) if self._batch is not None else []
+        self._batch = None
+        with self._cond:
+            self._waiting.extendleft(reversed(rows))
+            self._running = []
+            self.metrics.num_queue_reqs.set(len(self._waiting))
+        return len(rows)
 
     def stats(self) -> SchedulerStats:
         with self._cond:
@@ -179,7 +218,8 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stop or self._running or self._controls or (self._waiting and not self._paused)):
+                while not (self._stop or (self._running and not self._frozen) or self._controls
+                           or (self._waiting and not self._paused)):
                     if self._busy is None:
                         self._cond.wait()
                         continue
@@ -191,7 +231,7 @@ class Scheduler:
                 if self._stop:
                     break
                 controls: list = []
-                if self._controls and not self._running:
+                if self._controls and (self._frozen or not self._running):
                     controls, self._controls = list(self._controls), collections.deque()
                 admitted: list[EngineRequest] = []
                 if not (self._paused or self._controls or controls):
@@ -202,11 +242,12 @@ class Scheduler:
                     if admitted and self._running:
                         self._joined_running += len(admitted)
                     self._running = self._running + admitted
+                frozen = self._frozen
                 self.metrics.num_queue_reqs.set(len(self._waiting))
                 self.metrics.num_running_reqs.set(len(self._running))
             for fn, future in controls:
                 self._run_control(fn, future)
-            if admitted or self._batch is not None:
+            if admitted or (self._batch is not None and not frozen):
                 self._run_step(admitted)
             with self._cond:
                 self._running = list(self._batch.rows) if self._batch is not None else []
@@ -262,10 +303,11 @@ class Scheduler:
         self._num_batches += 1
         self._max_seen = max(self._max_seen, len(live))
         for req in live:
-            req.weight_version = version
-            req.sampler = RowSampler(req.params, self._generator(req.params.seed))
+            if req.sampler is None:  # a retracted request keeps its version of admission and its generator
+                req.weight_version = version
+                req.sampler = RowSampler(req.params, self._generator(req.params.seed))
         self.metrics.prompt_tokens.inc(sum(len(r.prompt_ids) for r in live))
-        logits, state = self.runner.prefill([r.prompt_ids for r in live])
+        logits, state = self.runner.prefill([r.prompt_ids + r.output_ids for r in live])
         joined = RunningBatch(live, state, [])
         self._sample_and_retire(joined, logits)
         if joined.rows:
@@ -359,8 +401,9 @@ class Scheduler:
             self.metrics.time_to_first_token.observe(now - req.created)
         req.output_ids.append(token)
         req.output_logprobs.append(logprob)
+        req.output_versions.append(self.weight_version)
         if req.stream:
-            req.sink(TokenEvent(token, logprob, req.weight_version))
+            req.sink(TokenEvent(token, logprob, self.weight_version))
         if req.abort_requested:
             return FinishReason("abort", message="aborted by /abort_request")
         if not req.params.ignore_eos and token in self.runner.eos_ids:
@@ -388,7 +431,8 @@ class Scheduler:
         self.metrics.record_finish(req, reason.type, latency)
         req.sink(FinishEvent(GenerationResult(
             rid=req.rid, prompt_ids=req.prompt_ids, output_ids=list(req.output_ids),
-            output_logprobs=list(req.output_logprobs), finish_reason=reason,
+            output_logprobs=list(req.output_logprobs), output_versions=list(req.output_versions),
+            finish_reason=reason,
             weight_version=version or self.weight_version, e2e_latency=latency)))
 
     def _drain(self) -> None:

@@ -81,6 +81,8 @@ class EngineServer:
         if item.return_logprob:
             meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in
                                              zip(result.output_logprobs, result.output_ids)]
+            # ours, beyond SGLang: the weight version of each token (a request may span a weight update)
+            meta["output_token_weight_versions"] = list(result.output_versions)
         text = final_text(self.tokenizer, result.output_ids, item.params, result.finish_reason)
         return {"text": text, "output_ids": list(result.output_ids), "meta_info": meta}
 
@@ -223,9 +225,17 @@ class EngineServer:
         path = await asyncio.wrap_future(self.scheduler.call_between_batches(self.profiler.stop))
         return Response(content=f"Stop profiling. Trace: {path}\n")
 
-    async def pause_generation(self):
-        self.scheduler.set_paused(True)
-        return {"success": True, "message": "Generation paused; queued requests wait."}
+    async def pause_generation(self, request: Request):
+        """No body (or no mode): queued requests wait, running ones finish. SGLang's `{"mode": "abort" |
+        "retract" | "in_place"}`: answered once the running requests are ended, retracted or frozen, so a
+        weight update sent next swaps the weights under requests in flight."""
+        body = await read_json(request) if await request.body() else {}
+        mode = body.get("mode") if isinstance(body, dict) else None
+        if mode is None:
+            self.scheduler.set_paused(True)
+            return {"success": True, "message": "Generation paused; queued requests wait."}
+        paused = await asyncio.wrap_future(self.scheduler.pause(mode))
+        return {"success": True, "message": f"Generation paused ({mode}).", "num_paused_requests": paused}
 
     async def continue_generation(self):
         self.scheduler.set_paused(False)

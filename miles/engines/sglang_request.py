@@ -289,6 +289,7 @@ class GenerationResult:
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    output_versions: list[str] = field(default_factory=list)  # the weight version that sampled each token
     finish_reason: FinishReason | None = None
     weight_version: str = "default"
     e2e_latency: float = 0.0

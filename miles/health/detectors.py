@@ -123,11 +123,16 @@ def check_kl_loss(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
 
 
 def check_logprob_diff(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
-    """At or above an absolute ceiling (red), or climbing steadily over the window (warning)."""
+    """At or above an absolute ceiling (red), or climbing steadily over the window (warning); not judged on
+    a rollout with stale tokens (async GRPO)."""
     key = "train/train_rollout_logprob_abs_diff"
     signal = "train_rollout_logprob_abs_diff"
     x = current(history, key)
     if x is None:
+        return None
+    if (current(history, "rollout/staleness/max") or 0.0) > 0:
+        # async GRPO trained on tokens of older weights: the difference measures that lag, which
+        # train/mismatch_kl reports and --staleness-guard bounds, not a numerical mismatch
         return None
     if not math.isfinite(x) or x >= cfg.health_logprob_diff_ceiling:
         return _verdict(history, signal, RED, f"{x:.3g} is at or above the ceiling "

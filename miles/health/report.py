@@ -50,6 +50,14 @@ def eval_panel(lines: list[JournalLine]) -> Panel | None:
     return Panel(f"held-out eval pass@k{headline}", tuple(keys))
 
 
+def staleness_panel(lines: list[JournalLine]) -> Panel | None:
+    """An async run's mean raw reward by how many weight versions stale its samples were
+    (`rollout/reward_by_staleness/<k>`); None for a synchronous run."""
+    keys = sorted({k for ln in lines for k in ln.metrics if k.startswith("rollout/reward_by_staleness/")},
+                  key=lambda k: int(k.rsplit("/", 1)[1]) if k.rsplit("/", 1)[1].isdigit() else 0)
+    return Panel("async: raw reward by staleness (weight versions)", tuple(keys)) if keys else None
+
+
 def series(lines: list[JournalLine], key: str) -> tuple[list[float], list[float]]:
     points = [(ln.metrics.get(step_key(key), ln.rollout_id), ln.metrics[key]) for ln in lines if key in ln.metrics]
     return [p[0] for p in points], [p[1] for p in points]
@@ -79,6 +87,9 @@ def report_figure(lines: list[JournalLine], clip_grad: float = 1.0, title: str =
         shown.insert(0, evals)
     if any(MULTI_TURN_PANEL.keys[0] in ln.metrics for ln in lines):  # a multi-turn run: its turn count too
         shown.append(MULTI_TURN_PANEL)
+    stale = staleness_panel(lines)
+    if stale is not None:  # an async run: its reward by staleness
+        shown.append(stale)
     columns = 4 if len(shown) <= 8 else 5
     rows = -(-len(shown) // columns)
     fig = Figure(figsize=(4 * columns, 4 * rows), constrained_layout=True)

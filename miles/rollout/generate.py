@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from miles.rollout.data import Prompt
 from miles.rollout.http_client import HttpxPoster, LeanPoster, PostFailed, json_poster
@@ -176,8 +176,18 @@ async def generate(input: GenerateFnInput) -> Sample:
     return _apply_reply(sample, prompt_ids, reply, input.state.tokenizer)
 
 
+def token_versions(reply: dict[str, Any], count: int) -> list[str] | None:
+    """The weight version of each of `count` new tokens, when the engine reports them (ours does, as
+    meta_info.output_token_weight_versions; SGLang reports one version per request: None)."""
+    versions = (reply.get("meta_info") or {}).get("output_token_weight_versions")
+    if not isinstance(versions, list) or len(versions) != count:
+        return None
+    return [str(v) for v in versions]
+
+
 def _apply_reply(sample: Sample, prompt_ids: list[int], reply: dict[str, Any], tokenizer) -> Sample:
     response_ids, log_probs, finish, sample.weight_version = read_reply(reply)
+    sample.token_weight_versions = token_versions(reply, len(response_ids))
     sample.tokens = prompt_ids + response_ids
     sample.response_length = len(response_ids)
     sample.rollout_log_probs = log_probs
@@ -206,13 +216,25 @@ async def _finish(fn: Callable, state: GenerateState, sample: Sample, params: di
     return out
 
 
+Admit = Callable[[], Awaitable[None]]
+
+
+async def _admitted(admit: Admit | None, work: Callable[[], Awaitable[Any]]) -> Any:
+    """Start `work` once `admit` lets it (async training's admission control; None: at once)."""
+    if admit is not None:
+        await admit()
+    return await work()
+
+
 async def _generate_all(url: str, jobs: list[tuple[dict, Sample]], tokenizer, args, fn: Callable,
-                        concurrency: int, timeout: float, evaluation: bool) -> list[Sample]:
+                        concurrency: int, timeout: float, evaluation: bool, admit: Admit | None = None
+                        ) -> list[Sample]:
     client = json_poster(url, timeout, concurrency)
     try:
         if fn is not generate:  # a custom function: one call per sample, as Miles makes them
             state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(concurrency))
-            return list(await asyncio.gather(*(_finish(fn, state, base, params, evaluation)
+            return list(await asyncio.gather(*(_admitted(admit, lambda b=base, p=params: _finish(fn, state, b, p,
+                                                                                               evaluation))
                                                for params, base in jobs)))
         groups: dict[int, list[tuple[dict, Sample]]] = {}
         for params, base in jobs:
@@ -220,7 +242,8 @@ async def _generate_all(url: str, jobs: list[tuple[dict, Sample]], tokenizer, ar
         # at most `concurrency` samples in flight, as with one request per sample
         largest = max((len(g) for g in groups.values()), default=1)
         state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(max(1, concurrency // largest)))
-        done = await asyncio.gather(*(generate_group(state, [b for _, b in g], [p for p, _ in g])
+        done = await asyncio.gather(*(_admitted(admit, lambda g=g: generate_group(state, [b for _, b in g],
+                                                                                  [p for p, _ in g]))
                                       for g in groups.values()))
         return sorted((s for group in done for s in group), key=lambda s: s.index)
     finally:
@@ -239,9 +262,11 @@ def encode_prompt(tokenizer, text: str, apply_chat_template: bool) -> list[int]:
 
 def generate_groups(url: str, prompts: list[Prompt], n_samples: int, tokenizer, params: RolloutSampling, *,
                     seed: int, stream: str, rollout_id: int, concurrency: int, apply_chat_template: bool = False,
-                    timeout: float = 600.0, generate_fn: Callable | None = None, args: Any = None) -> list[Sample]:
+                    timeout: float = 600.0, generate_fn: Callable | None = None, args: Any = None,
+                    admit: Admit | None = None) -> list[Sample]:
     """`n_samples` samples for each prompt, in prompt-major order (group g = prompt g), each finished
-    by `generate_fn` (default: the single-turn `generate`, sent as one batched request per prompt)."""
+    by `generate_fn` (default: the single-turn `generate`, sent as one batched request per prompt).
+    With `admit`, each request (a group's, or a custom function's call) first awaits it."""
     jobs = []
     for g, prompt in enumerate(prompts):
         ids = encode_prompt(tokenizer, prompt.prompt, apply_chat_template)
@@ -251,4 +276,4 @@ def generate_groups(url: str, prompts: list[Prompt], n_samples: int, tokenizer, 
             jobs.append((params_json, Sample(index=index, group_index=g, prompt=prompt.prompt, label=prompt.label,
                                              tokens=list(ids))))
     return asyncio.run(_generate_all(url.rstrip("/"), jobs, tokenizer, args, generate_fn or generate, concurrency,
-                                     timeout, evaluation=stream != "train"))
+                                     timeout, evaluation=stream != "train", admit=admit))

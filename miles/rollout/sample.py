@@ -30,7 +30,10 @@ class Sample:
     response_length: int = 0  # the last `response_length` of `tokens` are the response
     rollout_log_probs: list[float] = field(default_factory=list)  # engine log-prob of each response token
     status: Status = Status.COMPLETED
-    weight_version: str | None = None  # engine weights that produced it
+    weight_version: str | None = None  # engine weights that produced it (those it was admitted under)
+    # The weight version of each response token when the engine reports them (a request can span a weight
+    # update in async training); None: every token is `weight_version`'s.
+    token_weight_versions: list[str] | None = None
     reward: float | None = None  # after any shaping; advantages come from this
     raw_reward: float | None = None  # the verifier's score
     metadata: dict[str, Any] = field(default_factory=dict)

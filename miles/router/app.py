@@ -14,6 +14,7 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -31,8 +32,10 @@ from miles.record.timeline import TimelineWriter
 
 TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 # The router's own endpoints (served by FastAPI); every other path goes to a worker.
+# SGLang's pause/continue go to every worker, not to one: a weight update pauses the whole fleet
+FANNED_OUT = ("/pause_generation", "/continue_generation")
 ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/set_worker_state", "/list_workers", "/workers", "/router_health", "/metrics",
-                         "/router_stats", "/update_weight_version"})
+                         "/router_stats", "/update_weight_version"}) | frozenset(FANNED_OUT)
 is_loopback = auth.is_loopback
 
 
@@ -268,6 +271,32 @@ class Router:
             if "weight_version" not in payload:
                 raise AdminError(400, 'body must be {"weight_version": "..."}')
             return self.update_weight_version(payload["weight_version"])
+
+        async def fan_out(request: Request):
+            """Pause or continue every worker (SGLang's body, e.g. {"mode": "in_place"}, passed through with
+            the caller's Authorization); 502 naming the workers that did not accept it."""
+            self.check_admin(request.headers)
+            body = await request.body()
+            headers = {"content-type": "application/json"}
+            if "authorization" in request.headers:
+                headers["authorization"] = request.headers["authorization"]
+            urls = [w.url for w in self.pool.workers]
+
+            async def one(client: httpx.AsyncClient, url: str) -> tuple[str, int, str]:
+                try:
+                    answer = await client.post(url + request.url.path, content=body or b"{}", headers=headers)
+                    return url, answer.status_code, answer.text[:300]
+                except httpx.HTTPError as exc:
+                    return url, 502, repr(exc)[:300]
+
+            async with httpx.AsyncClient(timeout=self.config.router_request_timeout) as client:
+                results = await asyncio.gather(*(one(client, u) for u in urls))
+            failed = {u: f"{code} {text}" for u, code, text in results if code != 200}
+            return JSONResponse({"success": not failed, "workers": urls, "failed": failed},
+                                status_code=502 if failed else 200)
+
+        for path in FANNED_OUT:
+            app.post(path)(fan_out)
 
         # async on purpose: sync endpoints would run in a thread pool, racing the event loop on the pool state
         @app.get("/list_workers")

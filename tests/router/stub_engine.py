@@ -26,6 +26,7 @@ class StubEngine:
         self.stream_gap = stream_gap
         self.healthy = True
         self.generated = 0
+        self.paused: str | None = None  # the mode of the last /pause_generation, None after /continue_generation
         self.pid = os.getpid()
 
     async def __call__(self, scope, receive, send):
@@ -50,11 +51,17 @@ class StubEngine:
                                                "weight_version": self.weight_version}).encode())
         elif path == "/get_weight_version":
             await reply(send, 200, json.dumps({"weight_version": self.weight_version}).encode())
+        elif path == "/pause_generation" and method == "POST":
+            self.paused = (json.loads(body or b"{}") or {}).get("mode", "default")
+            await reply(send, 200, json.dumps({"success": True, "num_paused_requests": 0}).encode())
+        elif path == "/continue_generation" and method == "POST":
+            self.paused = None
+            await reply(send, 200, json.dumps({"success": True}).encode())
         elif path == "/stub/unhealthy" and method == "POST":
             self.healthy = False
             await reply(send, 200, b"{}")
         elif path == "/stub/stats":
-            await reply(send, 200, json.dumps({"generated": self.generated}).encode())
+            await reply(send, 200, json.dumps({"generated": self.generated, "paused": self.paused}).encode())
         elif path == "/echo":
             headers = {k.decode(): v.decode() for k, v in scope["headers"]}
             await reply(send, 200, json.dumps({"method": method, "query": scope["query_string"].decode(),
