@@ -41,6 +41,7 @@ from miles.rollout.staleness import staleness_metrics
 from miles.run.staleness_guard import StalenessGuard
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
+from miles.serving.auth import bearer
 from miles.router.app import resolve_admin_token
 from miles.record.timeline import OPEN_NAME, TIMELINE_NAME, TimelineWriter
 from miles.run.observer import IterationResult
@@ -347,8 +348,7 @@ class RLTrainer:
         /router_stats resets them); {} without a router."""
         if self.sync.router_url is None:
             return {}
-        token = self.sync.admin_token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer(self.sync.admin_token)
         # supervised, a router being relaunched is waited for (within --engine-wait-timeout)
         patience = self.config.orchestration.engine_wait_timeout if self.sync.supervisor is not None else 0.0
         deadline = time.monotonic() + patience

@@ -20,6 +20,7 @@ from typing import Iterator
 import httpx
 
 from miles.backends.group import ActorGroup
+from miles.serving.auth import bearer
 
 
 class WeightSyncError(RuntimeError):
@@ -74,7 +75,7 @@ def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -
     if mode is None:
         yield
         return
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = bearer(token)
     reached = []
     for url in engine_urls:
         try:
@@ -98,9 +99,8 @@ def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -
 def tell_router(router_url: str | None, version: int, admin_token: str | None = None) -> None:
     if router_url is None:
         return
-    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
     response = httpx.post(f"{router_url}/update_weight_version", json={"weight_version": str(version)},
-                          headers=headers, timeout=60)
+                          headers=bearer(admin_token), timeout=60)
     if response.status_code != 200:
         raise WeightSyncError(f"router {router_url} refused weight version {version}: "
                               f"{response.status_code} {response.text[:200]}")

@@ -15,6 +15,7 @@ import httpx
 
 from miles.config.secrets import SECRET_ENV
 from miles.diagnose.local_services import held_by, http_host_port, local_url_problem, process_environ
+from miles.serving.auth import bearer
 
 PROBE_TIMEOUT_S = 3.0
 QUEUE_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
@@ -24,14 +25,12 @@ RAY_TIMEOUT_S = 20
 def admin_headers() -> dict[str, str]:
     """This shell's router admin token, for the router's admin /list_workers only: a caller checks first
     that the router is the run's own (`local_services`)."""
-    token = os.environ.get(SECRET_ENV["router_admin_token"])
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    return bearer(os.environ.get(SECRET_ENV["router_admin_token"]))
 
 
 def _own_token(pid: int) -> dict[str, str]:
     """The admin token in a process's own environment (the run's router, checked to hold the port)."""
-    token = process_environ(pid).get(SECRET_ENV["router_admin_token"])
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    return bearer(process_environ(pid).get(SECRET_ENV["router_admin_token"]))
 
 
 @dataclass

@@ -12,6 +12,8 @@ import time
 
 import httpx
 
+from miles.serving.auth import bearer
+
 POLL_S = 0.02
 
 
@@ -20,7 +22,7 @@ class AbortStorm:
     were aborted, `timeout` passed or `stop()`; then generation continues."""
 
     def __init__(self, engine_url: str, count: int, token: str | None = None, timeout: float = 120.0):
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer(token)
         self.client = httpx.Client(base_url=engine_url, headers=headers, timeout=30.0)
         self.count, self.aborted = count, 0
         self.deadline = time.monotonic() + timeout

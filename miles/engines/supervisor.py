@@ -26,6 +26,7 @@ import httpx
 
 from miles.engines.weights import push_weights_from_disk
 from miles.record.timeline import TimelineWriter
+from miles.serving.auth import bearer
 
 MAX_BACKOFF_S = 30.0
 LANE = "engines"
@@ -103,7 +104,7 @@ class RouterAdmin:
 
     def __init__(self, url: str, admin_token: str | None, timeout: float = 10.0):
         self.url = url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self.headers = bearer(admin_token)
         self.timeout = timeout
 
     def register(self, worker_url: str, ready: bool, version: int | None) -> None:

@@ -12,6 +12,8 @@ from typing import Mapping
 
 import httpx
 
+from miles.serving.auth import bearer
+
 DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -38,10 +40,6 @@ def _result(url: str, response: httpx.Response, sent: int) -> WeightPushResult:
                               f"{body.get('message', body)}")
     return WeightPushResult(url=url, weight_version=body.get("weight_version"), message=body.get("message", ""),
                             seconds=response.elapsed.total_seconds(), bytes_sent=sent)
-
-
-def bearer(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def push_weights_from_disk(url: str, model_dir: str | Path, version: str,

@@ -25,6 +25,7 @@ from miles.profiling.run_services import write_services
 from miles.profiling.summary import WindowSummary, append_summaries, format_table, summarize_trace
 from miles.profiling.window import ProfileWindow, profiler_dir, window_from_config
 from miles.record import layout
+from miles.serving.auth import bearer
 
 log = logging.getLogger(__name__)
 _IDLE = nullcontext()
@@ -200,7 +201,7 @@ class RunProfiler(Observer):
         return found
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        return bearer(self.admin_token)
 
     def _pid(self, url: str) -> int | None:
         try:

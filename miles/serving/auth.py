@@ -41,6 +41,11 @@ def require_token_off_loopback(host: str, token: str | None, flag: str, env: str
                                 f"{what} are not open to the network")
 
 
+def bearer(token: str | None) -> dict[str, str]:
+    """The header a client sends to an admin endpoint: `Authorization: Bearer <token>`; none without a token."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def given_token(headers) -> str:
     """The token a request carries: `Authorization: Bearer ...`, else `X-Admin-Token`.
     `headers` is a mapping with lower-case keys (Starlette's Headers, or a dict built from an ASGI scope)."""
