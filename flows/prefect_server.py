@@ -18,7 +18,7 @@ import httpx
 
 from miles.config.prefect_home import default_state_dir, read_record, write_record
 from miles.config.secrets import child_env
-from miles.serving.process import free_port, log_tail, wait_healthy
+from miles.serving.process import free_port, log_tail, pid_alive, wait_healthy
 
 DEFAULT_PORT = 4200
 
@@ -114,7 +114,7 @@ def _terminate(pid: int, timeout: float) -> None:
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:  # not our child (a server from an earlier run): poll for it to vanish
-            done = 0 if _alive(pid) else pid
+            done = 0 if pid_alive(pid) else pid
         if done:
             return
         time.sleep(0.1)
@@ -123,11 +123,3 @@ def _terminate(pid: int, timeout: float) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

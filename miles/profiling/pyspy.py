@@ -13,6 +13,7 @@ from pathlib import Path
 
 from miles.profiling.window import profiler_dir
 from miles.record import layout
+from miles.serving.process import pid_alive
 
 log = logging.getLogger(__name__)
 PROCESSES = Path(layout.PROFILER_PROCESSES).name
@@ -92,7 +93,7 @@ def dump_all(run_dir: Path, processes: dict[str, int] | None = None) -> list[Pat
     folder = dump_dir(run_dir) / f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}.{int(now * 1000) % 1000:03d}"
     written = []
     for name, pid in processes.items():
-        if not _alive(pid):
+        if not pid_alive(pid):
             continue
         try:
             written.append(dump(pid, folder / f"{name}-{pid}.txt"))
@@ -101,16 +102,6 @@ def dump_all(run_dir: Path, processes: dict[str, int] | None = None) -> list[Pat
         except (RuntimeError, subprocess.TimeoutExpired) as exc:  # a process that ended meanwhile
             log.warning("py-spy: %s", exc)
     return written
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class PeriodicDumps:

@@ -48,6 +48,18 @@ def free_port(host: str = "127.0.0.1", preferred: int | None = None) -> int:
     raise RuntimeError(f"no free port on {host}")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (signal 0 sends nothing). A PermissionError says it exists and
+    belongs to another user: alive, not gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct free ports, held open together while they are picked: ports picked one
     at a time can repeat (Ray refuses a port given to two of its components)."""
