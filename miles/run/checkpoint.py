@@ -8,7 +8,6 @@ crash mid-write or a corrupted file is reported and the previous good checkpoint
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -17,6 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from miles.record.files import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +63,6 @@ def staging_dir(save_dir: Path, rollout_id: int) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fsync_file(path: Path) -> None:
     with path.open("rb") as f:
         os.fsync(f.fileno())
@@ -88,7 +81,7 @@ def seal(staged: Path, save_dir: Path, state: TrainerState, keep: int) -> Path:
     (staged / STATE).write_text(json.dumps(state.__dict__, indent=2, sort_keys=True))
     files = sorted(p for p in staged.iterdir() if p.is_file() and p.name != MANIFEST)
     manifest = {"format": 1, "rollout_id": state.rollout_id,
-                "files": {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}}
+                "files": {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in files}}
     for p in files:
         _fsync_file(p)
     (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
@@ -120,7 +113,7 @@ def verify(path: Path) -> str | None:
             return f"missing file {name}"
         if p.stat().st_size != meta["bytes"]:
             return f"{name} has {p.stat().st_size} bytes, manifest says {meta['bytes']}"
-        if _sha256(p) != meta["sha256"]:
+        if file_sha256(p) != meta["sha256"]:
             return f"{name} checksum mismatch"
     return None
 
