@@ -13,6 +13,7 @@ from pathlib import Path
 
 from miles.profiling.window import profiler_dir
 from miles.record import layout
+from miles.record.files import write_atomic
 from miles.serving.process import pid_alive
 
 log = logging.getLogger(__name__)
@@ -31,12 +32,7 @@ def dump_dir(run_dir: Path) -> Path:
 
 def write_processes(run_dir: Path, processes: dict[str, int]) -> Path:
     """Record the run's live processes (name -> pid) for `miles py-spy RUN` and the periodic dumps."""
-    path = profiler_dir(run_dir) / PROCESSES
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(processes, indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(profiler_dir(run_dir) / PROCESSES, json.dumps(processes, indent=1))
 
 
 def read_processes(run_dir: Path) -> dict[str, int]:

@@ -3,13 +3,13 @@ job id), the engines' and the router's URLs; written by the trainer at start, re
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from miles.record import layout
+from miles.record.files import write_atomic
 
 
 def ray_facts() -> dict[str, Any]:
@@ -25,13 +25,8 @@ def ray_facts() -> dict[str, Any]:
 
 
 def write_services(run_dir: Path, engine_urls: list[str], router_url: str | None) -> Path:
-    path = Path(run_dir) / layout.SERVICES
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"ray": ray_facts(), "engine_urls": list(engine_urls), "router_url": router_url},
-                              indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(Path(run_dir) / layout.SERVICES, json.dumps(
+        {"ray": ray_facts(), "engine_urls": list(engine_urls), "router_url": router_url}, indent=1))
 
 
 def read_services(run_dir: Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from miles.record import layout
+from miles.record.files import write_jsonl
 
 BASE_NAME = "base"  # the eval of the starting weights (rollout id -1)
 
@@ -40,12 +41,7 @@ def write_eval_prompts(run_dir: Path, rollout_id: int, eval_step: int, data: dic
     rows = prompt_rows(eval_step, data)
     if not rows:
         return None
-    path = eval_prompts_path(run_dir, rollout_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-    return path
+    return write_jsonl(eval_prompts_path(run_dir, rollout_id), rows)
 
 
 def read_eval_prompts(run_dir: Path) -> dict[int, list[dict]]:

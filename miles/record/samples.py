@@ -6,10 +6,10 @@ tool_call?}) and the same as chat `messages` (assistant tool calls as `tool_call
 dashboard shows; its per-token loss mask is in the token file (`miles/record/tokens.py`)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from miles.record import layout
+from miles.record.files import write_jsonl
 
 SAMPLES_DIR = layout.SAMPLES
 
@@ -55,10 +55,4 @@ def chat_messages(turns: list[dict]) -> list[dict]:
 
 
 def write_samples(run_dir: Path, rollout_id: int, samples: list) -> Path:
-    path = samples_path(run_dir, rollout_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [sample_row(rollout_id, s) for s in samples]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-    return path
+    return write_jsonl(samples_path(run_dir, rollout_id), [sample_row(rollout_id, s) for s in samples])

@@ -7,11 +7,11 @@ environment inserted). Floats are rounded to 4 decimals to keep the file small.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from miles.record import layout
+from miles.record.files import write_jsonl
 
 TOKENS_DIR = layout.TOKENS
 DIGITS = 4
@@ -38,17 +38,9 @@ def token_row(sample: Any, token_texts: list[str], train: dict[str, list[float]]
 def write_tokens(run_dir: Path, rollout_id: int, samples: list, tokenizer: Any,
                  train_stats: dict[int, dict[str, list[float]]]) -> Path:
     """Write the rollout's token file (atomically)."""
-    path = tokens_path(run_dir, rollout_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
     vocab_text = _token_texts(tokenizer)
-    lines = []
-    for s in samples:
-        texts = [vocab_text(i) for i in s.response_ids]
-        lines.append(json.dumps(token_row(s, texts, train_stats.get(s.index)), separators=(",", ":")))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
-    return path
+    rows = [token_row(s, [vocab_text(i) for i in s.response_ids], train_stats.get(s.index)) for s in samples]
+    return write_jsonl(tokens_path(run_dir, rollout_id), rows, separators=(",", ":"))
 
 
 def _token_texts(tokenizer: Any):

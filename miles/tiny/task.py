@@ -5,10 +5,11 @@ response against the label. Train and eval sets are disjoint and fixed by the se
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from miles.record import files
 
 MAX_OPERAND = 99
 EVAL_SIZE = 256
@@ -32,13 +33,7 @@ def split_problems(seed: int = 0) -> tuple[list[Problem], list[Problem]]:
 
 
 def write_jsonl(problems: list[Problem], path: Path, input_key: str = "prompt", label_key: str = "label") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        for p in problems:
-            f.write(json.dumps({input_key: p.prompt, label_key: p.label}) + "\n")
-    tmp.replace(path)
-    return path
+    return files.write_jsonl(path, ({input_key: p.prompt, label_key: p.label} for p in problems))
 
 
 def write_task_data(directory: Path, seed: int = 0) -> tuple[Path, Path]:

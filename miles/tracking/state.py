@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from miles.record import layout
+from miles.record.files import write_atomic
 from miles.record.journal import JOURNAL_NAME, read_journal
 from miles.tracking.sinks.base import SinkSpec
 
@@ -36,10 +37,7 @@ DELIVERY_LOG_PATH = Path(layout.DELIVERY_LOG)
 
 
 def _write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)  # atomic: a kill leaves the old or the new state, never half
+    write_atomic(path, json.dumps(data, indent=1))  # a kill leaves the old or the new state, never half
 
 
 class StateError(ValueError):

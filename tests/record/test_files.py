@@ -1,12 +1,14 @@
-"""`miles.record.files`: the one file digest (a checkpoint's manifest and a made model's wheel were hashed
-by two copies of the same loop)."""
+"""`miles.record.files`: the one whole-file writer and the one file digest (each had copies: seven
+tmp-then-rename writers; a checkpoint's manifest and a made model's wheel hashed by the same loop twice)."""
 from __future__ import annotations
 
 import hashlib
 import re
 from pathlib import Path
 
-from miles.record.files import BLOCK, file_sha256
+import pytest
+
+from miles.record.files import BLOCK, file_sha256, write_atomic, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,3 +26,31 @@ def test_it_is_the_only_file_hashing_loop():
     loops = [f"{path.relative_to(ROOT)}" for folder in ("miles", "flows", "tasks", "benchmarks")
              for path in (ROOT / folder).rglob("*.py") if re.search(r"iter\(lambda: \w+\.read\(", path.read_text())]
     assert loops == ["miles/record/files.py"]
+
+
+def test_a_file_is_written_whole_or_left_as_it_was(tmp_path):
+    path = tmp_path / "samples" / "rollout_000001.jsonl"
+    write_jsonl(path, [{"a": 1}, {"b": [2, 3]}])  # the folder is made
+    assert path.read_text() == '{"a": 1}\n{"b": [2, 3]}\n'
+    write_jsonl(path, [{"a": 1}], separators=(",", ":"))
+    assert path.read_text() == '{"a":1}\n'
+    with pytest.raises(TypeError):
+        write_jsonl(path, [{"ok": 1}, {"bad": object()}])  # a row that cannot be written: the old file stays
+    assert path.read_text() == '{"a":1}\n'
+    write_atomic(tmp_path / "state.json", "{}")
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["rollout_000001.jsonl", "state.json"]
+
+
+# whole-file writes that are not one text file: a gzip trace, a zip bundle, a model directory, a checkpoint
+# rename; and compare/'s trusted record (its owners change compare/ apart)
+NOT_TEXT = {"miles/profiling/summary.py", "miles/diagnose/bundle.py", "miles/tiny/warmstart.py",
+            "miles/run/checkpoint.py", "miles/compare/trusted.py"}
+
+
+def test_text_files_are_written_whole_in_one_place():
+    """Seven writers had their own tmp-then-rename (samples, eval prompts, tokens, the tiny task's data,
+    the tracking state, services.json, processes.json)."""
+    renames = re.compile(r"os\.replace\(|os\.rename\(|\.replace\(path\)|tmp\.replace\(|tmp\.rename\(")
+    writers = {str(path.relative_to(ROOT)) for folder in ("miles", "flows", "tasks", "benchmarks")
+               for path in (ROOT / folder).rglob("*.py") if renames.search(path.read_text())}
+    assert writers - NOT_TEXT == {"miles/record/files.py"}
