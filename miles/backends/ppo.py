@@ -132,8 +132,9 @@ def off_policy_metrics(config) -> bool:
 
 
 class PPORank:
-    """One training rank's PPO pass; subclasses build the model (in `init`/`load_base`, setting the
-    attributes below and calling `start_optimizer`) and supply `token_stats`."""
+    """One training rank's PPO pass and its set-up; a backend supplies its parallel layout
+    (`_init_parallel`), builds its models (`_build_models`, setting the attributes below) and supplies
+    `token_stats`."""
 
     def __init__(self, config, rank: int, world_size: int, num_threads: int = 1):
         self.config, self.rank, self.world_size = config, rank, world_size
@@ -148,7 +149,32 @@ class PPORank:
         self.profiler = RankProfiler(rank)
         add_phase_hook(self.profiler.span)  # this rank's phases are spans of train_overall in a window
 
+    # ---- set-up -------------------------------------------------------------------------
+    def init(self, model_path: str, master_addr: str, master_port: int) -> ActorInfo:
+        """Join the world (threads, process group), lay out the backend's parallelism, build from the base."""
+        torch.set_num_threads(self.num_threads)
+        self.device = init_process_group(self.rank, self.world_size, master_addr, master_port)
+        self._init_parallel()
+        return self.load_base(model_path)
+
+    def load_base(self, model_path: str) -> ActorInfo:
+        """(Re)build model, reference, optimizer and schedule from an HF checkpoint."""
+        seed_rank(self.config.train.seed, self.rank)
+        self.model_path = Path(model_path)
+        self._build_models(model_path)
+        self.start_optimizer()
+        return self.info()
+
     # ---- what a backend supplies --------------------------------------------------------
+    def _init_parallel(self) -> None:
+        """The backend's parallel layout, once the process group is up (FSDP's device mesh, Megatron's groups)."""
+        raise NotImplementedError
+
+    def _build_models(self, model_path: str) -> None:
+        """`model` (and `ref_model` with --use-kl-loss) from the HF checkpoint at `model_path`, with `tied`
+        and `pad_id`."""
+        raise NotImplementedError
+
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
         raise NotImplementedError
 

@@ -20,16 +20,13 @@ from miles.backends.batch import MicroBatch
 from miles.backends.fsdp.logprobs import token_stats
 from miles.backends.fsdp.weights import gather_full
 from miles.backends.logprobs import TokenStats
-from miles.backends.ppo import PPORank, init_process_group, load_state_file, seed_rank
+from miles.backends.ppo import PPORank, load_state_file
 
 
 class FSDPTrainActor(PPORank):
     # ---- set-up -------------------------------------------------------------------------
-    def init(self, model_path: str, master_addr: str, master_port: int) -> ActorInfo:
-        torch.set_num_threads(self.num_threads)
-        self.device = init_process_group(self.rank, self.world_size, master_addr, master_port)
+    def _init_parallel(self) -> None:
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
-        return self.load_base(model_path)
 
     def _sharded(self, model_path: str, trainable: bool):
         from transformers import AutoModelForCausalLM
@@ -46,17 +43,11 @@ class FSDPTrainActor(PPORank):
         model.requires_grad_(trainable)
         return model
 
-    def load_base(self, model_path: str) -> ActorInfo:
-        """(Re)build model, reference, optimizer and schedule from an HF checkpoint."""
-        cfg = self.config.train
-        seed_rank(cfg.seed, self.rank)
-        self.model_path = Path(model_path)
+    def _build_models(self, model_path: str) -> None:
         self.model = self._sharded(model_path, trainable=True)
         self.tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         self.pad_id = self.model.config.pad_token_id or 0
-        self.ref_model = self._sharded(model_path, trainable=False) if cfg.use_kl_loss else None
-        self.start_optimizer()
-        return self.info()
+        self.ref_model = self._sharded(model_path, trainable=False) if self.config.train.use_kl_loss else None
 
     # ---- training -----------------------------------------------------------------------
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:

@@ -22,36 +22,27 @@ from miles.backends.batch import MicroBatch
 from miles.backends.logprobs import TokenStats, stats_from_logits
 from miles.backends.megatron import convert
 from miles.backends.megatron.model import build_gpt, destroy_parallel, init_parallel
-from miles.backends.ppo import PPORank, init_process_group, load_state_file, seed_rank
+from miles.backends.ppo import PPORank, load_state_file
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors, shaped like the parameter
 
 
 class MegatronTrainActor(PPORank):
     # ---- set-up -------------------------------------------------------------------------
-    def init(self, model_path: str, master_addr: str, master_port: int) -> ActorInfo:
-        torch.set_num_threads(self.num_threads)
-        self.device = init_process_group(self.rank, self.world_size, master_addr, master_port)
+    def _init_parallel(self) -> None:
         init_parallel(self.config.train.seed)
-        return self.load_base(model_path)
 
-    def load_base(self, model_path: str) -> ActorInfo:
-        """(Re)build model, reference, optimizer and schedule from an HF checkpoint."""
+    def _build_models(self, model_path: str) -> None:
         from transformers import AutoConfig
 
-        cfg = self.config.train
-        seed_rank(cfg.seed, self.rank)
-        self.model_path = Path(model_path)
         hf_config = AutoConfig.from_pretrained(model_path)
         self.layout = convert.Layout.of(hf_config)
         self.tied = self.layout.tied
         self.pad_id = hf_config.pad_token_id or 0
         base = W.read_hf_weights(self.model_path, self.tied)
         self.model = self._build(hf_config, base, trainable=True)
-        self.ref_model = self._build(hf_config, base, trainable=False) if cfg.use_kl_loss else None
+        self.ref_model = self._build(hf_config, base, trainable=False) if self.config.train.use_kl_loss else None
         self.param_names = [name for name, _ in self.model.named_parameters()]  # the optimizer's order
-        self.start_optimizer()
-        return self.info()
 
     def _build(self, hf_config, hf_state: dict[str, torch.Tensor], trainable: bool):
         model = build_gpt(hf_config, self.device)
