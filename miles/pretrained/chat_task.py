@@ -8,10 +8,9 @@ Train and eval sets are disjoint and fixed by the seed.
 """
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-from miles.tiny.task import Problem, write_splits
+from miles.tiny.task import Problem, held_out, write_splits
 
 MAX_OPERAND = 20
 EVAL_SIZE = 64
@@ -30,6 +29,4 @@ def all_problems() -> list[Problem]:
 
 def write_chat_task(directory: Path, seed: int = 0) -> tuple[Path, Path]:
     """(train.jsonl, eval.jsonl) under `directory`, written when missing (milliseconds)."""
-    problems = all_problems()
-    random.Random(seed).shuffle(problems)
-    return write_splits(directory, problems[:-EVAL_SIZE], problems[-EVAL_SIZE:])
+    return write_splits(directory, *held_out(all_problems(), seed, EVAL_SIZE))

@@ -25,11 +25,16 @@ def all_problems() -> list[Problem]:
     return [Problem(f"{a}+{b}=", str(a + b)) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
 
 
-def split_problems(seed: int = 0) -> tuple[list[Problem], list[Problem]]:
-    """(train, eval): a seeded shuffle, the last EVAL_SIZE held out."""
-    problems = all_problems()
+def held_out(problems: list[Problem], seed: int, eval_size: int) -> tuple[list[Problem], list[Problem]]:
+    """(train, eval) of any task's problems: a seeded shuffle, the last `eval_size` held out."""
+    problems = list(problems)
     random.Random(seed).shuffle(problems)
-    return problems[:-EVAL_SIZE], problems[-EVAL_SIZE:]
+    return problems[:-eval_size], problems[-eval_size:]
+
+
+def split_problems(seed: int = 0) -> tuple[list[Problem], list[Problem]]:
+    """(train, eval) of the addition problems, EVAL_SIZE held out."""
+    return held_out(all_problems(), seed, EVAL_SIZE)
 
 
 def write_jsonl(problems: list[Problem], path: Path, input_key: str = "prompt", label_key: str = "label") -> Path:

@@ -11,11 +11,10 @@ the seed; the files are Miles' JSONL like the addition task's.
 """
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 from miles.rollout.tool_calls import TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END
-from miles.tiny.task import Problem, write_splits
+from miles.tiny.task import Problem, held_out, write_splits
 
 LOW, HIGH = 10, 99
 EVAL_SIZE = 256
@@ -26,10 +25,8 @@ def all_problems() -> list[Problem]:
 
 
 def split_problems(seed: int = 0) -> tuple[list[Problem], list[Problem]]:
-    """(train, eval): a seeded shuffle, the last EVAL_SIZE held out."""
-    problems = all_problems()
-    random.Random(seed).shuffle(problems)
-    return problems[:-EVAL_SIZE], problems[-EVAL_SIZE:]
+    """(train, eval) of the multiplication problems, EVAL_SIZE held out."""
+    return held_out(all_problems(), seed, EVAL_SIZE)
 
 
 def write_task_data(directory: Path, seed: int = 0) -> tuple[Path, Path]:

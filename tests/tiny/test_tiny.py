@@ -42,3 +42,22 @@ def test_base_model_loads_with_auto_classes():
     report = json.loads((path / "warmstart.json").read_text())
     assert 0.10 <= report["eval_pass_at_1"] <= 0.60
     assert report["eval_greedy_accuracy"] >= 0.85  # capable but uncertain: the gap RL closes
+
+
+def test_every_task_splits_by_the_one_held_out_rule():
+    """The addition, multiplication and chat tasks share `held_out` (each had its own copy); the splits are
+    the seeded shuffle they always were, so cached task files and models stay valid."""
+    import random
+
+    from miles.pretrained import chat_task
+    from miles.tiny import tool_task
+    from miles.tiny.task import held_out
+
+    for module in (tool_task, chat_task):
+        problems = module.all_problems()
+        random.Random(3).shuffle(problems)
+        assert held_out(module.all_problems(), 3, module.EVAL_SIZE) == (problems[:-module.EVAL_SIZE],
+                                                                         problems[-module.EVAL_SIZE:])
+    assert tool_task.split_problems(0) == held_out(tool_task.all_problems(), 0, tool_task.EVAL_SIZE)
+    problems = all_problems()
+    assert held_out(problems, 1, 10)[1] == held_out(problems, 1, 10)[1] and problems == all_problems()  # no side effect
