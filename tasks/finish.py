@@ -14,14 +14,13 @@ from miles.backends.group import stop_named_group
 from miles.compare.comparison import format_markdown
 from miles.compare.run_end import compare_at_end
 from miles.config import MilesConfig
-from miles.health import RED, Verdict, read_health_log
 from miles.mlflow_ui.launch import DEFAULT_PORT, is_server_uri, page_url, ui_command
 from miles.profiling.window import trace_root
 from miles.record.journal import read_journal
 from miles.record.layout import RunLayout, has_traces
 from miles.record.names import STEP_KEYS
 from miles.config.run_info import describe
-from miles.run.scorecard import read_base_eval, scorecard
+from miles.run.scorecard import base_metrics, red_flags_of, scorecard
 from miles.tracking.run_description import describe_mlflow_run
 from tasks.logs import library_logs_to_prefect
 from tasks.training import RunServices
@@ -92,17 +91,6 @@ def mlflow_link_description(config: MilesConfig) -> str:
     return f"the MLflow run of {config.train.run_dir}; serve its store first: {ui_command(uri)}"
 
 
-def red_flags(verdicts: list[Verdict]) -> list[str]:
-    """One line per red-flagged signal of the run's health log: first rollout, how often, the values."""
-    out = []
-    for signal in dict.fromkeys(v.signal for v in verdicts if v.severity == RED):
-        mine = [v for v in verdicts if v.signal == signal and v.severity == RED]
-        first = mine[0]
-        values = ", ".join(f"{k}={x:.4g}" for k, x in first.values.items())
-        out.append(f"`{signal}` from rollout {first.rollout_id} ({len(mine)} rollouts): {first.message} ({values})")
-    return out
-
-
 def red_flags_markdown(flags: list[str], warnings: list[str] = ()) -> str:
     text = "## Health: red flags\n\n" + "\n".join(f"- {flag}" for flag in flags) if flags else \
         "## Health\n\nNo red flags."
@@ -121,7 +109,7 @@ def finish_run(config: MilesConfig, services: RunServices, started_at: float | N
         stop_named_group(services.names, config.world_size)
     journal = read_journal(RunLayout(path).journal)
     final = dict(journal[-1].metrics) if journal else {}
-    base = {**read_base_eval(path), **next((ln.metrics for ln in journal if ln.rollout_id < 0), {})}
+    base = base_metrics(path, journal)
     last = f" (rollout {journal[-1].rollout_id})" if journal else ""
     create_table_artifact(key="grpo-final-metrics", table=final_metrics_table(final, base),
                           description=f"final metrics of {run_dir}{last}, beside the base eval's")
@@ -134,10 +122,9 @@ def finish_run(config: MilesConfig, services: RunServices, started_at: float | N
     for key, url in links.items():
         create_link_artifact(key=f"grpo-{key}", link=url, description=mlflow_link_description(config)
                              if key == "mlflow-run" else f"{key} of {run_dir}")
-    verdicts = read_health_log(path)
-    flags = red_flags(verdicts)
-    warnings = sorted({v.signal for v in verdicts if v.severity != RED})
-    create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(flags, warnings),
+    health = red_flags_of(journal, path)  # what the scorecard reads too
+    flags = health.lines
+    create_markdown_artifact(key="grpo-health", markdown=red_flags_markdown(flags, health.warnings),
                              description="the health watch's red flags (RUN_DIR/health.jsonl)")
     card = scorecard(path, config.train.save, None if started_at is None else time.time() - started_at)
     create_markdown_artifact(key="grpo-scorecard", markdown=card.markdown(),

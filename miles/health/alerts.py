@@ -8,9 +8,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from miles.health.signals import SIGNALS
+from miles.health.signals import PREFIX, SIGNALS, metric_name
 
-PREFIX = "health/"
 TITLE_LIMIT = 63  # wandb: a title must be under 64 characters
 
 
@@ -27,7 +26,7 @@ def alert_text(signal: str, rollout_id: int, metrics: dict[str, float]) -> str:
     known = SIGNALS.get(signal)
     values = " ".join(f"{k}={metrics[k]:.4g}" for k in (known.keys if known else ()) if k in metrics)
     advice = known.advice if known else ""
-    return f"health/{signal} red flag at rollout {rollout_id}. {values}. {advice}".strip()
+    return f"{metric_name(signal)} red flag at rollout {rollout_id}. {values}. {advice}".strip()
 
 
 class AlertLimiter:

@@ -53,9 +53,12 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in [
 ]}
 
 
+PREFIX = "health/"  # the signals' keys in the journal and the trackers: health/<signal>, 0 or 1
+
+
 def metric_name(signal: str) -> str:
     """The 0/1 journal and tracker key of a signal."""
-    return f"health/{signal}"
+    return f"{PREFIX}{signal}"
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miles.health import RED, read_health_log
+from miles.health import RED, Verdict, read_health_log
+from miles.health.signals import PREFIX
 from miles.record.journal import JournalLine, read_journal
 from miles.record.layout import RunLayout
 from miles.record.names import map_metrics
 from miles.run.checkpoint import candidates
 
 REWARD_KEY = "rollout/raw_reward"
-HEALTH_PREFIX = "health/"
 
 
 @dataclass
@@ -30,6 +30,7 @@ class RedFlags:
     checked: list[str] = field(default_factory=list)  # the signals the watch judged
     red: dict[str, list[int]] = field(default_factory=dict)  # signal -> rollouts it was red at
     warnings: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # one per red-flagged signal (`red_flag_lines`)
 
     def summary(self) -> str:
         if not self.watched:
@@ -122,14 +123,32 @@ def eval_key_of(keys) -> str | None:
 
 
 def red_flags_of(journal: list[JournalLine], run_dir: Path) -> RedFlags:
-    checked = sorted({k[len(HEALTH_PREFIX):] for ln in journal for k in ln.metrics if k.startswith(HEALTH_PREFIX)})
+    """The run's red flags and warnings from its health log, for every reader of a run's end (the scorecard,
+    the flow's `grpo-health` artifact and its run report)."""
+    checked = sorted({k[len(PREFIX):] for ln in journal for k in ln.metrics if k.startswith(PREFIX)})
     verdicts = read_health_log(run_dir)
     red: dict[str, list[int]] = {}
     for v in verdicts:
         if v.severity == RED:
             red.setdefault(v.signal, []).append(v.rollout_id)
     warnings = sorted({v.signal for v in verdicts if v.severity != RED})
-    return RedFlags(bool(checked) or bool(verdicts), checked, red, warnings)
+    return RedFlags(bool(checked) or bool(verdicts), checked, red, warnings, red_flag_lines(verdicts))
+
+
+def red_flag_lines(verdicts: list[Verdict]) -> list[str]:
+    """One line per red-flagged signal: first rollout, how often, the first flag's message and values."""
+    out = []
+    for signal in dict.fromkeys(v.signal for v in verdicts if v.severity == RED):
+        mine = [v for v in verdicts if v.signal == signal and v.severity == RED]
+        first = mine[0]
+        values = ", ".join(f"{k}={x:.4g}" for k, x in first.values.items())
+        out.append(f"`{signal}` from rollout {first.rollout_id} ({len(mine)} rollouts): {first.message} ({values})")
+    return out
+
+
+def base_metrics(run_dir: Path, journal: list[JournalLine]) -> dict[str, float]:
+    """The base eval's metrics: base_eval.json, and the journal's base-eval line (rollout -1) over it."""
+    return {**read_base_eval(run_dir), **next((ln.metrics for ln in journal if ln.rollout_id < 0), {})}
 
 
 def read_base_eval(run_dir: Path) -> dict[str, float]:
@@ -151,7 +170,7 @@ def scorecard(run_dir: str | Path, save_dir: str | Path | None = None, seconds: 
                      next_steps=list(next_steps))
     if len(journal) > 1:
         card.journal_seconds = journal[-1].time - journal[0].time
-    base = {**read_base_eval(run_dir), **next((ln.metrics for ln in journal if ln.rollout_id < 0), {})}
+    base = base_metrics(run_dir, journal)
     card.eval_key = eval_key_of({k for ln in journal for k in ln.metrics} | set(base))
     if card.eval_key is not None:
         card.base_eval = base.get(card.eval_key)

@@ -12,7 +12,8 @@ from prefect.runtime import flow_run
 
 from flows.automations import RED_FLAG_AUTOMATION, STALL_AUTOMATION, ensure_automations
 from miles.health import RED, HealthReport, Verdict
-from tasks.finish import red_flags, red_flags_markdown
+from miles.run.scorecard import red_flag_lines
+from tasks.finish import red_flags_markdown
 from tasks.health import ITERATION_EVENT, RED_FLAG_EVENT, emit_health
 
 VERDICT = Verdict(7, "grad_norm", RED, "at or above clip_grad=1 in 100% of the last 20 rollouts",
@@ -89,7 +90,7 @@ def test_red_flag_event_is_stored_and_the_automation_cancels_the_run(automations
 
 
 def test_health_artifact_lists_the_real_flags():
-    flags = red_flags([VERDICT, Verdict(8, "grad_norm", RED, "again", {}), Verdict(8, "pg_clipfrac", "warning", "x")])
+    flags = red_flag_lines([VERDICT, Verdict(8, "grad_norm", RED, "again", {}), Verdict(8, "pg_clipfrac", "warning", "x")])
     assert flags == ["`grad_norm` from rollout 7 (2 rollouts): at or above clip_grad=1 in 100% of the last 20 "
                      "rollouts (train/grad_norm=3.5, clip_share=1)"]
     text = red_flags_markdown(flags, ["pg_clipfrac"])
