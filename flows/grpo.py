@@ -2,17 +2,20 @@
 
 Reads top to bottom. `main` prepares the run (`miles.prepare`: parse, resolve, check; a bad flag,
 hook or data path fails before any server starts), starts or finds the Prefect server and runs the
-`grpo` flow. The flow prepares again from its parameters (deployments start here), makes the tiny
-model if the run needs it, brings up Ray, then `train_on_ray` starts the router, engines and ranks
-and trains chunk by chunk (`tasks.training.train_chunk` runs the driver loop, `miles.loop`), each
-chunk resubmitted after healing the engines when it fails; then the run is finished.
+`grpo` flow, handing it the prepared config (the flags are parsed once). A flow started any other way
+(a deployment) prepares from its parameters. The flow makes the tiny model if the run needs it,
+brings up Ray, then `train_on_ray` starts the router, engines and ranks and trains chunk by chunk
+(`tasks.training.train_chunk` runs the driver loop, `miles.loop`), each chunk resubmitted after healing
+the engines when it fails; then the run is finished.
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from prefect import Task, flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -29,6 +32,7 @@ from miles.cluster.chunks import Chunk, plan_for
 from miles.cluster.names import run_names
 from miles.cluster.service_actors import stop_run_actors
 from miles.config import ConfigError, MilesConfig
+from miles.config.parse import load_yaml
 from miles.config.secrets import export_secrets, run_token, secrets_to_env
 from miles.dashboard.cli import command as dashboard_command
 from miles.health import RedFlagStop
@@ -67,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[STARTED_AT_ENV] = repr(started_at)  # the flow's scorecard counts from the command's start too
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         try:
-            report = grpo(**flow_parameters(argv))
+            with handing_over(config, argv):  # the flow takes this config: the flags are parsed once
+                report = grpo(**flow_parameters(argv))
         except (RedFlagStop, NonFiniteError) as exc:  # a red-flag stop (checkpointed) or a non-finite step
             # (refused before the optimizer): the flow run Failed with this message
             print(f"miles train: stopped: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
@@ -112,6 +117,30 @@ def refuse_plain_only(config: MilesConfig) -> MilesConfig:
     return config
 
 
+# `miles train`'s prepared config and the flow argv it stands for, while `main` runs the flow in this process
+_handed_over: list[tuple[list[str], MilesConfig]] = []
+
+
+@contextmanager
+def handing_over(config: MilesConfig, argv: list[str]) -> Iterator[None]:
+    """Inside the block, the `grpo` flow called with `argv` (as `flow_parameters` splits it) takes `config`,
+    which `main` prepared from those flags, instead of parsing, resolving and checking them again."""
+    _handed_over.append((build_argv(**flow_parameters(argv)), config))
+    try:
+        yield
+    finally:
+        _handed_over.pop()
+
+
+def flow_config(config_file: str | None, flags: list[str] | None) -> MilesConfig:
+    """The flow's config: the one `miles train` handed over for these very parameters, else prepared now
+    (a deployment, a direct call of the flow)."""
+    argv = build_argv(config_file, flags)
+    if _handed_over and _handed_over[-1][0] == argv:
+        return _handed_over[-1][1]
+    return prepare(argv, make_model=False)  # the flow makes the model in a task of its own
+
+
 def flow_run_name_from_run_dir() -> str:
     """The `grpo` flow run's name from its first log line on: its run dir's name when the flags (or their
     YAML) give one; otherwise Prefect's usual random name, until `describe_flow_run` renames the run after
@@ -119,15 +148,24 @@ def flow_run_name_from_run_dir() -> str:
     from prefect.context import FlowRunContext
     from prefect.utilities.names import generate_slug
 
-    from miles.config import parse_config
-
     context = FlowRunContext.get()
     parameters = (context.parameters if context else None) or {}
-    try:
-        run_dir = parse_config(build_argv(parameters.get("config_file"), parameters.get("flags"))).train.run_dir
-    except (Exception, SystemExit):  # noqa: BLE001 - naming never fails a run: the flow's prepare reports a bad flag
-        run_dir = None
+    run_dir = given_run_dir(parameters.get("config_file"), parameters.get("flags"))
     return run_name(run_dir) if run_dir else generate_slug(2)
+
+
+def given_run_dir(config_file: str | None, flags: list[str] | None) -> str | None:
+    """The run dir the flags name (`miles train` always adds --run-dir), else their YAML; None: neither
+    (`prepare` picks one). Read off the flags, not parsed: a bad flag is for the flow's prepare to report."""
+    given = flag_value(list(flags or []), "--run-dir")
+    source = config_source(config_file, flags)
+    if given or source is None:
+        return given
+    try:
+        from_yaml = load_yaml(source).get("run_dir")
+    except ConfigError:  # a missing or bad YAML: the flow's prepare says so; the name is Prefect's
+        return None
+    return str(from_yaml) if from_yaml else None
 
 
 @flow(name="grpo", flow_run_name=flow_run_name_from_run_dir, log_prints=True)
@@ -135,7 +173,7 @@ def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunR
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
     started_at = command_started_at()  # the scorecard's wall time (miles.run.scorecard.WALL_TIME)
-    config = export_secrets(refuse_plain_only(prepare(build_argv(config_file, flags), make_model=False)))
+    config = export_secrets(refuse_plain_only(flow_config(config_file, flags)))
     # the run's router and engines get an admin token (random unless one is given)
     with run_token(config), RunDirLock(config.train.run_dir):  # one trainer per run dir: the next one fails here
         flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
@@ -261,15 +299,18 @@ def api_url() -> str:
 
 def config_source(config_file: str | None, flags: list[str] | None) -> str | None:
     """The YAML the run's flags come from (`config_file`, or a --config among the flags); None: flags only."""
-    if config_file:
-        return config_file
-    flags = list(flags or [])
-    for i, flag in enumerate(flags):
-        if flag.startswith("--config="):
-            return flag.split("=", 1)[1]
-        if flag == "--config" and i + 1 < len(flags):
-            return flags[i + 1]
-    return None
+    return config_file or flag_value(list(flags or []), "--config")
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value `argv` gives `flag` (`--flag V` or `--flag=V`; the last wins, as when parsing), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def run_tags_of(config: MilesConfig, flow_run) -> list[str]:
