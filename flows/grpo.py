@@ -163,7 +163,7 @@ def given_run_dir(config_file: str | None, flags: list[str] | None) -> str | Non
         return given
     try:
         from_yaml = load_yaml(source).get("run_dir")
-    except ConfigError:  # a missing or bad YAML: the flow's prepare says so; the name is Prefect's
+    except (ConfigError, OSError):  # a missing, unreadable or bad YAML: the flow's prepare says so
         return None
     return str(from_yaml) if from_yaml else None
 
