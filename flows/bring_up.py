@@ -11,7 +11,7 @@ from miles.cluster.names import run_names
 from miles.cluster.service_actors import engine_alive
 from miles.config import MilesConfig
 from miles.record.layout import RunLayout
-from miles.router.app import resolve_admin_token
+from miles.config.secrets import resolve_admin_token
 from tasks.options import with_run_retries
 from tasks.services import launch_engine, register_engine, start_router
 from tasks.training import RunServices, start_training_ranks

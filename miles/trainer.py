@@ -22,6 +22,7 @@ from miles.backends.pack import combine, split_for_ranks
 from miles.backends.sync import WeightSync, WeightSyncError, served_version
 from miles.cluster.names import RunNames
 from miles.config.resolve import require_resolved
+from miles.config.secrets import resolve_admin_token
 from miles.record.tokens import write_tokens
 from miles.health import HealthWatch
 from miles.run.phases import timed
@@ -42,7 +43,6 @@ from miles.run.staleness_guard import StalenessGuard
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
 from miles.serving.auth import bearer
-from miles.router.app import resolve_admin_token
 from miles.record.timeline import OPEN_NAME, TIMELINE_NAME, TimelineWriter
 from miles.run.observer import IterationResult
 from miles.tracking import open_tracking

@@ -122,7 +122,7 @@ def start_supervisor(config: MilesConfig, services: RunServices):
     if not config.orchestration.use_fault_tolerance:
         return None
     from miles.cluster.supervised_actors import supervise_actors
-    from miles.router.app import resolve_admin_token
+    from miles.config.secrets import resolve_admin_token
 
     name, context = run_name(config.train.run_dir), contextvars.copy_context()
 

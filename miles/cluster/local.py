@@ -93,7 +93,7 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
     everything binds to loopback and logs to RUN_DIR/logs."""
     from miles.engines.launch import launch_engine
 
-    from miles.router.app import resolve_admin_token
+    from miles.config.secrets import resolve_admin_token
 
     run_dir = Path(config.train.run_dir)
 

@@ -4,7 +4,7 @@ After it, every part of a run reads fields instead of working defaults out again
 dir, the model and data paths, checkpoint dirs, the MLflow URI, the TensorBoard and wandb
 dirs. Where the flags name no model or data, the run falls back on `task` (the tiny task's
 cached files; `miles.prepare` names them and makes them when missing). The router admin
-token is not copied in: it stays in the environment (`miles.router.app.resolve_admin_token`),
+token is not copied in: it stays in the environment (`miles.config.secrets.resolve_admin_token`),
 so it never travels in a config that Prefect stores as a parameter.
 """
 from __future__ import annotations

@@ -52,14 +52,20 @@ def strip_secret_flags(argv: list[str]) -> list[str]:
     return out
 
 
-RUN_TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"  # the run's admin token: its router's and its engines'
+RUN_TOKEN_ENV = SECRET_ENV["router_admin_token"]  # the run's admin token: its router's and its engines'
+
+
+def resolve_admin_token(router) -> str | None:
+    """The router's admin token (`router`: a RouterConfig): `--router-admin-token`, else the environment's,
+    where `ensure_run_token` puts a run's own. The router, its launchers and its clients all read it here."""
+    return router.router_admin_token or os.environ.get(RUN_TOKEN_ENV) or None
 
 
 def ensure_run_token(config) -> str:
     """The admin token of the router and the engines a run starts: `--router-admin-token` (or its env
     var), else a random one made now. It is put in this process's environment (never argv, never the
     config), where every launcher and the trainer of the run resolve the same one."""
-    token = config.router.router_admin_token or os.environ.get(RUN_TOKEN_ENV)
+    token = resolve_admin_token(config.router)
     if not token:
         token = secrets.token_urlsafe(32)
     os.environ[RUN_TOKEN_ENV] = token

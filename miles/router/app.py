@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 from miles.serving import auth, origin_guard
 from miles.config import RouterConfig
+from miles.config.secrets import RUN_TOKEN_ENV, resolve_admin_token
 from miles.router import metrics
 from miles.router.liveness import HealthChecker
 from miles.router.proxy import Proxy, send_json
@@ -30,7 +31,7 @@ from miles.serving.upstream import Endpoint
 from miles.router.workers import WorkerError, WorkerPool
 from miles.record.timeline import TimelineWriter
 
-TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
+TOKEN_ENV = RUN_TOKEN_ENV
 # The router's own endpoints (served by FastAPI); every other path goes to a worker.
 # SGLang's pause/continue go to every worker, not to one: a weight update pauses the whole fleet
 FANNED_OUT = ("/pause_generation", "/continue_generation")
@@ -50,11 +51,6 @@ class AdminError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
-
-
-def resolve_admin_token(config: RouterConfig) -> str | None:
-    """The admin token from the flag, else from the environment."""
-    return config.router_admin_token or os.environ.get(TOKEN_ENV) or None
 
 
 def check_bind(host: str, admin_token: str | None) -> None:

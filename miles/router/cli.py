@@ -7,7 +7,8 @@ import logging
 from miles.config import ConfigError, RouterConfig, RouterServeConfig, parse_sections
 from miles.config.argv import print_settings
 from miles.serving.parent_watch import watch_parent
-from miles.router.app import Router, check_bind, resolve_admin_token
+from miles.config.secrets import resolve_admin_token
+from miles.router.app import Router, check_bind
 from miles.router.server import bind_socket, serve_forever
 from miles.router.workers import WorkerError
 

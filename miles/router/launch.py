@@ -11,10 +11,9 @@ from pathlib import Path
 
 from miles.config import RouterConfig
 from miles.config.argv import section_argv
-from miles.router.app import resolve_admin_token
+from miles.config.secrets import RUN_TOKEN_ENV, resolve_admin_token
 from miles.serving.process import ServiceProcess, ServiceStartError, free_port, start_service
 
-TOKEN_ENV = "MILES_ROUTER_ADMIN_TOKEN"
 
 
 def router_command(config: RouterConfig, host: str, port: int, worker_urls: list[str]) -> list[str]:
@@ -35,7 +34,7 @@ def launch_router(config: RouterConfig, *, host: str = "127.0.0.1", port: int | 
         log_path = Path(tempfile.mkdtemp(prefix="miles-router-")) / "router.log"
     port = port or free_port(host)
     token = resolve_admin_token(config)  # the flag's, else this process's environment's
-    env = {TOKEN_ENV: token} if token else None
+    env = {RUN_TOKEN_ENV: token} if token else None
     argv = router_command(config, host, port, list(worker_urls)) + list(serve_args)
     return start_service(argv, host, port, Path(log_path),
                          health_path="/router_health", timeout=timeout, env=env, error=ServiceStartError)

@@ -13,7 +13,8 @@ import uvicorn
 
 from miles.config import RouterConfig
 from miles.serving.limits import guarded_protocol
-from miles.router.app import Router, check_bind, resolve_admin_token
+from miles.config.secrets import resolve_admin_token
+from miles.router.app import Router, check_bind
 
 try:  # uvloop and httptools are pinned dependencies; the fallbacks keep the router working without them
     import uvloop
