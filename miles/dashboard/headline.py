@@ -8,7 +8,6 @@ holder is alive when that pid is alive on this host; a run dir from another host
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from miles.record import layout
 from miles.run.scorecard import duration, scorecard
+from miles.serving.process import pid_alive
 
 RUNNING, FINISHED, STOPPED, UNKNOWN = "running", "finished", "stopped", "unknown"
 _HOLDER = re.compile(rb"pid (\d+) on (\S+)")
@@ -38,12 +38,9 @@ def trainer_alive(run_dir: Path) -> bool | None:
     if pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
-    except PermissionError:  # alive, another user's
-        return True
-    except (ProcessLookupError, OverflowError, ValueError):  # gone, or no pid at all
+        return pid_alive(pid)
+    except (OverflowError, ValueError):  # no pid at all
         return False
-    return True
 
 
 def run_state(run_dir: Path, last_rollout: int | None, num_rollout: Any) -> str:

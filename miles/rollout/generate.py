@@ -19,7 +19,6 @@ from typing import Any, Awaitable, Callable
 
 from miles.rollout.data import Prompt
 from miles.rollout.http_client import HttpxPoster, LeanPoster, PostFailed, json_poster
-from miles.run.engine_loss import NoEngineLeft
 from miles.rollout.sample import FINISH_TO_STATUS, Sample, Status
 
 
@@ -41,6 +40,10 @@ def sample_seed(seed: int, stream: str, rollout_id: int, index: int) -> int:
     """A 31-bit seed per sample; `stream` keeps training and eval draws apart."""
     digest = hashlib.sha256(f"{seed}/{stream}/{rollout_id}/{index}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+class NoEngineLeft(RuntimeError):
+    """Raised by the rollout client when the supervisor says no engine can come back (its reason)."""
 
 
 class GenerateError(RuntimeError):

@@ -12,12 +12,10 @@ import threading
 
 import httpx
 
+from miles.rollout.generate import NoEngineLeft  # noqa: F401  (raised by the rollout client; re-exported)
+
 FLAG_HINT = ("without --use-fault-tolerance a dead engine ends the run; with it the engine is relaunched "
              "and the run goes on")
-
-
-class NoEngineLeft(RuntimeError):
-    """Raised by the rollout client when the supervisor says no engine can come back (its reason)."""
 
 
 class EnginesLost(RuntimeError):
