@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 from transformers import AutoTokenizer
 
 from miles.run import checkpoint
@@ -42,7 +41,6 @@ from miles.rollout.staleness import staleness_metrics
 from miles.run.staleness_guard import StalenessGuard
 from miles.rollout.rewards import RewardModel
 from miles.rollout.sample import Sample
-from miles.serving.auth import bearer
 from miles.record.timeline import OPEN_NAME, TIMELINE_NAME, TimelineWriter
 from miles.run.observer import IterationResult
 from miles.tracking import open_tracking
@@ -148,10 +146,10 @@ class RLTrainer:
         probe = self.tokenizer("0", add_special_tokens=False)["input_ids"]
         stale = [u for u in self.engine_urls if served_version(u, probe) != str(version)]
         if stale:
-            from miles.backends.sync import push_disk, tell_router
+            from miles.backends.sync import push_disk
 
             push_disk(stale, model_dir, version, self.sync.admin_token)
-            tell_router(self.sync.router_url, version, self.sync.admin_token)
+            self.sync.announce(version)
         self.group.call("set_weight_version", version)
         self.sync.serving(model_dir, version)  # what a relaunched engine is brought up to until the next push
 
@@ -346,25 +344,16 @@ class RLTrainer:
     def _take_router_stats(self) -> dict[str, float]:
         """The router's counters since they were last taken, which starts a new window (reading
         /router_stats resets them); {} without a router."""
-        if self.sync.router_url is None:
+        if self.sync.router is None:
             return {}
-        headers = bearer(self.sync.admin_token)
         # supervised, a router being relaunched is waited for (within --engine-wait-timeout)
         patience = self.config.orchestration.engine_wait_timeout if self.sync.supervisor is not None else 0.0
-        deadline = time.monotonic() + patience
-        while True:
-            try:
-                stats = httpx.get(f"{self.sync.router_url}/router_stats", headers=headers,
-                                  timeout=30.0).raise_for_status().json()
-                break
-            except httpx.TransportError:
-                if self.sync.supervisor is not None and (reason := self.sync.supervisor.gave_up()) is not None:
-                    raise NoEngineLeft(reason) from None  # the router is left down: no use waiting
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.5)  # bounded by the deadline above; the router answers once relaunched
-        return {key: float(value) for key, value in stats.items()
-                if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        return self.sync.router.take_stats(patience, give_up=self._router_given_up)
+
+    def _router_given_up(self) -> None:
+        """NoEngineLeft when the supervisor gave up on the router: no use waiting for it."""
+        if self.sync.supervisor is not None and (reason := self.sync.supervisor.gave_up()) is not None:
+            raise NoEngineLeft(reason) from None
 
     def _fault_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """`rollout/engine_restarts` and the engines' states (with --use-fault-tolerance), and

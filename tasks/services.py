@@ -3,14 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import ray
 from prefect import get_run_logger, task
 
 from miles.cluster.names import RunNames
 from miles.cluster.service_actors import EngineActor, RouterActor, ServiceInfo, get_or_start
 from miles.config import EngineConfig, RouterConfig
-from miles.serving.auth import bearer
+from miles.serving.router_client import RouterClient
 from miles.serving.process import wait_healthy
 
 ENGINE_READY_TIMEOUT_S = 300.0
@@ -45,9 +44,6 @@ def register_engine(router_url: str, engine_url: str, admin_token: str | None = 
                     timeout: float = ENGINE_READY_TIMEOUT_S) -> None:
     """`/health_generate` must pass before the router gets `/add_worker`; already registered is fine."""
     wait_healthy(engine_url, timeout, path="/health_generate")
-    response = httpx.post(f"{router_url}/add_worker", params={"url": engine_url}, headers=bearer(admin_token),
-                          timeout=30.0)
-    if response.status_code not in (200, 409):  # 409: registered by an earlier attempt of this task
-        raise RuntimeError(f"router {router_url} refused /add_worker?url={engine_url}: "
-                           f"HTTP {response.status_code} {response.text[:300]}")
+    # exist_ok: registered by an earlier attempt of this task (409)
+    RouterClient(router_url, admin_token).add_worker(engine_url, exist_ok=True)
     get_run_logger().info(f"registered {engine_url} with {router_url}")

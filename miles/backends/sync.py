@@ -20,7 +20,7 @@ from typing import Iterator
 import httpx
 
 from miles.backends.group import ActorGroup
-from miles.serving.auth import bearer
+from miles.serving.router_client import RouterClient
 
 
 class WeightSyncError(RuntimeError):
@@ -96,16 +96,6 @@ def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -
                 pass
 
 
-def tell_router(router_url: str | None, version: int, admin_token: str | None = None) -> None:
-    if router_url is None:
-        return
-    response = httpx.post(f"{router_url}/update_weight_version", json={"weight_version": str(version)},
-                          headers=bearer(admin_token), timeout=60)
-    if response.status_code != 200:
-        raise WeightSyncError(f"router {router_url} refused weight version {version}: "
-                              f"{response.status_code} {response.text[:200]}")
-
-
 class WeightSync:
     """Pushes the ranks' current weights to the engines; keeps only the newest exported directory.
 
@@ -117,6 +107,7 @@ class WeightSync:
                  in_memory: bool, admin_token: str | None = None, supervisor=None):
         self.group, self.engine_urls, self.router_url = group, engine_urls, router_url
         self.admin_token = admin_token
+        self.router = RouterClient(router_url, admin_token) if router_url is not None else None
         self.export_root, self.in_memory = export_root, in_memory
         self.supervisor = supervisor
         self.lock = threading.Lock()
@@ -135,6 +126,11 @@ class WeightSync:
         self._current = (Path(model_dir), int(version))
         if self.supervisor is not None:
             self.supervisor.attach_weights(self)
+
+    def announce(self, version: int) -> None:
+        """Tell the router (if rollouts go through one) the weight version now serving."""
+        if self.router is not None:
+            self.router.set_weight_version(version)
 
     def push(self, version: int, pause_mode: str | None = None) -> None:
         """Export the ranks' weights and load them into every engine as `version`; with `pause_mode`
@@ -165,7 +161,7 @@ class WeightSync:
                 if old != target:
                     shutil.rmtree(old, ignore_errors=True)
         self.group.call("set_weight_version", version)
-        tell_router(self.router_url, version, self.admin_token)
+        self.announce(version)
 
     def _export(self, directory: str | None) -> list:
         """Every rank's export_weights (rank 0 writes or returns the full state), timed per rank."""
@@ -201,7 +197,7 @@ class WeightSync:
                 shutil.rmtree(old, ignore_errors=True)
         self.group.call("set_weight_version", version)
         try:
-            tell_router(self.router_url, version, self.admin_token)
+            self.announce(version)
         except httpx.HTTPError as exc:  # the router is down: the supervisor tells its relaunch this version
             print(f"[engines] the router missed weight version {version} ({exc!r}); its relaunch gets it",
                   flush=True)

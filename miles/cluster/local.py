@@ -126,10 +126,12 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
 
 def supervise(config, services: InferenceServices):
     """The engine supervisor of a plain run (--use-fault-tolerance), started; the trainer attaches its weights."""
-    from miles.engines.supervisor import EngineSupervisor, RouterAdmin, SupervisionPolicy
+    from miles.engines.supervisor import ROUTER_TIMEOUT_S, EngineSupervisor, SupervisionPolicy
+    from miles.serving.router_client import RouterClient
     from miles.record.timeline import TIMELINE_NAME, TimelineWriter
 
-    router = RouterAdmin(services.router.url, services.admin_token) if services.router is not None else None
+    router = (RouterClient(services.router.url, services.admin_token, timeout=ROUTER_TIMEOUT_S)
+              if services.router is not None else None)
     timeline = TimelineWriter(Path(config.train.run_dir) / TIMELINE_NAME)
     return EngineSupervisor(list(services.engines), services.relaunch_engine,
                             SupervisionPolicy.from_config(config.orchestration), router, timeline,

@@ -93,12 +93,13 @@ def supervise_actors(config, names: RunNames, router_url: str, admin_token: str 
                      on_event: Callable[[str, dict], None] | None = None, log: Callable[[str], None] | None = None):
     """The engine supervisor of a flow chunk (--use-fault-tolerance), started over the run's actors; the
     chunk's trainer attaches its weights, and the chunk stops it at its end."""
-    from miles.engines.supervisor import EngineSupervisor, RouterAdmin, SupervisionPolicy
+    from miles.engines.supervisor import ROUTER_TIMEOUT_S, EngineSupervisor, SupervisionPolicy
+    from miles.serving.router_client import RouterClient
     from miles.record.timeline import TIMELINE_NAME, TimelineWriter
 
     services = ActorServices(config, names)
     return EngineSupervisor(services.engines(), services.engine, SupervisionPolicy.from_config(config.orchestration),
-                            RouterAdmin(router_url, admin_token),
+                            RouterClient(router_url, admin_token, timeout=ROUTER_TIMEOUT_S),
                             TimelineWriter(Path(config.train.run_dir) / TIMELINE_NAME),
                             log=log, router_process=services.router(), relaunch_router=services.router,
                             engine_token=admin_token, on_event=on_event).start()

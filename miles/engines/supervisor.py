@@ -26,9 +26,10 @@ import httpx
 
 from miles.engines.weights import push_weights_from_disk
 from miles.record.timeline import TimelineWriter
-from miles.serving.auth import bearer
+from miles.serving.router_client import RouterClient
 
 MAX_BACKOFF_S = 30.0
+ROUTER_TIMEOUT_S = 10.0  # an admin call from the watch thread: a hung router must not hold the engine checks long
 LANE = "engines"
 READY, DOWN, RELAUNCHING, STALE, FAILED = "ready", "down", "relaunching", "stale", "failed"
 
@@ -99,41 +100,12 @@ class SupervisorCounters:
     seconds_to_readmit: list[float] = field(default_factory=list)
 
 
-class RouterAdmin:
-    """The router's worker-state endpoints, over HTTP (the router runs as its own process)."""
-
-    def __init__(self, url: str, admin_token: str | None, timeout: float = 10.0):
-        self.url = url.rstrip("/")
-        self.headers = bearer(admin_token)
-        self.timeout = timeout
-
-    def register(self, worker_url: str, ready: bool, version: int | None) -> None:
-        body = {"url": worker_url, "state": "healthy" if ready else "stale"}
-        if version is not None:
-            body["weight_version"] = str(version)
-        self._post("/add_worker", body)
-
-    def set_version(self, version: int) -> None:
-        self._post("/update_weight_version", {"weight_version": str(version)})
-
-    def mark_stale(self, worker_url: str) -> None:
-        self._post("/set_worker_state", {"url": worker_url, "state": "stale"})
-
-    def admit(self, worker_url: str, version: int) -> None:
-        self._post("/set_worker_state", {"url": worker_url, "state": "healthy", "weight_version": str(version)})
-
-    def _post(self, path: str, body: dict) -> None:
-        response = httpx.post(self.url + path, json=body, headers=self.headers, timeout=self.timeout)
-        if response.status_code != 200:
-            raise RuntimeError(f"router {self.url}{path} answered {response.status_code}: {response.text[:200]}")
-
-
 class EngineSupervisor:
     """Owns the engines' liveness: `start()` the watch thread, `ready_urls()` for the weight sync,
     `take()` the counters, `stop()` at the end. `relaunch(index, port)` starts a new engine process."""
 
     def __init__(self, engines: list[Supervised], relaunch: Callable[[int, int], Supervised],
-                 policy: SupervisionPolicy, router: RouterAdmin | None = None,
+                 policy: SupervisionPolicy, router: RouterClient | None = None,
                  timeline: TimelineWriter | None = None, log: Callable[[str], None] | None = None,
                  router_process: Supervised | None = None,
                  relaunch_router: Callable[[int], Supervised] | None = None,
@@ -313,11 +285,11 @@ class EngineSupervisor:
         with lock:
             version = self.weights.current()[1] if self.weights is not None else None
             if version is not None:
-                self.router.set_version(version)
+                self.router.set_weight_version(version)
             with self._lock:
                 states = [(slot.url, slot.state == READY) for slot in self.slots]
             for url, ready in states:
-                self.router.register(url, ready, version if ready else None)
+                self.router.add_worker(url, ready, version if ready else None)
 
     def _changed(self, name: str, start: float, end: float, **fields) -> None:
         """One state change: a span in the run's timeline (the dashboard's engines lane) and, when the

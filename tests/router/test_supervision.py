@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from miles.engines.supervisor import EngineSupervisor, RouterAdmin, SupervisionPolicy
+from miles.engines.supervisor import EngineSupervisor, SupervisionPolicy
 from miles.rollout.generate import watch_outage
 from miles.run.engine_loss import NoEngineLeft
 from miles.serving.process import ServiceProcess
+from miles.serving.router_client import RouterClient
 
 from .conftest import launch_stub, wait_for
 from .test_resend import post_once
@@ -52,7 +53,7 @@ def supervised(router, tmp_path, version: int = 3):
         started.append(stub)
         return as_service(stub)
 
-    supervisor = EngineSupervisor([as_service(s) for s in stubs], relaunch, POLICY, RouterAdmin(handle.url, None),
+    supervisor = EngineSupervisor([as_service(s) for s in stubs], relaunch, POLICY, RouterClient(handle.url, None),
                                   log=lambda line: None)
     supervisor.attach_weights(KeptWeights(tmp_path, version))
     return supervisor.start(), handle, stubs, started
@@ -119,7 +120,7 @@ def test_a_killed_router_comes_back_on_its_address_with_every_engine_registered_
 
     url = routers[0].url
     supervisor = EngineSupervisor([as_service(s) for s in stubs], lambda i, port: as_service(launch_stub(port=port)),
-                                  POLICY, RouterAdmin(url, None), log=lambda line: None, router_process=routers[0],
+                                  POLICY, RouterClient(url, None), log=lambda line: None, router_process=routers[0],
                                   relaunch_router=relaunch_router)
     supervisor.attach_weights(KeptWeights(tmp_path, 4))
     supervisor.slots[1].state = "relaunching"  # as if engine 1 were being relaunched when the router died
