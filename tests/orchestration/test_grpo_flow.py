@@ -13,7 +13,8 @@ import ray
 
 from miles.config import ConfigError, parse_config
 from miles.record.timeline import read_spans
-from tests.orchestration.conftest import journal_steps, task_runs_of
+from tests.support.prefect import task_runs_of
+from tests.support.runs import journal_steps
 
 
 def names(runs) -> Counter:

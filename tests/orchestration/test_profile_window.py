@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from tests.orchestration.conftest import journal_steps, task_runs_of
+from tests.support.prefect import task_runs_of
+from tests.support.runs import journal_steps
 
 
 def artifacts_of(task_run_id) -> list:

@@ -12,7 +12,9 @@ import httpx
 from miles.engines.supervisor import EngineSupervisor, RouterAdmin, SupervisionPolicy
 from miles.serving.process import ServiceProcess
 
-from .conftest import launch_stub, wait_for
+from tests.support.wait import wait_for
+
+from .stubs import launch_stub
 
 POLICY = SupervisionPolicy(interval=0.2, timeout=0.5, hung_checks=3, max_restarts=2, backoff=0.1)
 

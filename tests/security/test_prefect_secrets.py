@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.orchestration.conftest import TINY
+from tests.support.flags import FLOW
 
 WANDB_KEY, ROUTER_TOKEN = "probe-wandb-key-5f1c", "probe-router-token-9a7e"
 
@@ -37,7 +37,7 @@ def test_miles_train_keeps_secrets_out_of_prefect(prefect_api, tmp_path, monkeyp
     for name in ("WANDB_API_KEY", "MILES_ROUTER_ADMIN_TOKEN"):
         monkeypatch.setenv(name, "placeholder")  # restored (unset) after the test; main exports the real ones
     run_dir = tmp_path / "run"
-    argv = [*TINY, "--num-rollout", "1", "--chunk-size", "1", "--run-dir", str(run_dir),
+    argv = [*FLOW, "--num-rollout", "1", "--chunk-size", "1", "--run-dir", str(run_dir),
             "--wandb-key", WANDB_KEY, "--router-admin-token", ROUTER_TOKEN]
     assert main(argv) == 0  # the router ran with the token: the trainer's admin calls carried it
     stored = all_flow_run_parameters()

@@ -9,7 +9,7 @@ from miles.config import ConfigError, parse_config
 from miles.record.journal import read_journal
 from miles.record.timeline import read_spans
 from miles.run.faults import Fault, parse_fault
-from tests.training.conftest import SMALL
+from tests.support.flags import SMALL
 
 NUM_ROLLOUT = 3
 # quick checks and relaunches, so a test spends its time on the fault, not on waiting for it

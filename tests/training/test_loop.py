@@ -12,7 +12,7 @@ from miles.loop import Observer, save_due
 from miles.run.phases import add_phase_hook, remove_phase_hook, timed
 from miles.record.journal import read_journal
 from tests.tracking.tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal
-from tests.training.conftest import SMALL
+from tests.support.flags import SMALL
 
 
 class StopAfter(Observer):
