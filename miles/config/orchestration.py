@@ -21,7 +21,8 @@ class OrchestrationConfig:
     inject_fault: str | None = flag(None, "test hook: raise@ITER or kill@ITER fails the run once at rollout ITER; "
                                           "kill-engine[:N]@ITER SIGKILLs engine N (default 0), "
                                           "stop-engine[:N]@ITER SIGSTOPs it, kill-router@ITER SIGKILLs the router, all as "
-                                          "rollout ITER starts")
+                                          "rollout ITER starts; a comma-separated list fires each once "
+                                          "(raise@1,kill-engine:1@3), one fault per rollout")
     use_fault_tolerance: bool = flag(False, "supervise the engines and the router (both drivers): "
                                             "relaunch a dead or hung engine on its port, readmit it once it serves "
                                             "the current weights, re-send the requests it never answered; a dead "

@@ -8,7 +8,7 @@ import pytest
 from miles.config import ConfigError, parse_config
 from miles.record.journal import read_journal
 from miles.record.timeline import read_spans
-from miles.run.faults import Fault, parse_fault
+from miles.run.faults import Fault, parse_fault, parse_faults
 from tests.support.flags import SMALL
 
 NUM_ROLLOUT = 3
@@ -26,6 +26,51 @@ def test_inject_fault_names_the_engine_and_refuses_bad_specs():
     for bad in ("raise:1@2", "stop-engine@x", "explode@1", "kill-engine:1", "kill-router:1@2"):
         with pytest.raises(ConfigError, match="--inject-fault"):
             parse_fault(bad)
+
+
+def test_inject_fault_takes_a_list_one_fault_per_rollout():
+    assert parse_faults(None) == () and parse_faults("") == ()
+    assert parse_faults("kill@2") == (Fault("kill", 2, 0),)  # the single-value form
+    assert parse_faults("kill-router@5, kill-engine:1@1,stop-engine:0@3") == (
+        Fault("kill-engine", 1, 1), Fault("stop-engine", 3, 0), Fault("kill-router", 5, 0))
+    with pytest.raises(ConfigError, match="--inject-fault.*both fire at rollout 2"):
+        parse_faults("raise@2,kill-engine@2")
+    with pytest.raises(ConfigError, match="--inject-fault.*explode@3"):
+        parse_faults("raise@1,explode@3")
+    with pytest.raises(ConfigError, match="--inject-fault: an empty fault"):
+        parse_faults("raise@1,")
+
+
+def test_the_fault_injector_fires_each_listed_fault_once_at_its_rollout(tmp_path):
+    from miles.run.faults import FaultInjector, InjectedFault
+
+    class Targets:
+        def __init__(self):
+            self.hits = []
+
+        def kill_engine(self, index):
+            self.hits.append(("kill-engine", index))
+            return 1
+
+        def stop_engine(self, index):
+            self.hits.append(("stop-engine", index))
+            return 2
+
+        def kill_router(self):
+            self.hits.append(("kill-router", 0))
+            return 3
+
+    targets = Targets()
+    injector = FaultInjector("kill-engine:1@1,raise@2,kill-router@4", tmp_path, targets=targets)
+    injector.before_iteration(0)
+    injector.before_iteration(1)
+    with pytest.raises(InjectedFault, match="raise@2"):
+        injector.before_iteration(2)
+    # the retried chunk starts again at rollout 1: the markers keep the fired faults from firing again
+    for rollout_id in (1, 2, 3, 4, 4):
+        injector.before_iteration(rollout_id)
+    assert targets.hits == [("kill-engine", 1), ("kill-router", 0)]
+    assert sorted(p.name for p in (tmp_path / "faults").iterdir()) == ["kill-engine:1@1", "kill-router@4", "raise@2"]
 
 
 def test_fault_tolerance_needs_weights_on_disk():
