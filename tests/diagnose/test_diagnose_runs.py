@@ -35,8 +35,8 @@ def assert_no_secret(root):
             assert SECRET_TOKEN.encode() not in data and SECRET_ENV_VALUE.encode() not in data, path
 
 
-def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(start_run, tmp_path):
-    run = start_run("--custom-rm-path", HANG_REWARD, "--router-admin-token", SECRET_TOKEN)
+def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(hang_run, tmp_path):
+    run = hang_run
     run.wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts")
     run.hang_file.touch()  # the next rollout's reward waits while it exists
     (bundle,) = run.wait_for(lambda: bundles(run.run_dir), 120, "the stall bundle")
@@ -84,8 +84,10 @@ def test_a_stopped_engine_is_named_and_on_red_flag_stop_ends_the_hung_run(start_
     assert "Thread" in engine_stack  # read without pausing it: py-spy --nonblocking
 
 
-def test_a_dead_run_gets_a_verdict_and_a_bundle(start_run, tmp_path):
-    run = start_run()
+def test_a_dead_run_gets_a_verdict_and_a_bundle(hang_run, tmp_path):
+    # the hang run of the first test (it went on after its hang), killed here: one run for both tests
+    run = hang_run
+    run.hang_file.unlink(missing_ok=True)
     run.wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts")
     trainer = run.processes()["trainer"]
     os.killpg(run.proc.pid, signal.SIGKILL)
