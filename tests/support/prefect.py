@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import prefect.main  # noqa: F401 - Prefect sets up its logging on this import: here, at collection, its console
+# handler writes to the session's stderr; set up later inside a test, it would write to that test's capture,
+# closed once the test ends (every later flow then fails with "I/O operation on closed file")
 from prefect.client.orchestration import get_client
 
 
