@@ -107,13 +107,13 @@ def refuse_plain_only(config: MilesConfig) -> MilesConfig:
     """Without --use-fault-tolerance a dead engine fails its chunk's task, which the flow resubmits from the
     chunk's last checkpoint after relaunching the engine; a stopped engine or a killed router would only
     hang or fail that chunk. So those faults need the supervisor; say so before anything starts."""
-    from miles.run.faults import parse_fault
+    from miles.run.faults import parse_faults
 
     o = config.orchestration
-    fault = parse_fault(o.inject_fault)
-    if fault is not None and not o.use_fault_tolerance and fault.kind in ("stop-engine", "kill-router"):
-        raise ConfigError("--inject-fault", f"{o.inject_fault!r} needs --use-fault-tolerance in `miles train` "
-                                            f"(without it only kill-engine[:N]@ITER, healed by a chunk retry)")
+    for fault in parse_faults(o.inject_fault):
+        if not o.use_fault_tolerance and fault.kind in ("stop-engine", "kill-router"):
+            raise ConfigError("--inject-fault", f"{fault.name!r} needs --use-fault-tolerance in `miles train` "
+                                                f"(without it only kill-engine[:N]@ITER, healed by a chunk retry)")
     return config
 
 

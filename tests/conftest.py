@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["tests.support.sessions"]  # the runs many tests read (train once, check many times)
+
 
 @pytest.fixture(scope="session")
 def base_model():

@@ -1,5 +1,8 @@
 """The `--inject-fault` test hook as a loop observer: fail the run, or one engine, once at a given rollout.
 
+The flag takes one fault or a comma-separated list (`raise@1,kill-engine:1@3`), so one run can fire
+several; each fires once, at most one per rollout.
+
 `raise@R` and `kill@R` fail the process running the loop before rollout R. `kill-engine[:N]@R` (SIGKILL)
 and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 0) as rollout R starts
 (`kill-router@R`: the router; `abort-engine[:N]@R`: engine N aborts every request of rollout R, an abort storm),
@@ -56,30 +59,49 @@ class Fault:
 
 
 def parse_fault(spec: str | None) -> Fault | None:
+    """One fault (`kind[:N]@ITER`), or None for no spec."""
     if not spec:
         return None
-    match = SPEC.match(spec)
+    match = SPEC.match(spec.strip())
     if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in ENGINE_KINDS):
         raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
                                             f"stop-engine[:N]@ITER, abort-engine[:N]@ITER or kill-router@ITER, got {spec!r}")
     return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 
+def parse_faults(spec: str | None) -> tuple[Fault, ...]:
+    """Every fault of a comma-separated `--inject-fault` list, in rollout order. Two faults at one rollout are
+    refused: the first one to fail the loop would keep the other from ever firing."""
+    if not spec:
+        return ()
+    parts = spec.split(",")
+    if not all(part.strip() for part in parts):
+        raise ConfigError("--inject-fault", f"an empty fault in {spec!r}: list them as raise@1,kill-engine@3")
+    faults = sorted((parse_fault(part) for part in parts), key=lambda fault: fault.rollout_id)
+    for before, after in zip(faults, faults[1:]):
+        if before.rollout_id == after.rollout_id:
+            raise ConfigError("--inject-fault", f"{before.name} and {after.name} both fire at rollout "
+                                                f"{after.rollout_id}: give each fault its own rollout")
+    return tuple(faults)
+
+
 class FaultInjector(Observer):
-    """Fires the fault at its rollout, once per run: a marker in the run dir, written first, keeps
+    """Fires each fault at its rollout, once per run: a marker in the run dir, written first, keeps
     the retried chunk from failing again (a killed process cannot write it after)."""
 
     def __init__(self, spec: str | None, run_dir: str | Path, kill_engine: Callable[[], object] | None = None,
                  targets: FaultTargets | None = None, rollout_requests: int = 0):
-        self.fault, self.run_dir, self.kill_engine, self.targets = parse_fault(spec), Path(run_dir), kill_engine, \
+        self.faults, self.run_dir, self.kill_engine, self.targets = parse_faults(spec), Path(run_dir), kill_engine, \
             targets
         self.rollout_requests = rollout_requests  # abort-engine: how many requests a storm aborts at most
         self.storm = None
 
     def before_iteration(self, rollout_id: int) -> None:
-        fault = self.fault
-        if fault is None or fault.rollout_id != rollout_id:
-            return
+        for fault in self.faults:
+            if fault.rollout_id == rollout_id:
+                self._fire(fault, rollout_id)
+
+    def _fire(self, fault: Fault, rollout_id: int) -> None:
         marker = self.run_dir / layout.FAULTS / fault.marker
         if marker.exists():
             return

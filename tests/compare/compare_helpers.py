@@ -40,8 +40,7 @@ def signal(report: dict, key: str) -> dict:
 
 
 def serve(run_dir: Path, *flags: str):
-    """`miles dashboard RUN_DIR --port 0 ...` as the dashboard tests start it (their helper, shared)."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "dashboard"))
-    from dashboard_helpers import serve as serve_dashboard
+    """`miles dashboard RUN_DIR --port 0 ...` as the dashboard tests start it."""
+    from tests.support.dashboard import serve as serve_dashboard
 
     return serve_dashboard(run_dir, *flags)

@@ -11,15 +11,13 @@ copy, so a test that adds files (health verdicts, a torn line) never touches the
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from dashboard_helpers import RECORDED
+
+from tests.support.dashboard import copy_recorded
 
 
 @pytest.fixture
 def run_copy(tmp_path) -> Path:
-    target = tmp_path / "run"
-    shutil.copytree(RECORDED, target)
-    return target
+    return copy_recorded(tmp_path)

@@ -16,7 +16,7 @@ from miles.config import ConfigError
 from miles.dashboard.app import build_app, check_bind
 from miles.health.report import panels
 
-from dashboard_helpers import RECORDED, serve
+from tests.support.dashboard import RECORDED, serve
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from dashboard_helpers import RECORDED, serve
+from tests.support.dashboard import RECORDED, serve
 from webdriver import Browser, missing_browser
 
 pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from dashboard_helpers import serve
+from tests.support.dashboard import serve
 from fastapi.testclient import TestClient
 from webdriver import Browser, missing_browser
 

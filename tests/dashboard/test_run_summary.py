@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from dashboard_helpers import RECORDED, serve
+from tests.support.dashboard import RECORDED, serve
 from fastapi.testclient import TestClient
 from webdriver import Browser, missing_browser
 

@@ -1,99 +1,11 @@
-"""Real short runs (`python -m miles.train` in its own session) made to hang or die, and what the tests
-need to watch them: poll a condition with a deadline, read the run's pids, open a bundle."""
+"""The fixtures of the diagnose tests: real short runs made to hang or die (tests/diagnose/hanging_runs.py),
+each closed at teardown; `hang_run`, one per module, is shared by the tests that can read the same run."""
 from __future__ import annotations
-
-import json
-import os
-import signal
-import subprocess
-import sys
-import tarfile
-import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-HANG_REWARD = "tests.diagnose.hang_rewards.reward_waits_while_file_exists"
-# small enough for seconds per rollout on 2 busy cores; stall thresholds low enough to fire in seconds
-SMALL = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "40",
-         "--micro-batch-size", "4", "--eval-interval", "none", "--lr", "1e-4",
-         "--health-stall-factor", "3", "--health-stall-min-s", "4", "--health-stall-check-interval", "1"]
-START_S = 240.0  # Ray, engine, router and the first rollouts on a loaded machine
-SECRET_TOKEN = "diag-admin-token-7f3a9c"
-SECRET_ENV_VALUE = "diag-env-secret-51d2e8"
-
-
-def wait_for(condition, deadline_s: float, what: str, run=None):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        if run is not None and run.proc.poll() is not None:
-            raise AssertionError(f"the run ended (exit {run.proc.returncode}) before {what}:\n{run.output()[-3000:]}")
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}" + (f":\n{run.output()[-3000:]}" if run else ""))
-
-
-def rollouts_done(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def bundles(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / "diagnose").glob("diagnose-*.tar.gz"))
-
-
-def extract(bundle: Path, into: Path) -> Path:
-    with tarfile.open(bundle) as tar:
-        tar.extractall(into, filter="data")
-    (root,) = into.iterdir()
-    return root
-
-
-class Run:
-    def __init__(self, run_dir: Path, flags: list[str], hang_file: Path):
-        self.run_dir, self.hang_file = run_dir, hang_file
-        self.log = run_dir.parent / "stdout.log"
-        env = dict(os.environ, MILES_TEST_HANG_FILE=str(hang_file), OMP_NUM_THREADS="1",
-                   MILES_TEST_DIAG_TOKEN=SECRET_ENV_VALUE)
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "miles.train", "--run-dir", str(run_dir), *SMALL, *flags],
-                                         cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.stopped: list[int] = []  # pids this test sent SIGSTOP: resumed at teardown whatever happens
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def processes(self) -> dict[str, int]:
-        path = self.run_dir / "profiler" / "processes.json"
-        return json.loads(path.read_text()) if path.exists() else {}
-
-    def sigstop(self, pid: int) -> None:
-        self.stopped.append(pid)
-        os.kill(pid, signal.SIGSTOP)
-
-    def close(self) -> None:
-        for pid in self.stopped:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        self.hang_file.unlink(missing_ok=True)
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the run's own session: the trainer and what it started
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        for pid in self.processes().values():  # services in sessions of their own, if any outlived it
-            try:  # still ours (a pid reused since would not name miles in its command line)
-                if b"miles" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGKILL)
-            except (OSError, ProcessLookupError):
-                pass
+from tests.diagnose.hang_rewards import HANG_REWARD
+from tests.diagnose.hanging_runs import SECRET_TOKEN, Run
 
 
 @pytest.fixture
@@ -107,3 +19,13 @@ def start_run(tmp_path, base_model):
     yield start
     for run in runs:
         run.close()
+
+
+@pytest.fixture(scope="module")
+def hang_run(tmp_path_factory, base_model):
+    """A run whose reward hangs while `hang_file` exists, with a secret admin token; shared by the module's
+    tests in file order: one makes it hang and go on, a later one kills it (the run outlives neither)."""
+    root = tmp_path_factory.mktemp("hang-run")
+    run = Run(root / "run", ["--custom-rm-path", HANG_REWARD, "--router-admin-token", SECRET_TOKEN], root / "hang")
+    yield run
+    run.close()

@@ -4,6 +4,8 @@ reward at the moment it chooses (it writes FILE.waiting once held), and lets it 
 import os
 import time
 
+HANG_REWARD = "tests.diagnose.hang_rewards.reward_waits_while_file_exists"  # the flag's value
+
 
 def reward_waits_while_file_exists(args, sample) -> float:
     path = os.environ.get("MILES_TEST_HANG_FILE")

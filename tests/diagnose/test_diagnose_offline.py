@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import textwrap
 import time
 
@@ -21,6 +20,7 @@ from miles.health.open_phase import check_open_phase, open_phases
 from miles.health.stall_timer import StallTimer
 from miles.profiling import pyspy
 from miles.record.timeline import Span
+from tests.support.runs import extract
 
 CFG = HealthConfig(health_stall_factor=3.0, health_stall_min_s=4.0, health_stall_check_interval=1.0)
 SECRET_ENV = "offline-env-secret-9e1c"
@@ -81,13 +81,6 @@ def stuck_process():
     finally:
         proc.kill()
         proc.wait()
-
-
-def extract(bundle, into):
-    with tarfile.open(bundle) as tar:
-        tar.extractall(into, filter="data")
-    (root,) = into.iterdir()
-    return root
 
 
 def test_bundle_of_a_live_run_holds_its_stacks_and_no_secret(tmp_path, stuck_process):

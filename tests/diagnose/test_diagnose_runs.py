@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
-from tests.diagnose.conftest import (HANG_REWARD, ROOT, SECRET_ENV_VALUE, SECRET_TOKEN, START_S, bundles, extract, rollouts_done,
-                      wait_for)
+from tests.diagnose.hang_rewards import HANG_REWARD
+from tests.diagnose.hanging_runs import ROOT, SECRET_ENV_VALUE, SECRET_TOKEN, START_S
+from tests.support.runs import bundles, extract, rollouts_done
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 WARM = 3  # rollouts ended before the hang: the median of a phase needs 3
@@ -33,16 +35,16 @@ def assert_no_secret(root):
             assert SECRET_TOKEN.encode() not in data and SECRET_ENV_VALUE.encode() not in data, path
 
 
-def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(start_run, tmp_path):
-    run = start_run("--custom-rm-path", HANG_REWARD, "--router-admin-token", SECRET_TOKEN)
-    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts", run)
+def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(hang_run, tmp_path):
+    run = hang_run
+    run.wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts")
     run.hang_file.touch()  # the next rollout's reward waits while it exists
-    (bundle,) = wait_for(lambda: bundles(run.run_dir), 120, "the stall bundle", run)
+    (bundle,) = run.wait_for(lambda: bundles(run.run_dir), 120, "the stall bundle")
     hung = json.loads((run.run_dir / "health.jsonl").read_text().splitlines()[-1])
     assert hung["signal"] == "stall" and hung["live"] is True and "rollout" in hung["message"]
 
     run.hang_file.unlink()  # the run goes on; the watch does not fire a second time
-    wait_for(lambda: rollouts_done(run.run_dir) >= hung["rollout_id"] + 3, 180, "rollouts after the hang", run)
+    run.wait_for(lambda: rollouts_done(run.run_dir) >= hung["rollout_id"] + 3, 180, "rollouts after the hang")
     assert bundles(run.run_dir) == [bundle]
     live = [json.loads(ln) for ln in (run.run_dir / "health.jsonl").read_text().splitlines() if '"live"' in ln]
     assert len(live) == 1
@@ -66,7 +68,7 @@ def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(start_run, tmp
 
 def test_a_stopped_engine_is_named_and_on_red_flag_stop_ends_the_hung_run(start_run, tmp_path):
     run = start_run("--on-red-flag", "stop")
-    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts", run)
+    run.wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts")
     engine = run.processes()["engine0"]
     run.sigstop(engine)
     code = wait_for(lambda: run.proc.poll() is not None and str(run.proc.returncode), 180, "the run to stop")
@@ -82,9 +84,11 @@ def test_a_stopped_engine_is_named_and_on_red_flag_stop_ends_the_hung_run(start_
     assert "Thread" in engine_stack  # read without pausing it: py-spy --nonblocking
 
 
-def test_a_dead_run_gets_a_verdict_and_a_bundle(start_run, tmp_path):
-    run = start_run()
-    wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts", run)
+def test_a_dead_run_gets_a_verdict_and_a_bundle(hang_run, tmp_path):
+    # the hang run of the first test (it went on after its hang), killed here: one run for both tests
+    run = hang_run
+    run.hang_file.unlink(missing_ok=True)
+    run.wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts")
     trainer = run.processes()["trainer"]
     os.killpg(run.proc.pid, signal.SIGKILL)
     run.proc.wait()
@@ -100,17 +104,17 @@ def test_a_dead_run_gets_a_verdict_and_a_bundle(start_run, tmp_path):
 
 def test_a_rank_stopped_in_training_leaves_the_other_blocked_in_a_collective(start_run, tmp_path):
     run = start_run("--actor-num-gpus-per-node", "2", "--custom-rm-path", HANG_REWARD)
-    wait_for(lambda: rollouts_done(run.run_dir) >= WARM, 2 * START_S, f"{WARM} rollouts", run)  # two ranks start slower
+    run.wait_for(lambda: rollouts_done(run.run_dir) >= WARM, 2 * START_S, f"{WARM} rollouts")  # two ranks start slower
     rank1 = run.processes()["rank1"]
     # stop rank 1 while both ranks are idle (the rollout is held in its reward for a moment, far shorter
     # than the stall threshold): the next train phase starts on rank 0 alone, which waits in its first
     # collective for rank 1. Stopped at a random moment, rank 0 may instead be idle between two calls.
     waiting = run.hang_file.with_name(run.hang_file.name + ".waiting")
     run.hang_file.touch()
-    wait_for(waiting.exists, 120, "the rollout held in its reward", run)
+    run.wait_for(waiting.exists, 120, "the rollout held in its reward")
     run.sigstop(rank1)
     run.hang_file.unlink()
-    (bundle,) = wait_for(lambda: bundles(run.run_dir), 180, "the stall bundle", run)
+    (bundle,) = run.wait_for(lambda: bundles(run.run_dir), 180, "the stall bundle")
     root = extract(bundle, tmp_path / "x")
     verdict = json.loads((root / "verdict.json").read_text())
     assert verdict["status"] == "stalled" and verdict["phase"]["name"] in ("train", "update_weights"), verdict

@@ -20,16 +20,12 @@ import pytest
 import yaml
 
 from miles.config.parse import convert, section_fields
+from tests.docs.pages import ROOT, doc_pages
 from tests.docs.parsing import parse_only
 
-ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.prefix) / "bin"  # the docs' `.venv/bin/...` is the environment running the tests
 PLACEHOLDER = re.compile(r"^(?:[A-Z][A-Z0-9_]*|\.\.\.)$")  # DIR, RUN_DIR, JOB_ID, P, ...
 REPO_DIRS = ("configs/", "benchmarks/", "deployments/", "docs/", "tests/", "miles/", "flows/", "tasks/", ".venv/")
-
-
-def doc_pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.test_doc_commands import ROOT, doc_pages
+from tests.docs.pages import ROOT, doc_pages
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)

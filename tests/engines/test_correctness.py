@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.engines.conftest import post_while_paused
+from tests.support.engines import post_while_paused
 
 # Prompts of different lengths, so the batch is left-padded differently for each row.
 PROMPTS = ["1+2=", "37+58=", "hello 99+1=", "7+", "what is 12+13? 12+13="]

@@ -6,7 +6,8 @@ import json
 import httpx
 import pytest
 
-from tests.engines.conftest import MAX_BATCH, MAX_QUEUED, post_while_paused, queued, wait_for
+from tests.support.engines import MAX_BATCH, MAX_QUEUED, post_while_paused, queued
+from tests.support.wait import wait_for
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
 
@@ -129,7 +130,7 @@ def test_queue_full_is_503_and_engine_recovers(engine, client):
         with ThreadPoolExecutor(MAX_QUEUED) as pool:
             futures = [pool.submit(httpx.post, engine.url + "/generate", json=body, timeout=120) for _ in
                        range(MAX_QUEUED)]
-            wait_for(lambda: queued(client) == MAX_QUEUED, "a full queue")
+            wait_for(lambda: queued(client) == MAX_QUEUED, 60, "a full queue", interval=0.02)
             full = client.post("/generate", json=body)
             client.post("/continue_generation")
             assert all(f.result().status_code == 200 for f in futures)
@@ -151,7 +152,7 @@ def test_abort_queued_request_by_rid_and_all(engine, client):
         with ThreadPoolExecutor(3) as pool:
             futures = {rid: pool.submit(httpx.post, engine.url + "/generate", json=body(rid), timeout=120)
                        for rid in ("a1", "a2", "a3")}
-            wait_for(lambda: queued(client) == 3, "three queued requests")
+            wait_for(lambda: queued(client) == 3, 60, "three queued requests", interval=0.02)
             assert client.post("/abort_request", json={"rid": "a1"}).json()["aborted"] == 1
             assert client.post("/abort_request", json={"rid": "nope"}).json()["aborted"] == 0
             assert client.post("/abort_request", json={"abort_all": True}).json()["aborted"] == 2
@@ -229,8 +230,8 @@ def test_a_client_that_leaves_has_its_request_aborted(engine, client):
     try:
         with socket.create_connection(("127.0.0.1", engine.port), timeout=60) as sock:
             sock.sendall(head + body)
-            wait_for(lambda: queued(client) == 1, "the request in the queue")
-        wait_for(lambda: queued(client) == 0, "the queue emptied by the abort")
+            wait_for(lambda: queued(client) == 1, 60, "the request in the queue", interval=0.02)
+        wait_for(lambda: queued(client) == 0, 60, "the queue emptied by the abort", interval=0.02)
     finally:
         client.post("/continue_generation").raise_for_status()
     # nothing of it was decoded: the abort took it out of the queue

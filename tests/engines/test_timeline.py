@@ -7,7 +7,8 @@ import sys
 import time
 
 from miles.record.timeline import read_spans
-from tests.engines.conftest import post_while_paused, wait_for
+from tests.support.engines import post_while_paused
+from tests.support.wait import wait_for
 
 
 def test_batches_with_short_gaps_are_one_span(engine, engine_dir):
@@ -17,7 +18,7 @@ def test_batches_with_short_gaps_are_one_span(engine, engine_dir):
     assert all(r.status_code == 200 for r in post_while_paused(engine.url, "/generate", bodies))
     # written once the engine has idled IDLE_GAP_S after the stretch (an earlier test's stretch may
     # have joined it if it ended less than IDLE_GAP_S before)
-    spans = wait_for(lambda: [s for s in read_spans(path) if s.end >= sent_at], "the decode span")
+    spans = wait_for(lambda: [s for s in read_spans(path) if s.end >= sent_at], 60, "the decode span")
     assert len(spans) == 1 and spans[0].lane == f"engine 127.0.0.1:{engine.port}"
     assert spans[0].name == "decode" and spans[0].rollout_id is None and spans[0].start <= spans[0].end
     assert spans[0].args["requests"] >= 4 and spans[0].args["tokens"] >= 4 and spans[0].args["batches"] >= 1

@@ -15,26 +15,10 @@ from miles.health import RED, HealthReport, Verdict
 from miles.run.scorecard import red_flag_lines
 from tasks.finish import red_flags_markdown
 from tasks.health import ITERATION_EVENT, RED_FLAG_EVENT, emit_health
+from tests.support.prefect import read_events
 
 VERDICT = Verdict(7, "grad_norm", RED, "at or above clip_grad=1 in 100% of the last 20 rollouts",
                   {"train/grad_norm": 3.5, "clip_share": 1.0})
-
-
-def read_events(name: str, resource_name: str, timeout: float = 60.0, until=bool) -> list[dict]:
-    """Events of that name about that run, read back from the server's API (the server stores events
-    a moment after it received them: wait until `until(events)` holds, by default until some are there;
-    other tests' runs in the same session may share the resource name)."""
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as client:
-        while True:
-            response = client._client.post("/events/filter", json={"filter": {"event": {"name": [name]}},
-                                                                   "limit": 50})
-            response.raise_for_status()
-            events = [e for e in response.json()["events"]
-                      if e["resource"].get("prefect.resource.name") == resource_name]
-            if until(events) or time.monotonic() > deadline:
-                return events
-            time.sleep(0.5)
 
 
 @pytest.fixture

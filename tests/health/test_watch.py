@@ -11,7 +11,7 @@ from miles.health.cli import main as doctor
 from miles.health import HEALTH_LOG, HealthWatch, read_health_log
 from miles.record.journal import JournalLine, read_journal
 from miles.tracking.state import CONFIG_ARTIFACT
-from tests.health.test_detectors import START, broken, stream
+from tests.health.synthetic_streams import START, broken, stream
 
 CONFIG = parse_config([])
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flows.deploy import POOL, PROJECT_DIR, apply_deployments, ensure_pool
-from tests.orchestration.conftest import TINY
+from tests.support.flags import FLOW
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
@@ -41,7 +41,7 @@ def test_manual_and_scheduled_deployments_exist_on_the_process_pool(deployed):
 @pytest.mark.slow
 def test_a_deployment_run_completes_through_a_worker(deployed, tmp_path):
     env = dict(os.environ, PREFECT_API_URL=deployed.api_url)
-    flags = json.dumps([*TINY, "--run-dir", str(tmp_path / "run"), "--num-rollout", "2"])
+    flags = json.dumps([*FLOW, "--run-dir", str(tmp_path / "run"), "--num-rollout", "2"])
     subprocess.run([PREFECT, "deployment", "run", "grpo/tiny-cpu", "--param", f"flags={flags}"],
                    env=env, cwd=PROJECT_DIR, check=True, capture_output=True, timeout=120)
     worker = subprocess.run([PREFECT, "worker", "start", "--pool", POOL, "--run-once"], env=env, cwd=PROJECT_DIR,

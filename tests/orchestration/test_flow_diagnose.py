@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tests.diagnose.conftest import HANG_REWARD, bundles, rollouts_done
+from tests.diagnose.hang_rewards import HANG_REWARD
+from tests.support.runs import bundles, rollouts_done
 
 STALL = ["--health-stall-factor", "3", "--health-stall-min-s", "4", "--health-stall-check-interval", "1"]
 

@@ -8,8 +8,9 @@ import pytest
 
 from miles.record.journal import read_journal
 from miles.record.timeline import read_spans
-from tests.health.test_prefect_health import read_events
-from tests.orchestration.conftest import journal_steps, task_runs_of
+from tests.support.prefect import read_events
+from tests.support.prefect import task_runs_of
+from tests.support.runs import journal_steps
 
 FAST = ["--engine-health-interval", "0.5", "--engine-health-timeout", "1", "--engine-hung-checks", "3",
         "--engine-restart-backoff", "0.2", "--engine-wait-timeout", "400"]

@@ -1,6 +1,6 @@
 """The GRPO flow end to end on a real Prefect server and real Ray: a failed chunk is resubmitted (one
 retry layer), resumed from the checkpoint, visible on the Prefect API; --save-interval is honoured;
-the journal holds one line per step."""
+the journal holds one line per step. The slow checks read the session's flow (`flow_run`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +13,9 @@ import ray
 
 from miles.config import ConfigError, parse_config
 from miles.record.timeline import read_spans
-from tests.orchestration.conftest import journal_steps, task_runs_of
+from tests.support.prefect import task_runs_of
+from tests.support.sessions import FLOW_RUN_TIMEOUT_S, FlowRun, SessionFlow
+from tests.support.runs import journal_steps
 
 
 def names(runs) -> Counter:
@@ -22,41 +24,54 @@ def names(runs) -> Counter:
                    else r.name for r in runs)
 
 
+def attempts_of(flow_run) -> dict[str, list[str]]:
+    """The state of each attempt of each chunk task, in the order they started."""
+    runs = sorted(task_runs_of(flow_run.id), key=lambda r: r.expected_start_time)
+    chunks = {}
+    for r in runs:
+        if r.name.startswith(("train_chunk[", "profile_window[")):
+            chunks.setdefault(r.name, []).append(r)
+    return chunks
+
+
+def completed(flow_run: FlowRun) -> FlowRun:
+    assert flow_run.code == 0 and flow_run.flow_run.state.is_completed(), flow_run.flow_run.state
+    return flow_run
+
+
+# The three tests below read the session's one flow (tests/support/sessions.py): 6 rollouts in chunks of 2,
+# raise@1 (chunk 0-2), kill@3 (chunk 2-4) and kill-engine@5 (chunk 5-6), a profile window at 4-5. Each was
+# a flow of its own before --inject-fault took a list.
 @pytest.mark.slow
-def test_a_raising_chunk_is_resubmitted_and_resumes_from_the_interval_checkpoint(run_grpo):
-    state, run_dir = run_grpo("--inject-fault", "raise@1", "--save-interval", "1", "--keep-checkpoints", "10")
-    assert state.is_completed(), state.message
-    assert journal_steps(run_dir) == [0, 1, 2, 3]  # nothing lost, nothing doubled
-    runs = task_runs_of(state.state_details.flow_run_id)
-    attempts = sorted((r for r in runs if r.name == "train_chunk[0-2]"), key=lambda r: r.expected_start_time)
+@pytest.mark.timeout(FLOW_RUN_TIMEOUT_S)
+def test_a_raising_chunk_is_resubmitted_and_resumes_from_the_interval_checkpoint(flow_run):
+    run = completed(flow_run)
+    assert journal_steps(run.run_dir) == list(range(SessionFlow.NUM_ROLLOUT))  # nothing lost, nothing doubled
+    chunks = attempts_of(run.flow_run)
+    attempts = chunks["train_chunk[0-2]"]
     # one retry layer: the flow resubmits the chunk (no Prefect retry inside it), and the API shows both
     assert [r.state.type.value for r in attempts] == ["FAILED", "COMPLETED"] and attempts[0].run_count == 1
-    assert names(runs)["train_chunk[2-4]"] == 1 and names(runs)["finish_run"] == 1
+    # the chunk without a fault ran once, and so did the finish
+    assert [r.state.type.value for r in chunks["profile_window[4-5]"]] == ["COMPLETED"]
+    assert names(task_runs_of(run.flow_run.id))["finish_run"] == 1
     # --save-interval 1 with chunks of 2: a checkpoint after every rollout, not only at chunk ends
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"iter_000000{i}" for i in range(4)]
+    assert sorted(p.name for p in (run.run_dir / "checkpoints").iterdir()) == \
+        [f"iter_{i:07d}" for i in range(SessionFlow.NUM_ROLLOUT)]
     assert not ray.is_initialized()
 
 
 @pytest.mark.slow
-def test_a_chunk_whose_worker_is_killed_is_resubmitted(run_grpo):
+@pytest.mark.timeout(FLOW_RUN_TIMEOUT_S)
+def test_a_chunk_whose_worker_is_killed_is_resubmitted(flow_run):
     from prefect.artifacts import Artifact
 
-    baseline = Path(__file__).parents[1] / "dashboard" / "recorded_run"  # a real recorded run, as a baseline
-    state, run_dir = run_grpo("--inject-fault", "kill@1", "--baseline-run-dirs", str(baseline))
-    assert state.is_completed(), state.message
-    assert journal_steps(run_dir) == [0, 1, 2, 3]
-    attempts = sorted((r for r in task_runs_of(state.state_details.flow_run_id) if r.name == "train_chunk[0-2]"),
-                      key=lambda r: r.expected_start_time)
+    run = completed(flow_run)
+    assert journal_steps(run.run_dir) == list(range(SessionFlow.NUM_ROLLOUT))
+    attempts = attempts_of(run.flow_run)["train_chunk[2-4]"]
     assert [r.state.type.value for r in attempts] == ["CRASHED", "COMPLETED"]
     # the run against its baseline reaches Prefect as the comparison artifact (miles compare's verdicts)
     compared = Artifact.get("grpo-compare").data
-    assert "rollout/raw_reward" in compared and f"vs {baseline.name}" in compared, compared
-
-
-# non-default values of every engine flag the embedded engine has, and two router flags
-ENGINE_FLAGS = ["--engine-device", "cpu", "--engine-max-batch-size", "32", "--engine-cpu-threads", "2",
-                "--engine-max-queued-requests", "999", "--context-length", "200"]
-ROUTER_FLAGS = ["--router-policy", "round-robin", "--router-max-retries", "3"]
+    assert "rollout/raw_reward" in compared and f"vs {SessionFlow.BASELINE.name}" in compared, compared
 
 
 def settings_lines(log: Path) -> list[dict]:
@@ -65,15 +80,16 @@ def settings_lines(log: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_killed_engine_is_relaunched_and_reregistered_and_every_engine_flag_reaches_the_engines(run_grpo):
-    state, run_dir = run_grpo("--rollout-num-engines", "2", "--inject-fault", "kill-engine@1",
-                              *ENGINE_FLAGS, *ROUTER_FLAGS)
-    assert state.is_completed(), state.message
-    assert journal_steps(run_dir) == [0, 1, 2, 3]
-    counts = names(task_runs_of(state.state_details.flow_run_id))
+@pytest.mark.timeout(FLOW_RUN_TIMEOUT_S)
+def test_a_killed_engine_is_relaunched_and_reregistered_and_every_engine_flag_reaches_the_engines(flow_run):
+    run = completed(flow_run)
+    run_dir = run.run_dir
+    assert journal_steps(run_dir) == list(range(SessionFlow.NUM_ROLLOUT))
+    assert [r.state.type.value for r in attempts_of(run.flow_run)["train_chunk[5-6]"]] == ["FAILED", "COMPLETED"]
+    counts = names(task_runs_of(run.flow_run.id))
     # two engines launched and registered at start, engine 0 once more after it was killed
     assert counts["launch_engine"] == 3 and counts["register_engine"] == 3
-    given = parse_config([*ENGINE_FLAGS, *ROUTER_FLAGS])
+    given = parse_config([*SessionFlow.ENGINE_FLAGS, *SessionFlow.ROUTER_FLAGS])
     logs = run_dir / "logs"
     engine_launches = settings_lines(logs / "engine-0.log") + settings_lines(logs / "engine-1.log")
     assert len(engine_launches) == 3  # engine 0 twice (relaunched), engine 1 once
@@ -88,7 +104,8 @@ def test_a_killed_engine_is_relaunched_and_reregistered_and_every_engine_flag_re
     # its bursts of requests
     assert len([s for s in spans if s.lane == "router" and s.name == "add_worker"]) == 2
     assert sum(s.args["requests"] for s in spans if s.lane == "router" and s.name == "proxy") >= 4
-    assert {s.rollout_id for s in spans if s.lane == "trainer" and s.name == "rollout"} == {0, 1, 2, 3}
+    assert {s.rollout_id for s in spans if s.lane == "trainer" and s.name == "rollout"} == \
+        set(range(SessionFlow.NUM_ROLLOUT))
 
 
 def test_unreachable_ray_address_fails_before_any_engine(run_grpo):

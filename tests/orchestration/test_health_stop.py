@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from tests.health.test_prefect_health import read_events
-from tests.orchestration.conftest import TINY, task_runs_of
+from tests.support.prefect import read_events
+from tests.support.flags import FLOW
+from tests.support.prefect import task_runs_of
 
 
 def flow_run_named(name: str):
@@ -39,7 +40,7 @@ def test_a_red_flag_stops_the_flow_with_a_checkpoint_a_failed_state_and_a_scorec
 
     run_dir = tmp_path / f"red-flag-stop-{tmp_path.name}"  # a name no other test's flow run has
     # answers of two digits and an end token cannot fit in 2 tokens: truncated_ratio is red at rollout 0
-    code = main([*TINY, "--run-dir", str(run_dir), "--rollout-max-response-len", "2", "--on-red-flag", "stop",
+    code = main([*FLOW, "--run-dir", str(run_dir), "--rollout-max-response-len", "2", "--on-red-flag", "stop",
                  "--use-mlflow"])
     out, err = capsys.readouterr()
     assert code == 1
@@ -79,7 +80,7 @@ def test_a_non_finite_step_stops_the_flow_once_with_a_scorecard(prefect_api, tmp
     from flows.grpo import main
 
     run_dir = tmp_path / f"non-finite-{tmp_path.name}"
-    code = main([*TINY, "--run-dir", str(run_dir), "--custom-rm-path", "tests.health.broken_rewards.huge"])
+    code = main([*FLOW, "--run-dir", str(run_dir), "--custom-rm-path", "tests.health.broken_rewards.huge"])
     out, err = capsys.readouterr()
     assert code == 1 and "miles train: stopped: " in err and "non-finite gradient norm" in err, err[-3000:]
     card = out[out.index(f"miles train: scorecard of {run_dir}"):]

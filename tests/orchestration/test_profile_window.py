@@ -9,7 +9,9 @@ import json
 
 import pytest
 
-from tests.orchestration.conftest import journal_steps, task_runs_of
+from tests.support.prefect import task_runs_of
+from tests.support.runs import journal_steps
+from tests.support.sessions import FLOW_RUN_TIMEOUT_S, SessionFlow
 
 
 def artifacts_of(task_run_id) -> list:
@@ -25,28 +27,30 @@ def artifacts_of(task_run_id) -> list:
 
 
 @pytest.mark.slow
-def test_profile_window_task_profiles_its_rollouts_and_leaves_a_summary(run_grpo):
-    state, run_dir = run_grpo("--use-pytorch-profiler", "--profile-step-start", "1", "--profile-step-end", "2",
-                              "--profile-target", "train_overall", "train_actor", "--profile-rollout",
-                              "--ray-timeline", "--use-mlflow")
-    assert state.is_completed(), state.message
-    assert journal_steps(run_dir) == [0, 1, 2, 3]
-    task = next(r for r in task_runs_of(state.state_details.flow_run_id) if r.name == "profile_window[1-2]")
+@pytest.mark.timeout(FLOW_RUN_TIMEOUT_S)
+def test_profile_window_task_profiles_its_rollouts_and_leaves_a_summary(flow_run):
+    # the session's flow (tests/support/sessions.py) profiles rollout 4 (--profile-step-start 4, end 5)
+    start, end = SessionFlow.PROFILE
+    window = f"{start}-{end}"
+    run_dir = flow_run.run_dir
+    assert flow_run.code == 0 and flow_run.flow_run.state.is_completed(), flow_run.flow_run.state
+    assert journal_steps(run_dir) == list(range(SessionFlow.NUM_ROLLOUT))
+    task = next(r for r in task_runs_of(flow_run.flow_run.id) if r.name == f"profile_window[{window}]")
     (artifact,) = [a for a in artifacts_of(task.id) if a.type == "table"]
     rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
     assert {row["target"] for row in rows} == {"train_overall", "train_actor", "rollout"}
-    assert all(row["rollouts"] == "1-2" for row in rows)
+    assert all(row["rollouts"] == window for row in rows)
 
     profiler = run_dir / "profiler"
-    with gzip.open(profiler / "train_overall_rollouts_1-2" / "rank0.pt.trace.json.gz", "rt") as f:
+    with gzip.open(profiler / f"train_overall_rollouts_{window}" / "rank0.pt.trace.json.gz", "rt") as f:
         events = json.load(f)["traceEvents"]
     names = {e["name"] for e in events if e.get("cat") == "user_annotation"}
-    assert {"ProfilerStep#1", "rollout", "log_probs", "actor_train", "update_weights", "checkpoint"} <= names
-    assert not any(n.startswith("ProfilerStep#") and n != "ProfilerStep#1" for n in names)
-    assert (profiler / "rollout_rollouts_1-2" / "engine0-TP-0.trace.json.gz").exists()
+    assert {f"ProfilerStep#{start}", "rollout", "log_probs", "actor_train", "update_weights", "checkpoint"} <= names
+    assert not any(n.startswith("ProfilerStep#") and n != f"ProfilerStep#{start}" for n in names)
+    assert (profiler / f"rollout_rollouts_{window}" / "engine0-TP-0.trace.json.gz").exists()
     assert isinstance(json.loads((profiler / "ray-timeline.json").read_text()), list)
     uploaded = [p.relative_to(run_dir / "mlartifacts") for p in (run_dir / "mlartifacts").rglob("*.pt.trace.json.gz")]
-    assert any(str(p).endswith("profiler/train_actor_rollouts_1-2/rank0.pt.trace.json.gz") for p in uploaded)
+    assert any(str(p).endswith(f"profiler/train_actor_rollouts_{window}/rank0.pt.trace.json.gz") for p in uploaded)
     lines = [json.loads(line) for line in (profiler / "summaries.jsonl").read_text().splitlines()]
     assert {(s["target"], s["start"], s["end"]) for s in lines} == {
-        ("train_overall", 1, 2), ("train_actor", 1, 2), ("rollout", 1, 2)}
+        ("train_overall", start, end), ("train_actor", start, end), ("rollout", start, end)}

@@ -10,7 +10,8 @@ from miles.config import ConfigError, parse_config
 
 
 @pytest.mark.parametrize("flags", [["--inject-fault", "kill-router@1"], ["--inject-fault", "stop-engine@1"],
-                                   ["--inject-fault", "stop-engine:1@1"]])
+                                   ["--inject-fault", "stop-engine:1@1"],
+                                   ["--inject-fault", "raise@1,kill-engine@2,kill-router@3"]])  # one of a list
 def test_faults_that_need_the_supervisor_are_refused_without_it(flags):
     with pytest.raises(ConfigError, match="--inject-fault.*needs --use-fault-tolerance"):
         refuse_plain_only(parse_config(flags))
@@ -19,7 +20,9 @@ def test_faults_that_need_the_supervisor_are_refused_without_it(flags):
 @pytest.mark.parametrize("flags", [
     ["--inject-fault", "kill-engine@1"], ["--inject-fault", "kill-engine:1@1"], ["--use-fault-tolerance"],
     ["--use-fault-tolerance", "--inject-fault", "stop-engine:1@1"],
-    ["--use-fault-tolerance", "--inject-fault", "kill-router@2"]])
+    ["--use-fault-tolerance", "--inject-fault", "kill-router@2"],
+    ["--inject-fault", "raise@1,kill@3,kill-engine@5"],
+    ["--use-fault-tolerance", "--inject-fault", "kill-engine:1@1,stop-engine:0@3,kill-router@5"]])
 def test_what_the_flow_can_do_passes(flags):
     config = parse_config(flags)
     assert refuse_plain_only(config) is config

@@ -8,7 +8,7 @@ from miles.config import ConfigError, RouterConfig
 from miles.router import start_router
 from miles.router.app import TOKEN_ENV, check_bind
 
-from .conftest import wait_for
+from tests.support.wait import wait_for
 
 
 def test_add_worker_by_query_or_json_and_list_them(stubs, router):

@@ -10,7 +10,7 @@ import sys
 
 import httpx
 
-from .conftest import wait_for
+from tests.support.wait import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -10,7 +10,7 @@ from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
 from miles.tiny.warmstart import ensure_base_model
 
-from .conftest import wait_for
+from tests.support.wait import wait_for
 
 
 @pytest.mark.slow

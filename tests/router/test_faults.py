@@ -7,7 +7,7 @@ from collections import Counter
 
 import httpx
 
-from .conftest import wait_for
+from tests.support.wait import wait_for
 
 INTERVAL, THRESHOLD, READMIT = 0.2, 3, 2
 # Quarantine must come within INTERVAL x THRESHOLD of the kill; the slack absorbs a loaded 2-core box.

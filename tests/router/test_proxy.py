@@ -8,7 +8,7 @@ import pytest
 
 from miles.router.proxy import MAX_BACKOFF_S, Proxy
 
-from .conftest import wait_for
+from tests.support.wait import wait_for
 
 
 @pytest.mark.parametrize("method", ["GET", "POST", "PUT", "DELETE"])

@@ -12,7 +12,7 @@ import pytest
 from miles.rollout.generate import GenerateError, GenerateState, take_resends
 from miles.rollout.http_client import json_poster
 
-from .conftest import wait_for
+from tests.support.wait import wait_for
 
 
 def post_once(url: str, args) -> dict:

@@ -16,7 +16,7 @@ from miles.router.stats import RouterStats
 from miles.router.lane import IDLE_GAP_S, MAX_BURST_S, RouterTimeline
 from miles.record.timeline import TimelineWriter, read_spans
 
-from .conftest import wait_for
+from tests.support.wait import wait_for
 
 
 def test_a_burst_is_one_span_with_the_routers_counters_and_admin_events_are_spans(stubs, router, tmp_path):

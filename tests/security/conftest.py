@@ -2,17 +2,13 @@
 of it, all on loopback."""
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from miles.config import RouterConfig
 from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
-from miles.router import start_router
+from tests.support.routers import router_factory
 
-TOKEN = "probe-token"  # the engine and the routers share it, so an admin call through a router reaches the engine
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-MAX_BATCH = 32
+from .probes import MAX_BATCH, TOKEN
 
 
 @pytest.fixture(scope="session")
@@ -36,18 +32,8 @@ def tiny_engine(base_model, tmp_path_factory):
 @pytest.fixture
 def router(engine):
     """`router(token=TOKEN, **config)`: an in-process router in front of the engine; stopped at teardown."""
-    handles = []
-
-    def start(token: str | None = TOKEN, worker_urls=None, **fields):
-        handle = start_router(RouterConfig(router_admin_token=token, **fields),
-                              worker_urls=[engine.url] if worker_urls is None else worker_urls)
-        handles.append(handle)
-        return handle
-    yield start
-    for handle in handles:
-        handle.stop()
-
-
-def generate(url: str, text: str = "12+34=", max_new_tokens: int = 4, **params) -> httpx.Response:
-    return httpx.post(url + "/generate", json={"text": text, "sampling_params": {
-        "max_new_tokens": max_new_tokens, "temperature": 0.0, **params}}, timeout=120)
+    with router_factory() as start_router:
+        def start(token: str | None = TOKEN, worker_urls=None, **fields):
+            return start_router([engine.url] if worker_urls is None else worker_urls, router_admin_token=token,
+                                **fields)
+        yield start

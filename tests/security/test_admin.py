@@ -7,7 +7,7 @@ import sys
 import httpx
 import pytest
 
-from .conftest import AUTH, generate
+from .probes import AUTH, generate
 
 ENGINE_ADMIN = [("/pause_generation", None), ("/continue_generation", None), ("/flush_cache", None),
                 ("/abort_request", {"abort_all": True}),

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from miles.dashboard.app import build_app
 
-from .dashboard_process import RECORDED
+from tests.support.dashboard import RECORDED
 
 ESC = "\x1b"
 

@@ -9,8 +9,8 @@ import pytest
 
 from miles.serving.content_type import content_type_refusal
 
-from .conftest import AUTH
-from .dashboard_process import serve_dashboard
+from .probes import AUTH
+from tests.support.dashboard import serve_dashboard
 
 GENERATE = '{"text": "1+1=", "sampling_params": {"max_new_tokens": 1}}'
 

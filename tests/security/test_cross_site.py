@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import AUTH
-from .dashboard_process import serve_dashboard
+from .probes import AUTH
+from tests.support.dashboard import serve_dashboard
 
 EVIL = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
 

@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 
 from miles.dashboard.app import build_app
 
-from .dashboard_process import RECORDED, serve_dashboard
-from .test_limits import port_of, raw_request
+from tests.support.dashboard import RECORDED, serve_dashboard
+from .probes import port_of, raw_request
 
 ENDPOINTS = ["/api/run", "/api/metrics", "/api/watch", "/api/timeline", "/api/timeline?rollout_id=0",
              "/api/timeline/chrome", "/api/health", "/api/profiler", "/api/rollouts", "/api/rollouts/0",

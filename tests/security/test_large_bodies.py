@@ -15,7 +15,7 @@ import httpx
 
 from miles.engines.sglang_request import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 
-from .conftest import generate
+from .probes import generate
 
 BIG_IDS = json.dumps({"input_ids": [5] * 5_000_000, "sampling_params": {"max_new_tokens": 4}}).encode()
 

@@ -9,27 +9,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import generate
-
-
-def raw_request(port: int, data: bytes, timeout: float = 30.0) -> bytes:
-    """Send raw bytes to 127.0.0.1:port and read until the server closes (or answers and times out)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        try:
-            sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered and closed before reading all of it
-        chunks = []
-        try:
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        except (ConnectionResetError, socket.timeout):
-            pass
-    return b"".join(chunks)
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
+from .probes import generate, port_of, raw_request
 
 
 @pytest.mark.parametrize("target", ["engine", "router"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.conftest import wait_for
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = """
@@ -52,7 +52,7 @@ def test_engine_and_router_die_after_their_trainer_is_killed(tmp_path):
             assert b"probe-secret-key" not in Path(f"/proc/{pid}/environ").read_bytes()
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()
-        wait_for(lambda: all(gone(pid) for pid in children), "the orphaned engine and router to exit", timeout=30)
+        wait_for(lambda: all(gone(pid) for pid in children), 30, "the orphaned engine and router to exit")
     finally:
         if trainer.poll() is None:
             trainer.kill()

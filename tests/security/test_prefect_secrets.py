@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tests.orchestration.conftest import TINY
+from tests.support.sessions import FLOW_RUN_TIMEOUT_S, SessionFlow
 
-WANDB_KEY, ROUTER_TOKEN = "probe-wandb-key-5f1c", "probe-router-token-9a7e"
+WANDB_KEY, ROUTER_TOKEN = SessionFlow.WANDB_KEY, SessionFlow.ROUTER_TOKEN
 
 
 def all_flow_run_parameters() -> str:
@@ -31,15 +31,11 @@ def test_secret_flags_are_removed_from_the_stored_argv():
 
 
 @pytest.mark.slow
-def test_miles_train_keeps_secrets_out_of_prefect(prefect_api, tmp_path, monkeypatch):
-    from flows.grpo import main
-
-    for name in ("WANDB_API_KEY", "MILES_ROUTER_ADMIN_TOKEN"):
-        monkeypatch.setenv(name, "placeholder")  # restored (unset) after the test; main exports the real ones
-    run_dir = tmp_path / "run"
-    argv = [*TINY, "--num-rollout", "1", "--chunk-size", "1", "--run-dir", str(run_dir),
-            "--wandb-key", WANDB_KEY, "--router-admin-token", ROUTER_TOKEN]
-    assert main(argv) == 0  # the router ran with the token: the trainer's admin calls carried it
+@pytest.mark.timeout(FLOW_RUN_TIMEOUT_S)
+def test_miles_train_keeps_secrets_out_of_prefect(flow_run):
+    # the session's flow ran `miles train` (flows.grpo.main) with --wandb-key and --router-admin-token
+    assert "--wandb-key" in flow_run.argv and "--router-admin-token" in flow_run.argv
+    assert flow_run.code == 0  # the router ran with the token: the trainer's admin calls carried it
     stored = all_flow_run_parameters()
     assert '"flags"' in stored and '"config"' in stored  # both flows' parameters were read back
     assert WANDB_KEY not in stored and ROUTER_TOKEN not in stored

@@ -6,9 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.engines.conftest import queued, wait_for
+from tests.support.engines import queued
+from tests.support.wait import wait_for
 
-from .conftest import AUTH, MAX_BATCH, generate
+from .probes import AUTH, MAX_BATCH, generate
 
 BAD_IN_A_BATCH = [{"seed": 2**70}, {"min_new_tokens": 5, "stop_token_ids": [99_999_999]}]
 
@@ -21,7 +22,7 @@ def test_one_bad_request_fails_alone_among_concurrent_ones(engine, bad):
         try:
             futures = [pool.submit(generate, url, max_new_tokens=4, **(bad if i == 7 else {})) for i in range(30)]
             with httpx.Client(base_url=url) as control:
-                wait_for(lambda: queued(control) >= 29, "29 queued requests")
+                wait_for(lambda: queued(control) >= 29, 60, "29 queued requests", interval=0.02)
         finally:
             httpx.post(url + "/continue_generation", headers=AUTH).raise_for_status()
         answers = [f.result() for f in futures]

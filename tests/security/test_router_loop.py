@@ -9,7 +9,7 @@ import pytest
 
 from miles.router.proxy import HOP_HEADER
 
-from .conftest import AUTH, generate
+from .probes import AUTH, generate
 
 
 def test_the_router_refuses_to_add_itself(router):

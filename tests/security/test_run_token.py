@@ -4,8 +4,6 @@ callers (weight sync, router registration and stats, profiler), so no admin rout
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -13,9 +11,7 @@ import pytest
 
 from miles.config import parse_config
 from miles.config.secrets import RUN_TOKEN_ENV, ensure_run_token, run_token
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from tests.support.sessions import PLAIN_RUN_TIMEOUT_S
 
 def without_run_token(monkeypatch) -> None:
     """No run token in this process for the test, and none left after it: set first, so monkeypatch records
@@ -70,8 +66,15 @@ def test_a_plain_runs_engine_and_router_need_its_token(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_whole_plain_run_passes_its_own_token(tmp_path):
-    """Weight sync, router stats and version updates of a real run, with no token given: exit 0."""
-    done = subprocess.run([sys.executable, "-m", "miles.train", "--run-dir", str(tmp_path / "run"), "--num-rollout",
-                           "2", "--eval-interval", "none"], capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
+@pytest.mark.timeout(PLAIN_RUN_TIMEOUT_S)
+def test_a_whole_plain_run_passes_its_own_token(plain_run):
+    """Weight sync, router stats and version updates of a real run, with no token given (the session's plain
+    run, tests/support/sessions.py): it trained and every engine took every push of the weights."""
+    from miles.record.journal import read_journal
+
+    summary = plain_run.summary
+    assert summary.first_rollout_id == 0 and summary.last_rollout_id == 1 and summary.checkpoint is not None
+    # each rollout's weights reached the engines (a push without the run's token is refused: HTTP 401, above)
+    lines = [ln for ln in read_journal(plain_run.run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
+    assert [ln.rollout_id for ln in lines] == [0, 1]
+    assert all(ln.metrics["perf/update_weights_time"] > 0 for ln in lines)

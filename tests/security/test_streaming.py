@@ -8,9 +8,9 @@ import time
 
 import httpx
 
-from tests.engines.conftest import wait_for
+from tests.support.wait import wait_for
 
-from .conftest import AUTH
+from .probes import AUTH
 
 MAX_NEW = 240  # nearly the tiny model's whole context: the decode takes a good part of a second
 LONG = {"text": "12+34=", "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 1.0, "ignore_eos": True}}
@@ -61,16 +61,16 @@ def _leave_once_decoding(engine_url: str, url: str, body: dict, stream: bool) ->
         if stream:
             s.recv(1)
         else:  # no byte comes back before the end: ask the engine
-            wait_for(lambda: running(engine_url) > 0, "the engine to start decoding", timeout=30)
+            wait_for(lambda: running(engine_url) > 0, 30, "the engine to start decoding")
 
 
 def _decoded_after_leaving(engine, url: str, stream: bool) -> float:
     def idle() -> bool:
         return running(engine.url) == 0
-    wait_for(idle, "an idle engine")
+    wait_for(idle, 60, "an idle engine")
     before = completion_tokens(engine.url)
     _leave_once_decoding(engine.url, url, LONG, stream)
-    wait_for(idle, "the engine to drop the abandoned request")
+    wait_for(idle, 60, "the engine to drop the abandoned request")
     return completion_tokens(engine.url) - before
 
 

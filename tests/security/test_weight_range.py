@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save, save_file
 
 from miles.engines.weight_update import WeightUpdateError, check_tensors
 
-from .conftest import AUTH
+from .probes import AUTH
 
 PROBE = {"text": "37+58=", "return_logprob": True,
          "sampling_params": {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}}

@@ -2,11 +2,8 @@
 import pytest
 
 from miles.config import EngineConfig, parse_config
+from tests.support.flags import SMALL
 
-# Small enough to run in seconds on 2 busy cores, big enough for GRPO groups and two ranks.
-SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "4",
-         "--micro-batch-size", "8", "--eval-max-prompts", "8", "--n-samples-per-eval-prompt", "2",
-         "--eval-interval", "2", "--lr", "1e-3"]
 
 
 @pytest.fixture(scope="session")

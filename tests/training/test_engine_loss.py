@@ -9,7 +9,7 @@ import pytest
 
 from miles.record.journal import read_journal
 from miles.run import checkpoint
-from tests.training.conftest import SMALL
+from tests.support.flags import SMALL
 
 NUM_ROLLOUT = 3
 

@@ -8,8 +8,8 @@ import pytest
 from miles.config import ConfigError, parse_config
 from miles.record.journal import read_journal
 from miles.record.timeline import read_spans
-from miles.run.faults import Fault, parse_fault
-from tests.training.conftest import SMALL
+from miles.run.faults import Fault, parse_fault, parse_faults
+from tests.support.flags import SMALL
 
 NUM_ROLLOUT = 3
 # quick checks and relaunches, so a test spends its time on the fault, not on waiting for it
@@ -30,66 +30,145 @@ def test_inject_fault_names_the_engine_and_refuses_bad_specs():
             parse_fault(bad)
 
 
+def test_inject_fault_takes_a_list_one_fault_per_rollout():
+    assert parse_faults(None) == () and parse_faults("") == ()
+    assert parse_faults("kill@2") == (Fault("kill", 2, 0),)  # the single-value form
+    assert parse_faults("kill-router@5, kill-engine:1@1,stop-engine:0@3") == (
+        Fault("kill-engine", 1, 1), Fault("stop-engine", 3, 0), Fault("kill-router", 5, 0))
+    with pytest.raises(ConfigError, match="--inject-fault.*both fire at rollout 2"):
+        parse_faults("raise@2,kill-engine@2")
+    with pytest.raises(ConfigError, match="--inject-fault.*explode@3"):
+        parse_faults("raise@1,explode@3")
+    with pytest.raises(ConfigError, match="--inject-fault: an empty fault"):
+        parse_faults("raise@1,")
+
+
+def test_the_fault_injector_fires_each_listed_fault_once_at_its_rollout(tmp_path):
+    from miles.run.faults import FaultInjector, InjectedFault
+
+    class Targets:
+        def __init__(self):
+            self.hits = []
+
+        def kill_engine(self, index):
+            self.hits.append(("kill-engine", index))
+            return 1
+
+        def stop_engine(self, index):
+            self.hits.append(("stop-engine", index))
+            return 2
+
+        def kill_router(self):
+            self.hits.append(("kill-router", 0))
+            return 3
+
+    targets = Targets()
+    injector = FaultInjector("kill-engine:1@1,raise@2,kill-router@4", tmp_path, targets=targets)
+    injector.before_iteration(0)
+    injector.before_iteration(1)
+    with pytest.raises(InjectedFault, match="raise@2"):
+        injector.before_iteration(2)
+    # the retried chunk starts again at rollout 1: the markers keep the fired faults from firing again
+    for rollout_id in (1, 2, 3, 4, 4):
+        injector.before_iteration(rollout_id)
+    assert targets.hits == [("kill-engine", 1), ("kill-router", 0)]
+    assert sorted(p.name for p in (tmp_path / "faults").iterdir()) == ["kill-engine:1@1", "kill-router@4", "raise@2"]
+
+
 def test_fault_tolerance_needs_weights_on_disk():
     with pytest.raises(ConfigError, match="--use-fault-tolerance.*--colocate"):
         parse_config(["--use-fault-tolerance", "--colocate"])
 
 
-def run_with_fault(tmp_path, engines: int, fault: str):
+def run_with_fault(run_dir, engines: int, fault: str, num_rollout: int = NUM_ROLLOUT):
     from miles.prepare import prepare_config
     from miles.train import train
 
-    run_dir = tmp_path / "run"
-    config = parse_config([*SMALL, "--num-rollout", str(NUM_ROLLOUT), "--eval-interval", "100",
+    config = parse_config([*SMALL, "--num-rollout", str(num_rollout), "--eval-interval", "100",
                            "--rollout-num-engines", str(engines), "--inject-fault", fault, *FAST,
                            "--run-dir", str(run_dir)])
     summary = train(prepare_config(config))  # stops (SIGCONT, then terminate) every engine it started
     return summary, run_dir
 
 
-def assert_healed(summary, run_dir, engine: int, engines: int) -> None:
-    # every rollout exactly once, none redone, the run finished
-    lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
-    assert [ln.rollout_id for ln in lines] == list(range(NUM_ROLLOUT))
-    assert summary.last_rollout_id == NUM_ROLLOUT - 1 and summary.first_rollout_id == 0
-    # the engine was relaunched once, and every engine serves the final weights (one version per rollout).
-    # A rollout's line counts the restarts that finished during it; with another engine serving, the short
-    # run may end first, and the relaunch then finishes as the run stops (in no line, but in the timeline)
-    assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) <= 1
-    assert summary.engine_versions == [str(NUM_ROLLOUT)] * engines
-    spans = [s for s in read_spans(run_dir / "timeline.jsonl") if s.lane == "engines"]
-    restarts = [s for s in spans if s.name == "engine_restart"]
-    assert [s.args["engine"] for s in restarts] == [engine]
-    assert 0 <= restarts[0].args["weight_version"] <= NUM_ROLLOUT and restarts[0].end >= restarts[0].start
+def journal_lines(run_dir):
+    return [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
+
+
+def engine_spans(run_dir, name: str):
+    return [s for s in read_spans(run_dir / "timeline.jsonl") if s.lane == "engines" and s.name == name]
+
+
+def assert_every_rollout_once(summary, run_dir, num_rollout: int, engines: int) -> None:
+    # every rollout exactly once, none redone, the run finished, every engine serves the final weights
+    assert [ln.rollout_id for ln in journal_lines(run_dir)] == list(range(num_rollout))
+    assert summary.last_rollout_id == num_rollout - 1 and summary.first_rollout_id == 0
+    assert summary.engine_versions == [str(num_rollout)] * engines
+
+
+def assert_relaunched_once(run_dir, engine: int, num_rollout: int) -> None:
+    restarts = [s for s in engine_spans(run_dir, "engine_restart") if s.args["engine"] == engine]
+    assert len(restarts) == 1, restarts
+    assert 0 <= restarts[0].args["weight_version"] <= num_rollout and restarts[0].end >= restarts[0].start
+
+
+# One two-engine run fires three faults, each at its own rollout with a clean rollout between them, and the
+# three tests below read it (before the fault list these were three runs of 3 rollouts).
+TWO_ENGINES = 2
+TWO_ENGINE_ROLLOUTS = 7
+TWO_ENGINE_FAULTS = "kill-engine:1@1,stop-engine:0@3,kill-router@5"
+
+
+@pytest.fixture(scope="module")
+def two_engine_run(tmp_path_factory, ray_cluster):
+    return run_with_fault(tmp_path_factory.mktemp("faults") / "run", TWO_ENGINES, TWO_ENGINE_FAULTS,
+                          TWO_ENGINE_ROLLOUTS)
 
 
 @pytest.mark.slow
-def test_sigkill_of_one_of_two_engines_mid_rollout_costs_no_rollout(tmp_path, ray_cluster):
-    summary, run_dir = run_with_fault(tmp_path, 2, "kill-engine:1@1")
-    assert_healed(summary, run_dir, engine=1, engines=2)
+@pytest.mark.timeout(1800)  # the first to ask runs the three-fault run: the time of the three runs it replaces
+def test_sigkill_of_one_of_two_engines_mid_rollout_costs_no_rollout(two_engine_run):
+    summary, run_dir = two_engine_run
+    assert_every_rollout_once(summary, run_dir, TWO_ENGINE_ROLLOUTS, TWO_ENGINES)
+    assert_relaunched_once(run_dir, engine=1, num_rollout=TWO_ENGINE_ROLLOUTS)
+    # the two engine faults relaunch the two engines, in order; a rollout's line counts the restarts that
+    # finished during it (one may finish as the run stops: in the timeline, in no line)
+    assert [s.args["engine"] for s in engine_spans(run_dir, "engine_restart")] == [1, 0]
+    assert sum(ln.metrics["rollout/engine_restarts"] for ln in journal_lines(run_dir)) <= 2
 
 
 @pytest.mark.slow
 def test_sigkill_of_the_only_engine_waits_for_its_relaunch(tmp_path, ray_cluster):
-    summary, run_dir = run_with_fault(tmp_path, 1, "kill-engine@1")
-    assert_healed(summary, run_dir, engine=0, engines=1)
+    summary, run_dir = run_with_fault(tmp_path / "run", 1, "kill-engine@1")
+    assert_every_rollout_once(summary, run_dir, NUM_ROLLOUT, 1)
+    assert [s.args["engine"] for s in engine_spans(run_dir, "engine_restart")] == [0]
+    assert_relaunched_once(run_dir, engine=0, num_rollout=NUM_ROLLOUT)
+    assert sum(ln.metrics["rollout/engine_restarts"] for ln in journal_lines(run_dir)) <= 1
 
 
 @pytest.mark.slow
-def test_a_sigstopped_engine_is_found_hung_killed_and_relaunched(tmp_path, ray_cluster):
-    summary, run_dir = run_with_fault(tmp_path, 2, "stop-engine:0@1")
-    assert_healed(summary, run_dir, engine=0, engines=2)
-    reasons = [s.args["reason"] for s in read_spans(run_dir / "timeline.jsonl") if s.name == "engine_down"]
+@pytest.mark.timeout(1800)  # the first to ask runs the three-fault run: the time of the three runs it replaces
+def test_a_sigstopped_engine_is_found_hung_killed_and_relaunched(two_engine_run):
+    summary, run_dir = two_engine_run
+    assert_every_rollout_once(summary, run_dir, TWO_ENGINE_ROLLOUTS, TWO_ENGINES)
+    assert_relaunched_once(run_dir, engine=0, num_rollout=TWO_ENGINE_ROLLOUTS)
+    reasons = [s.args["reason"] for s in engine_spans(run_dir, "engine_down") if s.args["engine"] == 0]
     assert len(reasons) == 1 and reasons[0].startswith("hung")
+    # the SIGKILLed engine 1 was found dead, not hung
+    killed = [s.args["reason"] for s in engine_spans(run_dir, "engine_down") if s.args["engine"] == 1]
+    assert len(killed) == 1 and not killed[0].startswith("hung")
 
 
 @pytest.mark.slow
-def test_a_killed_router_comes_back_with_every_engine_and_costs_no_rollout(tmp_path, ray_cluster):
-    summary, run_dir = run_with_fault(tmp_path, 2, "kill-router@1")
-    lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
-    assert [ln.rollout_id for ln in lines] == list(range(NUM_ROLLOUT))
-    assert sum(ln.metrics["rollout/router_restarts"] for ln in lines) == 1
-    assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) == 0
-    assert summary.engine_versions == [str(NUM_ROLLOUT)] * 2
+@pytest.mark.timeout(1800)  # the first to ask runs the three-fault run: the time of the three runs it replaces
+def test_a_killed_router_comes_back_with_every_engine_and_costs_no_rollout(two_engine_run):
+    summary, run_dir = two_engine_run
+    assert_every_rollout_once(summary, run_dir, TWO_ENGINE_ROLLOUTS, TWO_ENGINES)
+    assert sum(ln.metrics["rollout/router_restarts"] for ln in journal_lines(run_dir)) == 1
     spans = [s.name for s in read_spans(run_dir / "timeline.jsonl") if s.lane == "engines"]
     assert [name for name in spans if name.startswith("router_")] == ["router_down", "router_restart"]
+    # the router's relaunch relaunched no engine: the only engine restarts are the two engine faults'
+    assert len(engine_spans(run_dir, "engine_restart")) == 2
+    # the router came back after both engine faults, and found every engine again
+    router_back = next(s for s in read_spans(run_dir / "timeline.jsonl") if s.name == "router_restart")
+    assert all(s.end <= router_back.end for s in engine_spans(run_dir, "engine_restart"))

@@ -1,4 +1,5 @@
-"""The driver loop through `python -m miles.train`'s `train()` on real engines, router, Ray and trackers:
+"""The driver loop through `python -m miles.train`'s `train()` on real engines, router, Ray and trackers (the
+session's plain run, tests/support/sessions.py; tests/training/test_run_loop.py has its rules with a fake):
 the eval before training at eval/step 0 everywhere, --save-interval, an observer stopping the run
 cleanly, and the phase hook seeing the driver's phases."""
 from __future__ import annotations
@@ -8,26 +9,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from miles.loop import Observer, save_due
+from miles.loop import save_due
 from miles.run.phases import add_phase_hook, remove_phase_hook, timed
 from miles.record.journal import read_journal
-from tests.tracking.tracking_helpers import ALL_TRACKERS, assert_all_trackers_equal_journal
-from tests.training.conftest import SMALL
-
-
-class StopAfter(Observer):
-    def __init__(self, last: int):
-        self.last, self.seen, self.ended = last, [], None
-
-    def before_iteration(self, rollout_id: int) -> None:
-        self.seen.append(("before", rollout_id))
-
-    def after_iteration(self, result) -> str | None:
-        self.seen.append(("after", result.rollout_id))
-        return "enough for this test" if result.rollout_id == self.last else None
-
-    def end(self, outcome) -> None:
-        self.ended = outcome
+from tests.support.sessions import PLAIN_RUN_TIMEOUT_S
+from tests.tracking.tracking_helpers import assert_all_trackers_equal_journal
 
 
 def test_save_due_honours_the_interval_and_the_range_end():
@@ -58,28 +44,11 @@ def test_phases_are_named_and_hooked():
 
 
 @pytest.mark.slow
-def test_loop_logs_base_eval_saves_at_interval_and_stops_when_asked(tmp_path, ray_cluster):
-    from miles.config import parse_config
-    from miles.prepare import prepare_config
-    from miles.train import train
-
-    run_dir = tmp_path / "run"
-    config = parse_config([*SMALL, "--num-rollout", "4", "--save-interval", "1", "--keep-checkpoints", "10",
-                           "--run-dir", str(run_dir), "--wandb-mode", "offline", *ALL_TRACKERS])
-    phases = []
-
-    @contextmanager
-    def hook(name):
-        phases.append(name)
-        yield
-
-    stopper = StopAfter(1)
-    add_phase_hook(hook)
-    try:
-        summary = train(prepare_config(config), observers=[stopper])
-    finally:
-        remove_phase_hook(hook)
-
+@pytest.mark.timeout(PLAIN_RUN_TIMEOUT_S)
+def test_loop_logs_base_eval_saves_at_interval_and_stops_when_asked(plain_run):
+    # the session's plain run (tests/support/sessions.py): --num-rollout 4 --save-interval 1, every tracker,
+    # an observer that stops it after rollout 1, a phase hook
+    summary, run_dir, stopper, phases = plain_run.summary, plain_run.run_dir, plain_run.stopper, plain_run.phases
     assert summary.stop_reason == "enough for this test" and summary.last_rollout_id == 1
     assert stopper.seen == [("before", 0), ("after", 0), ("before", 1), ("after", 1)]
     assert stopper.ended is not None and stopper.ended.rollout_ids == [0, 1]

@@ -11,7 +11,7 @@ from miles.cluster.names import RunNames
 from miles.prepare import prepare_config
 from miles.record.timeline import read_spans
 from miles.trainer import RLTrainer
-from tests.engines.conftest import wait_for
+from tests.support.wait import wait_for
 from tests.engines.test_metrics_scrape import check_histogram, histogram, scrape, value
 
 TRAIN_KEYS = ["loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
@@ -124,7 +124,7 @@ def check_router_lane(run_dir: Path) -> None:
         inside = [any(rollout.start <= b.start <= b.end <= rollout.end and b.args["requests"] >= 1 for b in bursts)
                   for rollout in rollouts]
         return versions == ["0", "1", "2"] and inside == [True, True]
-    wait_for(router_lane, "the router's spans of both iterations", timeout=10)
+    wait_for(router_lane, 10, "the router's spans of both iterations")
 
 
 def run(config, run_dir, engine, rollout_ids, save_at=(), last=False):

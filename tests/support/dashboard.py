@@ -1,7 +1,8 @@
-"""Shared by the dashboard tests: where the recorded run is, and the dashboard served by its own command."""
+"""`miles dashboard` served by its own command, on a free loopback port, for the dashboard and security tests."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -9,7 +10,8 @@ from pathlib import Path
 
 from miles.serving.process import stop_process
 
-RECORDED = Path(__file__).parent / "recorded_run"
+# written by a real run of this repository: see tests/dashboard/conftest.py
+RECORDED = Path(__file__).resolve().parents[1] / "dashboard" / "recorded_run"
 
 
 @dataclass
@@ -22,7 +24,8 @@ class Served:
 
 
 def serve(run_dir: Path, *flags: str, env: dict | None = None) -> Served:
-    """`miles dashboard RUN_DIR --port 0 ...` as a subprocess; returns once it printed its URL."""
+    """`miles dashboard RUN_DIR --port 0 ...` as a subprocess; returns once it printed its URL (it listens
+    before printing)."""
     process = subprocess.Popen([sys.executable, "-m", "miles.dashboard.cli", str(run_dir), "--port", "0", *flags],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     line = process.stdout.readline()
@@ -31,3 +34,15 @@ def serve(run_dir: Path, *flags: str, env: dict | None = None) -> Served:
         process.kill()
         raise RuntimeError(f"dashboard did not start: {line}{process.stdout.read()}")
     return Served(found.group(1), process)
+
+
+def copy_recorded(tmp_path: Path) -> Path:
+    """A copy of the recorded run, so a test that adds files never touches the original."""
+    target = tmp_path / "run"
+    shutil.copytree(RECORDED, target)
+    return target
+
+
+def serve_dashboard(tmp_path: Path, run_dir: Path | None = None) -> Served:
+    """Serve `run_dir` (default: a copy of the recorded run)."""
+    return serve(copy_recorded(tmp_path) if run_dir is None else run_dir)
