@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 from transformers import AutoTokenizer
 
 from miles.run import checkpoint

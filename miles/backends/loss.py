@@ -55,7 +55,9 @@ def importance_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
 def mismatch_kl(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(rollout policy || trained policy) on the rollout's own tokens."""
     log_ratio = (old_log_probs - rollout_log_probs).clamp(min=-20.0, max=20.0)
-    return log_ratio.exp() - 1 - log_ratio
+    # exp(r) - 1 - r >= 0; expm1 keeps it accurate near r = 0, where float32 rounding of exp(r) - 1 went
+    # negative (-4e-10 measured), and the clamp holds the sign the estimator has
+    return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)
 
 
 def sample_ess(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

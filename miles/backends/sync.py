@@ -20,6 +20,7 @@ from typing import Iterator
 import httpx
 
 from miles.backends.group import ActorGroup
+from miles.serving.auth import bearer
 from miles.serving.router_client import RouterClient
 
 

@@ -288,8 +288,11 @@ class Router:
             async with httpx.AsyncClient(timeout=self.config.router_request_timeout) as client:
                 results = await asyncio.gather(*(one(client, u) for u in urls))
             failed = {u: f"{code} {text}" for u, code, text in results if code != 200}
-            return JSONResponse({"success": not failed, "workers": urls, "failed": failed},
-                                status_code=502 if failed else 200)
+            codes = {code for _, code, _ in results}
+            # every worker refused the caller alike (401/403: the engines keep their own token): that answer
+            # is the caller's, as a proxied request's would be; a mixed or transport failure is the router's 502
+            status = 200 if not failed else codes.pop() if len(codes) == 1 and codes <= {401, 403} else 502
+            return JSONResponse({"success": not failed, "workers": urls, "failed": failed}, status_code=status)
 
         for path in FANNED_OUT:
             app.post(path)(fan_out)

@@ -15,7 +15,7 @@ TOKENS = [5, 6, 7, 10, 11, 90, 91, 92, 12, 13]
 LOSS_MASK = [1, 1, 0, 0, 0, 1, 1]
 OBS = [4, 5, 6]  # positions (t predicts t+1) whose targets are the observation's tokens 5, 6, 7
 CFG = SimpleNamespace(eps_clip=0.2, eps_clip_high=None, entropy_coef=0.01, kl_loss_coef=0.1,
-                      kl_loss_type="low_var_kl")
+                      kl_loss_type="low_var_kl", use_tis=False)
 
 
 def batch(loss_masks) -> RankBatch:
