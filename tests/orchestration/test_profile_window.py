@@ -49,7 +49,8 @@ def test_profile_window_task_profiles_its_rollouts_and_leaves_a_summary(flow_run
     assert not any(n.startswith("ProfilerStep#") and n != f"ProfilerStep#{start}" for n in names)
     assert (profiler / f"rollout_rollouts_{window}" / "engine0-TP-0.trace.json.gz").exists()
     assert isinstance(json.loads((profiler / "ray-timeline.json").read_text()), list)
-    uploaded = [p.relative_to(run_dir / "mlartifacts") for p in (run_dir / "mlartifacts").rglob("*.pt.trace.json.gz")]
+    store = run_dir.parent / "mlartifacts"  # the MLflow store beside the run dir, shared by the runs there
+    uploaded = [p.relative_to(store) for p in store.rglob("*.pt.trace.json.gz")]
     assert any(str(p).endswith(f"profiler/train_actor_rollouts_{window}/rank0.pt.trace.json.gz") for p in uploaded)
     lines = [json.loads(line) for line in (profiler / "summaries.jsonl").read_text().splitlines()]
     assert {(s["target"], s["start"], s["end"]) for s in lines} == {
