@@ -174,12 +174,14 @@ class RLTrainer:
         try:
             return self._iteration(rollout_id)
         except (NoEngineLeft, GenerateError, WeightSyncError, httpx.HTTPError) as exc:
+            # a rollout is done once its journal line is written: one lost after training (in the weight push
+            # or the eval) is not checkpointed, so checkpoints and journal agree and a resume (the flow's
+            # resubmitted chunk) redoes it from the last checkpoint; one lost before training keeps rollout - 1
             trained = self._phase != "rollout"
-            lost = self._engines_lost(exc, when(self._phase, rollout_id), rollout_id if trained else rollout_id - 1)
+            lost = self._engines_lost(exc, when(self._phase, rollout_id), None if trained else rollout_id - 1)
             if lost is None:
                 raise
-            if not trained:
-                self.data.load_state_dict(cursor)
+            self.data.load_state_dict(cursor)
             raise lost from None
 
     def _engines_lost(self, exc: Exception, at: str, trained_through: int | None) -> EnginesLost | None:
