@@ -131,9 +131,9 @@ def test_diagnose_from_an_ordinary_shell_reads_the_live_runs_ray_state(start_run
     setting, diagnose printed ~20 lines of Ray's "InvalidAuthToken" and packed no Ray state; it now finds
     the run's token and keeps Ray's output out of the terminal."""
     run = start_run("--custom-rm-path", HANG_REWARD)
-    wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts", run)
+    run.wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts")
     run.hang_file.touch()  # held live in its reward while diagnose looks
-    wait_for(run.hang_file.with_name(run.hang_file.name + ".waiting").exists, 120, "the rollout held", run)
+    run.wait_for(run.hang_file.with_name(run.hang_file.name + ".waiting").exists, 120, "the rollout held")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
     done = subprocess.run([sys.executable, "-m", "flows.cli", "diagnose", str(run.run_dir), "--json", "--out",
                            str(tmp_path / "live.tar.gz")], cwd=ROOT, capture_output=True, text=True, timeout=180, env=env)
