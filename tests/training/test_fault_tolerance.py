@@ -169,6 +169,6 @@ def test_a_killed_router_comes_back_with_every_engine_and_costs_no_rollout(two_e
     assert [name for name in spans if name.startswith("router_")] == ["router_down", "router_restart"]
     # the router's relaunch relaunched no engine: the only engine restarts are the two engine faults'
     assert len(engine_spans(run_dir, "engine_restart")) == 2
-    # the router came back after both engine faults, and found every engine again
-    router_back = next(s for s in read_spans(run_dir / "timeline.jsonl") if s.name == "router_restart")
-    assert all(s.end <= router_back.end for s in engine_spans(run_dir, "engine_restart"))
+    # the relaunched router found every engine again: both serve the run's last weights at its end (an engine
+    # still relaunching from the stop fault may come back after the router does: no order between them holds)
+    assert len(summary.engine_versions) == 2 and len(set(summary.engine_versions)) == 1
