@@ -64,6 +64,9 @@ def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(hang_run, tmp_
         assert (root / "run" / name).is_file(), name
     assert_no_secret(root)
     assert f"[health] diagnose bundle {bundle}" in run.output()
+    # held again, alive mid-rollout, until the dead-run test kills it: unheld, its 40 rollouts ended before that
+    # test on a busy machine, and a run that closed cleanly is "finished", not dead
+    run.hang_file.touch()
 
 
 def test_a_stopped_engine_is_named_and_on_red_flag_stop_ends_the_hung_run(start_run, tmp_path):
@@ -87,7 +90,7 @@ def test_a_stopped_engine_is_named_and_on_red_flag_stop_ends_the_hung_run(start_
 def test_a_dead_run_gets_a_verdict_and_a_bundle(hang_run, tmp_path):
     # the hang run of the first test (it went on after its hang), killed here: one run for both tests
     run = hang_run
-    run.hang_file.unlink(missing_ok=True)
+    run.hang_file.touch()  # held (the first test left it so): killed mid-rollout, never after its last
     run.wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts")
     trainer = run.processes()["trainer"]
     os.killpg(run.proc.pid, signal.SIGKILL)
