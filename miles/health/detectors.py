@@ -272,15 +272,10 @@ def check_engine_flapping(history, cfg: HealthConfig, run: RunFacts) -> Verdict 
 def check_abort_storm(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
     """A share of the rollout's samples aborted by the engines: red at --health-abort-storm-share, a
     warning from half of it."""
-    key = "rollout/aborted_ratio"
-    x = current(history, key)
-    if x is None or not x:
+    if not current(history, "rollout/aborted_ratio"):  # no abort at all is no storm, whatever the bound
         return None
-    if x >= cfg.health_abort_storm_share:
-        return _verdict(history, "abort_storm", RED, f"{x:.0%} of samples aborted by the engines", **{key: x})
-    if x >= cfg.health_abort_storm_share / 2:
-        return _verdict(history, "abort_storm", WARNING, f"{x:.0%} of samples aborted by the engines", **{key: x})
-    return None
+    return _share_verdict(history, "abort_storm", "rollout/aborted_ratio", cfg.health_abort_storm_share,
+                          "of samples aborted by the engines")
 
 
 def check_degenerate_groups(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
@@ -300,15 +295,16 @@ def check_degenerate_groups(history, cfg: HealthConfig, run: RunFacts) -> Verdic
 
 
 def check_truncation(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
-    key = "rollout/truncated_ratio"
+    return _share_verdict(history, "truncated_ratio", "rollout/truncated_ratio", cfg.health_truncated_ratio,
+                          "of samples truncated")
+
+
+def _share_verdict(history, signal: str, key: str, bound: float, what: str) -> Verdict | None:
+    """A share of the rollout's samples: red at `bound`, a warning from half of it, nothing below."""
     x = current(history, key)
-    if x is None:
+    if x is None or x < bound / 2:
         return None
-    if x >= cfg.health_truncated_ratio:
-        return _verdict(history, "truncated_ratio", RED, f"{x:.0%} of samples truncated", **{key: x})
-    if x >= cfg.health_truncated_ratio / 2:
-        return _verdict(history, "truncated_ratio", WARNING, f"{x:.0%} of samples truncated", **{key: x})
-    return None
+    return _verdict(history, signal, RED if x >= bound else WARNING, f"{x:.0%} {what}", **{key: x})
 
 
 def check_param_norm(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
