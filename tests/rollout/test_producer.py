@@ -50,14 +50,19 @@ class FakeEngine:
     def generate(self, rollout_id: int, prompts, admit) -> list[Sample]:
         async def one(i: int) -> Sample:
             await admit()
+            # a request samples under the version it started with, except the straddler after its push:
+            # reading self.version per token would let a push from the trainer thread land between two
+            # tokens of any request (a preempted thread), a straddle the check below does not expect
+            version = self.version
             with self.lock:
-                self.admitted.setdefault(rollout_id, []).append(self.version)
+                self.admitted.setdefault(rollout_id, []).append(version)
             versions = []
-            ahead = self.version < self.train_version(rollout_id)
+            ahead = version < self.train_version(rollout_id)
             for t in range(TOKENS):
                 if self.straddle and ahead and i == 0 and t == 1:
-                    await asyncio.to_thread(self._wait_for_push, self.version)
-                versions.append(str(self.version))
+                    await asyncio.to_thread(self._wait_for_push, version)
+                    version = self.version
+                versions.append(str(version))
             return Sample(index=i, group_index=0, prompt=prompts, label=None, tokens=[1] * TOKENS,
                           response_length=TOKENS, weight_version=versions[0], token_weight_versions=versions,
                           raw_reward=1.0)
@@ -83,6 +88,8 @@ def run_fake_training(k: int, overlap: bool, rollouts: int = 6, first: int = 0, 
     """The fake trainer's loop; returns the staleness metrics of every rollout it trained."""
     # a straddler holds its whole rollout back: with one rollout at a time, the next could not start ahead
     engine = FakeEngine(version, straddle=overlap)
+    # set before the producer starts: its thread admits the first rollouts at once
+    engine.train_version = lambda rollout_id: version + rollout_id - first
     cursor = {"n": 0}
 
     def draw(j):
@@ -91,7 +98,7 @@ def run_fake_training(k: int, overlap: bool, rollouts: int = 6, first: int = 0, 
 
     producer = RolloutProducer(draw, engine.generate, first=first, version=version, max_staleness=k,
                                overlap=overlap)
-    engine.train_version = producer.train_version
+    assert all(engine.train_version(j) == producer.train_version(j) for j in range(first, first + rollouts))
     seen = []
     try:
         for j in range(first, first + rollouts):
@@ -103,7 +110,9 @@ def run_fake_training(k: int, overlap: bool, rollouts: int = 6, first: int = 0, 
             seen.append(metrics)
             # "training" rollout j: the bound lets requests of rollout j + K start now (their admission
             # version is this one), and forbids any of rollout j + K + 1 (it needs the push below)
-            wait_until(lambda: engine.started(j + k) == REQUESTS, f"rollout {j + k} to start while {j} trains")
+            # (every rollout up to j + K: with --fully-async each has its own thread, in no set order)
+            wait_until(lambda: all(engine.started(i) == REQUESTS for i in range(j, j + k + 1)),
+                       f"rollouts {j + 1}..{j + k} to start while {j} trains")
             assert engine.started(j + k + 1) == 0, f"rollout {j + k + 1} started more than {k} versions ahead"
             engine.push(producer.train_version(j) + 1)
             producer.pushed(producer.train_version(j) + 1)
