@@ -78,3 +78,19 @@ def run_secrets_stay_in_their_test():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) a worker takes whole modules, so that a
+    module's fixtures (its runs, its engines) are made once; the modules that read one session run go to one
+    worker together, so that the run is made once in the whole suite. Without xdist the marks do nothing."""
+    session_runs = ("flow_run", "plain_run")
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    for module, its_items in modules.items():
+        shared = [name for name in session_runs if any(name in getattr(i, "fixturenames", ()) for i in its_items)]
+        group = shared[0] if shared else module
+        for item in its_items:
+            item.add_marker(pytest.mark.xdist_group(group))
