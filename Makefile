@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(BIN)/miles train --config configs/tiny-cpu.yaml --use-wandb --use-mlflow
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadgroup tests
+	$(BIN)/python -m pytest -q --durations=25 -n 2 tests
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests

@@ -3,6 +3,8 @@ the tiny base model, and a local Ray that areas scope as they need."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -80,17 +82,31 @@ def run_secrets_stay_in_their_test():
             os.environ[name] = value
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) a worker takes whole modules, so that a
-    module's fixtures (its runs, its engines) are made once; the modules that read one session run go to one
-    worker together, so that the run is made once in the whole suite. Without xdist the marks do nothing."""
-    session_runs = ("flow_run", "plain_run")
-    modules: dict[str, list] = {}
-    for item in items:
-        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    for module, its_items in modules.items():
-        shared = [name for name in session_runs if any(name in getattr(i, "fixturenames", ()) for i in its_items)]
-        group = shared[0] if shared else module
-        for item in its_items:
-            item.add_marker(pytest.mark.xdist_group(group))
+SESSION_RUNS = ("flow_run", "plain_run")  # tests/support/sessions.py: the runs that modules read, made once each
+
+
+def scope_of(nodeid: str, root: Path) -> str:
+    """What one pytest-xdist worker takes whole: a test's module, so that the module's fixtures (its runs, its
+    engines) are made once; or the session run the module reads, so that all its readers go to one worker and
+    that run is made once in the whole suite. Read from the module's text: the controller collects nothing."""
+    module = nodeid.split("::", 1)[0]
+    try:
+        text = (root / module).read_text()
+    except OSError:
+        return module
+    arguments = {name.strip().split(":")[0].strip() for args in re.findall(r"def \w+\(([^)]*)\)", text)
+                 for name in args.split(",")}
+    return next((run for run in SESSION_RUNS if run in arguments), module)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs the suite on two workers (`-n 2`), a scope of `scope_of` at a time, the scopes with the
+    most tests first. (xdist's own `--dist loadgroup` marks do not reach its scheduler under pytest 9.2, which
+    keeps a node's id in `_id`, not `_nodeid`: that is why this is a scheduler and not marks.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid, config.rootpath)
+
+    return ModuleScheduling(config, log)
