@@ -11,7 +11,8 @@ from miles.health.signals import RED, SIGNALS, WARNING, Verdict
 from miles.health.watch import active_signals, replay
 from miles.record.journal import JOURNAL_NAME
 
-OFF = "off"  # a signal this run is not judged on (kl_loss without --use-kl-loss)
+OFF = "off"  # a signal this run is not judged on: kl_loss without --use-kl-loss, or none of its keys logged
+NOT_LOGGED = "not logged"
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,16 @@ def summarize(history: RunHistory, overrides: dict | None = None) -> list[Signal
             out.append(SignalSummary(signal, OFF, None, 0, "not judged: the run has no --use-kl-loss"))
             continue
         mine = [v for v in verdicts if v.signal == signal]
+        seen = evidence(history.rollouts, signal, run)
+        if not mine and seen == NOT_LOGGED:
+            # no figures, no verdict: "off" like kl_loss without --use-kl-loss, not an "ok" resting on nothing
+            keys = ", ".join(SIGNALS[signal].keys)
+            out.append(SignalSummary(signal, OFF, None, 0, f"not judged: the journal has no {keys}"))
+            continue
         reds = [v for v in mine if v.severity == RED]
         first = (reds or mine or [None])[0]
         verdict = "RED" if reds else (WARNING if mine else "ok")
-        out.append(SignalSummary(signal, verdict, first, len(mine), evidence(history.rollouts, signal, run)))
+        out.append(SignalSummary(signal, verdict, first, len(mine), seen))
     return out
 
 
@@ -60,7 +67,7 @@ def evidence(rollouts: list[Rollout], signal: str, run: RunFacts) -> str:
         if key == "train/grad_norm" and run.clip_grad > 0:
             part += f" >=clip_grad in {sum(v >= run.clip_grad for v in values)}/{len(values)}"
         parts.append(part)
-    return "; ".join(parts) if parts else "not logged"
+    return "; ".join(parts) if parts else NOT_LOGGED
 
 
 def format_table(history: RunHistory, rows: list[SignalSummary]) -> str:

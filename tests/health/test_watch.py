@@ -99,6 +99,12 @@ def test_doctor_shows_the_figures_behind_an_ok_row(tmp_path, capsys):
     assert f">=clip_grad in {clipped}/{len(rollouts)}" in rows["grad_norm"]
     # a signal the run is not judged on has its row, saying why, rather than none
     assert rows["kl_loss"].split()[1] == "off" and "no --use-kl-loss" in rows["kl_loss"]
+    # a signal with nothing logged (this stream has no engine restarts) is not judged either: the same
+    # verdict and wording as kl_loss, never an "ok" that rests on no figures (first-hour N20)
+    assert "rollout/engine_restarts" not in rollouts[0].metrics
+    assert rows["engine_flapping"].split()[1] == "off"
+    assert "not judged: the journal has no rollout/engine_restarts" in rows["engine_flapping"]
+    assert not any(r.split()[1] == "ok" and "not logged" in r for r in rows.values())
     assert rows["non_finite"].endswith(f"non-finite values in 0 of {len(rollouts)} rollouts")
 
 
