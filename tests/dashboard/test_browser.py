@@ -81,6 +81,29 @@ def test_metrics_axes_and_flat_series(browser, served):
     assert moving and moving <= set(titles)  # what moved is still drawn
 
 
+def _is_round_scale(ticks: list[float]) -> bool:
+    """Evenly spaced multiples of one step whose leading digits are 1, 2, 2.5 or 5 (0 0.5 1 1.5 2)."""
+    import math
+    if len(ticks) < 2:
+        return False
+    step = ticks[1] - ticks[0]
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    return (any(math.isclose(mantissa, m, rel_tol=1e-6) for m in (1, 2, 2.5, 5, 10))
+            and all(math.isclose(b - a, step, rel_tol=1e-3) for a, b in zip(ticks, ticks[1:]))
+            and all(abs(t / step - round(t / step)) < 1e-3 for t in ticks))
+
+
+def test_y_axes_tick_at_round_numbers(browser, served):
+    browser.open(served.url + "/#metrics")
+    # each chart's y ticks (end-anchored, left of the axis at x=41), not min/mid/max (0.148 1.08 2)
+    per_chart = browser.script(
+        "return [...document.querySelectorAll('.watch-panel svg.chart, .metric-panel svg.chart')].map(svg => "
+        "[...svg.querySelectorAll('text[text-anchor=\"end\"][x=\"41\"]')].map(t => Number(t.textContent)))")
+    assert len(per_chart) > 20
+    odd = [ticks for ticks in per_chart if not _is_round_scale(ticks)]
+    assert not odd, odd[:5]
+
+
 def test_health_verdicts_are_marked_on_their_panels(browser, run_copy):
     verdicts = [{"rollout_id": 2, "signal": "grad_norm", "severity": "warning",
                  "message": "grad_norm above clip_grad in 3 of the last 4 iterations", "values": {"grad_norm": 2.2}},
@@ -159,9 +182,9 @@ def test_a_zero_difference_is_charted_on_a_non_negative_axis(browser, run_copy):
     row = {"rollout_id": 4, "index": 0, "group_index": 0, "prompt": "2+2=", "response": "4", "label": "4",
            "reward": 1.0, "response_length": 3, "status": "completed"}
     (run_copy / "samples" / "rollout_000004.jsonl").write_text(json.dumps(row) + "\n")
-    same = [-0.25, -0.5, -0.125]  # training and rollout log-probs equal: |difference| 0 on every token
-    tokens = {"index": 0, "group_index": 0, "ids": [1, 2, 3], "text": ["4", "", ""], "rollout_log_probs": same,
-              "log_probs": same, "entropy": [0.5, 0.25, 0.5], "loss_mask": [1, 1, 1]}
+    same = [-0.25, -0.5, -0.125, -0.25]  # training and rollout log-probs equal: |difference| 0 on every token
+    tokens = {"index": 0, "group_index": 0, "ids": [1, 2, 3, 4], "text": ["4", "", "", ""], "rollout_log_probs": same,
+              "log_probs": same, "entropy": [0.5, 0.25, 0.5, 0.5], "loss_mask": [1, 1, 1, 1]}
     (run_copy / "tokens" / "rollout_000004.jsonl").write_text(json.dumps(tokens) + "\n")
     served = serve(run_copy)
     try:
@@ -171,7 +194,13 @@ def test_a_zero_difference_is_charted_on_a_non_negative_axis(browser, run_copy):
             ".textContent === '|difference| per token');"
             "return [...p.querySelectorAll('text')].filter(t => t.getAttribute('text-anchor') === 'end')"
             ".map(t => t.textContent)")
-        assert axis[:3] == ["0", "0.5", "1"]  # not -0.5 .. 0.5
+        assert axis[0] == "0" and axis[-2] == "1" and axis[-1] == "token"  # [0, 1], not -0.5 .. 0.5
+        # four token positions tick 0 1 2 3 (they read 0 2 3: first-hour N20)
+        xs = browser.script(
+            "const p = [...document.querySelectorAll('#token-charts .panel')].find(p => p.querySelector('h3')"
+            ".textContent === '|difference| per token');"
+            "return [...p.querySelectorAll('text.x-tick')].map(t => t.textContent)")
+        assert xs == ["0", "1", "2", "3"]
     finally:
         served.stop()
 

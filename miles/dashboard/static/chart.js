@@ -18,14 +18,29 @@ function niceNumber(v) {
   return Number(v.toPrecision(3)).toString();
 }
 
-// The x ticks: both ends and the middle; on an integer axis (steps, token positions) each rounded to a
-// whole number inside the range (no "29.5" on a step axis), without repeats.
-function xTicks(range, integral) {
-  const mid = (range[0] + range[1]) / 2;
-  if (!integral) return [range[0], mid, range[1]];
-  const ticks = [Math.ceil(range[0]), Math.round(mid), Math.floor(range[1])].filter(x => x >= range[0] && x <= range[1]);
-  return [...new Set(ticks)];
+// Round tick values, as a reader would draw them: multiples of 1, 2, 2.5 or 5 x 10^k, about `count` of them
+// over [lo, hi] (0 0.5 1 1.5 2, not 0.148 1.08 2); an integer axis (steps, token positions) steps by 1, 2 or
+// 5 x 10^k, so it neither skips a whole number between even ticks nor shows a half (0 1 2 3, not 0 2 3 or 1.5).
+function tickStep(lo, hi, count, integral) {
+  const raw = (hi - lo) / Math.max(count, 1);
+  if (!(raw > 0)) return 1;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = (integral ? [1, 2, 5, 10] : [1, 2, 2.5, 5, 10]).map(m => m * mag).find(s => s >= raw * 0.999);
+  return integral ? Math.max(1, Math.round(step)) : step;
 }
+
+function niceTicks(lo, hi, count, integral, step) {
+  step = step || tickStep(lo, hi, count, integral);
+  const out = [];
+  const first = Math.ceil(lo / step - 1e-9);
+  for (let k = first; k * step <= hi + step * 1e-9 && k < first + 50; k++) {
+    out.push(Number((k * step).toPrecision(12)));  // 0.30000000000000004 -> 0.3
+  }
+  return [...new Set(out)];
+}
+
+// The x ticks: round values inside the range (the range is the data's, or the zoom's, and stays so).
+const xTicks = (range, integral) => niceTicks(range[0], range[1], 5, integral);
 
 // series: [{name, x: [], y: [], color?, dash? (a dashed line, no points), cls?}];
 // opts: {threshold, flags: [x...] (red bands), marks: [x...] (grey dotted verticals: resumes), markTitle, xlabel}
@@ -50,12 +65,16 @@ function lineChart(container, series, opts) {
     if (lo === hi) {
       if (lo === 0) hi = 1; else { const pad = 0.5 * Math.abs(lo); lo -= pad; hi += pad; }
     }
+    // the y axis runs from one round tick to another, so its ticks are round numbers (0 0.5 1 1.5 2)
+    const yStep = tickStep(lo, hi, 4, false);
+    lo = Math.floor(lo / yStep + 1e-9) * yStep;
+    hi = Math.ceil(hi / yStep - 1e-9) * yStep;
     const span = range[1] - range[0] || 1;
     const px = (x) => L + (x - range[0]) / span * (W - L - R);
     const py = (y) => T + (hi - y) / (hi - lo) * (H - T - B);
     svgEl("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#d1d5db"}, svg);
     svgEl("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#d1d5db"}, svg);
-    for (const y of [lo, (lo + hi) / 2, hi]) {
+    for (const y of niceTicks(lo, hi, 4, false, yStep)) {
       svgEl("text", {x: L - 3, y: py(y) + 3, "text-anchor": "end"}, svg).textContent = niceNumber(y);
     }
     for (const x of xTicks(range, integral)) {
