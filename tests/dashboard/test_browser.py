@@ -164,6 +164,11 @@ def test_rollouts_view_and_filters(browser, served):
     rewards = browser.script("return [...document.querySelectorAll('#samples-table tr.sample-row td:nth-child(3)')]"
                              ".map(td => Number(td.textContent))")
     assert rewards and all(r >= 1 for r in rewards)
+    # a value the server refuses names the field and what is wrong with it, not "422 [object Object]"
+    browser.open(served.url + "/#rollouts?rollout=0&min_reward=abc")
+    error = browser.text("#view .missing")
+    assert "min_reward: " in error and "number" in error and '"abc"' in error, error
+    assert "[object Object]" not in error
 
 
 def test_click_on_a_sample_opens_its_tokens(browser, served):

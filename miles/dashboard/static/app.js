@@ -19,8 +19,19 @@ const RESUME_NOTE = "resume: a new trainer continued from a checkpoint here (a c
 
 async function api(path) {
   const res = await fetch(path, {headers: TOKEN ? {Authorization: "Bearer " + TOKEN} : {}});
-  if (!res.ok) throw new Error(`${path}: ${res.status} ${(await res.json().catch(() => ({}))).detail || ""}`);
+  if (!res.ok) throw new Error(`${errorText((await res.json().catch(() => ({}))).detail)} (${path}: ${res.status})`);
   return res.json();
+}
+
+// A refusal's detail as words: the server's sentence, or for a bad query value (a 422 lists them as
+// {loc: ["query", "min_reward"], msg}) each field and what is wrong with it, never "[object Object]".
+function errorText(detail) {
+  if (detail === undefined || detail === null || detail === "") return "the server refused";
+  if (typeof detail === "string") return detail;
+  if (Array.isArray(detail)) return detail.map(d => (d && d.loc && d.msg) ?
+    `${d.loc.filter(p => p !== "query" && p !== "path" && p !== "body").join(".")}: ${d.msg}` +
+    (d.input !== undefined ? ` (got ${JSON.stringify(d.input)})` : "") : asText(d)).join("; ");
+  return asText(detail);
 }
 
 // The "diagnose" button: POST /api/diagnose, then the verdict and the bundle's path above the view.
