@@ -42,7 +42,10 @@ def test_metrics_view(browser, served):
     assert len(browser.find_all(".watch-panel line.threshold")) == 2  # grad_norm at clip_grad, pg_clipfrac at 0.2
     assert len(browser.find_all(".metric-panel")) > 20
     # a healthy run: the watch ran and flagged nothing, so no health.jsonl; shown green, not "not available"
-    assert browser.text("#health-ok").startswith("Health watch: no red flags in 4 rollouts (10 signals checked:")
+    # the banner is on every view: it counts the signals, their names are its tooltip (first-hour N20)
+    assert browser.text("#health-ok") == "Health watch: no red flags in 4 rollouts (10 signals checked)"
+    tooltip = browser.script("return document.getElementById('health-ok').getAttribute('title')")
+    assert tooltip.startswith("signals checked: ") and len(tooltip.split(": ", 1)[1].split(", ")) == 10
     assert browser.find_all("#missing") == []  # the notice is drawn at once, with #health-ok
     assert browser.text("#watch-healthy").startswith("Health verdicts: none (the watch judged 4 rollouts")
     assert browser.text("#off") == "profiling off (no profiler window in this run)"

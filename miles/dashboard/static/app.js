@@ -78,17 +78,18 @@ const fmt = (v) => (v === null || v === undefined) ? "–" : (typeof v === "numb
 function notice(run) {
   const box = document.getElementById("notice");
   box.replaceChildren();
-  if (run.health && run.health.state === "healthy") box.append(el("div", {class: "healthy", id: "health-ok"},
-    healthLine(run.health.rollouts, run.health.signals)));
+  if (run.health && run.health.state === "healthy") box.append(el("div", {class: "healthy", id: "health-ok",
+    title: "signals checked: " + run.health.signals.join(", ")}, healthLine(run.health.rollouts, run.health.signals)));
   if (run.missing.length) box.append(el("div", {class: "missing", id: "missing"},
     "Not available in this run directory: " + run.missing.join(", ")));
   if (run.off && run.off.length) box.append(el("div", {class: "off", id: "off"}, run.off.join("; ")));
   if (run.corrupt.length) box.append(el("div", {class: "missing"}, "Skipped: " + run.corrupt.join("; ")));
 }
 
-// A healthy run writes no health.jsonl; the journal's health/<signal> figures show the watch ran.
+// A healthy run writes no health.jsonl; the journal's health/<signal> figures show the watch ran. The
+// banner is on every view, so it counts the signals; their names are its tooltip and `miles doctor`'s rows.
 const healthLine = (rollouts, signals) =>
-  `Health watch: no red flags in ${rollouts} rollouts (${signals.length} signals checked: ${signals.join(", ")})`;
+  `Health watch: no red flags in ${rollouts} rollouts (${signals.length} signals checked)`;
 
 // ---- metrics ---------------------------------------------------------------------------
 // The run's headline (first-hour N9): the scorecard's numbers, as the terminal, Prefect and MLflow show them.
