@@ -184,6 +184,13 @@ def test_click_on_a_sample_opens_its_tokens(browser, served):
     colours = browser.script("return [...document.querySelectorAll('#token-strip .tok')].map(t => t.style.backgroundColor)")
     assert len(set(colours)) > 1  # coloured by log-prob, not uniform
     browser.screenshot(SHOTS / "tokens.png")
+    # the nav calls the view "Tokens": #tokens/... is the same view, not a silent Metrics (first-hour N16)
+    browser.open(served.url + "/#tokens/0/2")
+    assert browser.text("#sample-title") == "Rollout 0, sample 2"
+    assert browser.find_all("#unknown-view") == []
+    browser.open(served.url + "/#metrix")
+    assert browser.text("#unknown-view").startswith('No view "metrix": the views are metrics, timeline')
+    assert len(browser.find_all(".watch-panel")) == 8
 
 
 def test_a_zero_difference_is_charted_on_a_non_negative_axis(browser, run_copy):

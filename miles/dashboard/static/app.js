@@ -537,6 +537,8 @@ async function showCompare(view) {
 // ---- routing and following -------------------------------------------------------------
 const VIEWS = {metrics: showMetrics, timeline: showTimeline, rollouts: showRollouts, sample: showSample,
                evals: showEvals, compare: showCompare};
+// the nav calls the sample view "Tokens", so #tokens/<rollout>/<index> is the same view as #sample/...
+const ROUTE_ALIASES = {tokens: "sample"};
 const STATE_TEXT = {running: "running", finished: "finished", stopped: "no trainer running now", unknown: ""};
 
 let renders = 0;
@@ -544,7 +546,8 @@ let renders = 0;
 async function render() {
   const mine = ++renders;  // a newer render (the hash changed again) wins over this one
   const hash = location.hash;
-  const name = (hash.slice(1).split(/[/?]/)[0]) || "metrics";
+  const asked = (hash.slice(1).split(/[/?]/)[0]) || "metrics";
+  const name = ROUTE_ALIASES[asked] || (VIEWS[asked] ? asked : "metrics");
   for (const k of Object.keys(VIEWS)) document.getElementById("nav-" + k).classList.toggle("active", k === name);
   const view = el("main", {id: "view", "data-view": name});
   try {
@@ -559,7 +562,11 @@ async function render() {
       (RUN.follow ? (RUN.state === "finished" ? " · the run ended: nothing more to follow" : " · following") : "");
     runState.setAttribute("data-state", RUN.state);
     notice(RUN);
-    await (VIEWS[name] || showMetrics)(view);
+    if (name !== asked && !ROUTE_ALIASES[asked]) {  // a mistyped address says so rather than silently showing Metrics
+      view.append(el("div", {class: "missing", id: "unknown-view"},
+        `No view "${asked}": the views are ${Object.keys(VIEWS).join(", ")}; showing metrics`));
+    }
+    await VIEWS[name](view);
   } catch (err) {
     view.append(el("div", {class: "missing"}, String(err)));
   }
