@@ -44,6 +44,19 @@ def test_the_row_says_how_long_the_run_has_taken_and_about_how_long_is_left():
     assert progress([], 3, now=1.0) == (None, None)
 
 
+def test_the_estimate_left_is_paced_by_measured_steps_not_the_start_up():
+    """First-hour N17: the first row said ~2m39s left of 65 s: its one step (1.6 s) loaded the weights and
+    warmed the caches, and it was the pace for the 99 rollouts after it; chunk boundaries (N15) made the
+    estimate jump up as they went by."""
+    warm_up, pace, boundary = 1.6, 0.15, 1.8
+    first = [JournalLine(0, 10.0, {"perf/step_time": warm_up})]
+    assert progress(first, 100, now=10.0)[1] is None  # nothing measured past the start-up yet: no guess
+    steps = [warm_up] + [pace] * 19 + [boundary] + [pace] * 5  # rollout 20 starts the second chunk
+    lines = [JournalLine(i, 10.0 + i, {"perf/step_time": t}) for i, t in enumerate(steps)]
+    assert progress(lines[:2], 100, now=11.0)[1] == 98 * pace
+    assert progress(lines, 100, now=40.0)[1] == (100 - len(steps)) * pace  # the boundary's step is passed over
+
+
 def test_row_without_kl_loss_and_with_missing_metrics():
     first, second, third = format_row(3, 10, {"train/loss": 0.5}, show_kl=False).splitlines()
     assert first == "[trainer] iter 3 (4/10)  | loss=0.500 reward=n/a"
