@@ -1,28 +1,50 @@
-"""Each chunk's delivery process starts its own MLflow system-metrics monitor; psutil's first cpu_percent()
-in a process is 0.0, so the sink primes it before the monitor's first sample (no 0 at every chunk)."""
+"""Each chunk's delivery process starts its own MLflow system-metrics monitor thread. psutil's cpu_percent()
+compares with the calling thread's last call and answers 0.0 on a thread's first, so every chunk's first CPU
+sample read 0.0 (first-hour F2: 5 of 9 samples) until the sink measured the monitor thread's first sample."""
 from __future__ import annotations
+
+import threading
 
 import mlflow.system_metrics.system_metrics_monitor as smm
 import psutil
 
 from miles.tracking.sinks.mlflow_sink import MlflowSink
+from tests.support.wait import wait_for
+
+CPU_KEY = "system/cpu_utilization_percentage"
 
 
-def test_cpu_percent_is_primed_before_the_monitor_samples(monkeypatch):
-    calls = []
-    monkeypatch.setattr(psutil, "cpu_percent", lambda *a, **k: calls.append("cpu_percent") or 0.0)
+def test_each_chunks_first_cpu_sample_is_measured(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
 
-    class Monitor:
-        def __init__(self, run_id, resume_logging, tracking_uri):
-            self.resume = resume_logging
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    busy = threading.Event()
 
-        def start(self):
-            calls.append("start")
+    def burn() -> None:  # a busy core, so a measured sample cannot honestly read 0
+        while not busy.is_set():
+            sum(range(1000))
 
-    monkeypatch.setattr(smm, "SystemMetricsMonitor", Monitor)
-    sink = MlflowSink({}, "sqlite:///unused.db", "e", run_id="r", system_metrics=True)
-    sink._start_system_metrics(resume=True)
-    assert calls == ["cpu_percent", "start"] and sink.monitor.resume is True
+    burner = threading.Thread(target=burn, daemon=True)
+    burner.start()
+    psutil.cpu_percent()  # this thread primed, as before the fix: the monitor's own thread still was not
+    try:
+        firsts = []
+        for chunk in range(2):  # the run's first chunk, then a resumed one (a new monitor thread each)
+            sink = MlflowSink({}, uri, "e", run_id=run_id, system_metrics=True)
+            sink.open()
+            before = len(client.get_metric_history(run_id, CPU_KEY))
+            points = wait_for(lambda: client.get_metric_history(run_id, CPU_KEY)[before:], 30,
+                              f"chunk {chunk}'s first CPU sample")
+            sink.close()
+            firsts.append(min(points, key=lambda m: m.step).value)
+            client.update_run(run_id, status="RUNNING")  # the next chunk's task reopens it
+    finally:
+        busy.set()
+        burner.join()
+    assert all(value > 0 for value in firsts), firsts
 
 
 def test_network_counters_continue_over_chunks(tmp_path):

@@ -12,6 +12,7 @@ MLflow's SQL store drops the duplicate instead of doubling the point.
 from __future__ import annotations
 
 import os
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 HEALTH_TAG = "miles.health"
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # MLflow's "model training, not GenAI"
 DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description
+CPU_FIRST_SAMPLE_S = 0.5  # the span a monitor's first CPU sample is measured over (its later ones: the interval)
 NETWORK_BASELINE_TAG = "miles.system.network_baseline_mb"  # received,sent MB when the run's first monitor started
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
@@ -130,16 +132,36 @@ class MlflowSink:
         on their own step axis; a resumed run continues its steps."""
         if not self.system_metrics or self.monitor is not None:
             return
-        import psutil
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        # psutil's first cpu_percent() in a process answers 0.0 (it has nothing to compare with), and each
-        # chunk's delivery process starts a new monitor: without this call every chunk's first CPU sample
-        # read 0 (a saw-tooth on the system metrics chart)
-        psutil.cpu_percent()
         self.monitor = SystemMetricsMonitor(self.run_id, resume_logging=resume, tracking_uri=self.tracking_uri)
         self._continue_network_counters(resume)
+        self._measure_first_cpu_sample()
         self.monitor.start()
+
+    def _measure_first_cpu_sample(self) -> None:
+        """psutil's cpu_percent() compares with the calling thread's previous call (psutil 7 keeps one per
+        thread) and answers 0.0 on a thread's first, and each chunk starts a monitor thread: every chunk's
+        first CPU sample read 0.0 (5 of 9 samples of the first-hour run, F2), although this process primed
+        psutil in its own thread. The monitor thread's first sample is measured over CPU_FIRST_SAMPLE_S."""
+        cpu = next((m for m in getattr(self.monitor, "monitors", ()) if type(m).__name__ == "CPUMonitor"), None)
+        if cpu is None:
+            return
+        collect = cpu.collect_metrics
+        shutdown = getattr(self.monitor, "_shutdown_event", None)
+
+        def first_collect() -> None:
+            import psutil
+
+            cpu.collect_metrics = collect  # the next samples compare with this one, a sampling interval apart
+            psutil.cpu_percent()  # this thread's starting point
+            if shutdown is not None:
+                shutdown.wait(CPU_FIRST_SAMPLE_S)  # a chunk closing meanwhile is not held up
+            else:
+                time.sleep(CPU_FIRST_SAMPLE_S)
+            collect()
+
+        cpu.collect_metrics = first_collect
 
     def _continue_network_counters(self, resume: bool) -> None:
         """MLflow's network metrics count bytes from the monitor's start, and each chunk starts a monitor:
