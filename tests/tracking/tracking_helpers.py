@@ -45,8 +45,19 @@ def journal_points(run_dir: Path) -> Points:
 
 
 def charted(points: Points) -> Points:
-    """What MLflow holds of the journal's points: every key but the step axes (each point carries its step)."""
-    return {k: v for k, v in points.items() if k not in STEP_KEYS}
+    """What MLflow holds of the journal's points: the sink's rule (charted_in_mlflow: no step axes, no health
+    zeros, no eval/<set> twin of its pass_at_1) applied to the points that share a step axis and a step."""
+    from miles.tracking.sinks.mlflow_sink import charted_in_mlflow
+
+    at: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for key, pts in points.items():
+        for step, value in pts:
+            at[(step_key(key), step)][key] = value
+    out: Points = defaultdict(list)
+    for (_, step), metrics in at.items():
+        for key, value in charted_in_mlflow(metrics).items():
+            out[key].append((step, value))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def mlflow_points(run_dir: Path, keys) -> Points:
@@ -55,8 +66,9 @@ def mlflow_points(run_dir: Path, keys) -> Points:
 
     spec = DeliveryState.load(run_dir).sinks["mlflow"].spec.options
     client = MlflowClient(tracking_uri=spec["tracking_uri"])
-    return {k: sorted((m.step, m.value) for m in client.get_metric_history(spec["run_id"], k))
-            for k in keys if k not in STEP_KEYS}
+    got = {k: sorted((m.step, m.value) for m in client.get_metric_history(spec["run_id"], k))
+           for k in keys if k not in STEP_KEYS}
+    return {k: v for k, v in got.items() if v}  # a key the sink never charts (a healthy run's health/*) has none
 
 
 def mlflow_metric_keys(run_dir: Path) -> set[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from miles.health.alerts import red_flags_in
+from miles.health.signals import PREFIX as HEALTH_PREFIX
 from miles.record.names import STEP_KEYS, step_of
 from miles.config.mlflow_store import store_lock
 from miles.tracking.sinks.base import Delivery, SinkSpec
@@ -48,6 +49,24 @@ def local_artifact_path(artifact_uri: str | None) -> Path | None:
     if parts.scheme:
         return None
     return Path(uri or ".").resolve()
+
+
+def charted_in_mlflow(metrics: dict[str, float]) -> dict[str, float]:
+    """What MLflow charts of one journal line: its metrics but
+    - the step axes: every point's `step` already (as metrics they were straight-line charts named "step");
+    - a `health/<signal>` of 0: a healthy run showed a "health" section of 13 flat zero charts (first-hour
+      F3); a red flag is still its 1 at the rollout, and the run's `miles.health.*` tags name it;
+    - `eval/<set>` where it equals `eval/<set>-pass_at_1`: the mean of 0/1 rewards is pass@1, one chart twice
+      (a reward with other values keeps both, they differ then).
+    The journal, wandb and TensorBoard keep every key."""
+    out = {}
+    for key, value in metrics.items():
+        if key in STEP_KEYS or (key.startswith(HEALTH_PREFIX) and value == 0):
+            continue
+        if key.startswith("eval/") and metrics.get(f"{key}-pass_at_1") == value:
+            continue
+        out[key] = value
+    return out
 
 
 class MlflowSink:
@@ -188,10 +207,8 @@ class MlflowSink:
     def deliver(self, delivery: Delivery) -> None:
         from mlflow.entities import Metric
 
-        # the step axes are every point's `step` already: as metrics of their own they were straight-line
-        # charts named "step" among the real ones
         metrics = [Metric(key, value, int(line.time * 1000), step_of(key, line.metrics, line.rollout_id))
-                   for line in delivery.lines for key, value in line.metrics.items() if key not in STEP_KEYS]
+                   for line in delivery.lines for key, value in charted_in_mlflow(line.metrics).items()]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
         for path in delivery.samples.values():
