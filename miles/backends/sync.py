@@ -151,18 +151,31 @@ class WeightSync:
                     seconds[url] = time.perf_counter() - start
             self._engine_times(seconds)
         else:
-            target = self.export_root / f"v{version:06d}"
-            self._export(str(target))
+            target = self._export_to_disk(version)
             with paused(self.engine_urls, pause_mode, self.admin_token):
                 failures, seconds = push_disk_each(self.engine_urls, target, version, self.admin_token)
             self._engine_times(seconds)
             if failures:
                 raise next(iter(failures.values()))
-            for old in self.export_root.glob("v*"):
-                if old != target:
-                    shutil.rmtree(old, ignore_errors=True)
-        self.group.call("set_weight_version", version)
+            self._keep_only(target)
+        self._set_version(version)
         self.announce(version)
+
+    def _export_to_disk(self, version: int) -> Path:
+        """Every rank exports `version`'s weights to their directory under export_root, which is returned."""
+        target = self.export_root / f"v{version:06d}"
+        self._export(str(target))
+        return target
+
+    def _keep_only(self, target: Path) -> None:
+        """Remove every exported directory but `target` (the weights the engines serve now)."""
+        for old in self.export_root.glob("v*"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _set_version(self, version: int) -> None:
+        """The ranks' weight version (their journal and checkpoints carry it) is `version` from now on."""
+        self.group.call("set_weight_version", version)
 
     def _export(self, directory: str | None) -> list:
         """Every rank's export_weights (rank 0 writes or returns the full state), timed per rank."""
@@ -181,8 +194,7 @@ class WeightSync:
     def _push_supervised(self, version: int, pause_mode: str | None = None) -> None:
         """Push to the ready engines only; an engine that fails is marked stale for the supervisor, which
         brings it (and any engine that is relaunching) up to `version` from the kept directory."""
-        target = self.export_root / f"v{version:06d}"
-        self._export(str(target))
+        target = self._export_to_disk(version)
         ready = self.supervisor.ready_urls()
         try:
             with paused(ready, pause_mode, self.admin_token):
@@ -193,10 +205,8 @@ class WeightSync:
         for url, exc in failures.items():
             self.supervisor.engine_failed(url, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         self._current = (target, version)
-        for old in self.export_root.glob("v*"):
-            if old != target:
-                shutil.rmtree(old, ignore_errors=True)
-        self.group.call("set_weight_version", version)
+        self._keep_only(target)
+        self._set_version(version)
         try:
             self.announce(version)
         except httpx.HTTPError as exc:  # the router is down: the supervisor tells its relaunch this version

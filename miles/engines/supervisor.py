@@ -205,15 +205,6 @@ class EngineSupervisor:
         self._changed("engine_stale", now, now, engine=slot.index, reason=reason)
         self._tell_router(slot, stale=True)
 
-    def wait_ready(self, count: int, timeout: float) -> bool:
-        """Poll until `count` engines are ready (tests and the benchmark), or the deadline passes."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self.ready_urls()) >= count:
-                return True
-            time.sleep(0.05)  # poll interval of a readiness wait bounded by the deadline
-        return False
-
     # ---- the watch -----------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(self.policy.interval):

@@ -1,0 +1,93 @@
+"""WeightSync's two disk pushes (plain and supervised) share their steps: export to v<version>, keep only
+that directory, tell the ranks the version. What each path does when an engine fails differs and is held
+here: the plain push fails and keeps the old weights; the supervised one reports the engine and goes on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from miles.backends import sync
+from miles.backends.sync import WeightSync
+
+DEAD = "http://127.0.0.1:2"
+
+
+class Ranks:
+    """The ActorGroup calls a push makes: rank 0 writes the export directory; the version is recorded."""
+
+    def __init__(self):
+        self.version = None
+
+    def call_timed(self, method, directory):
+        assert method == "export_weights"
+        Path(directory).mkdir(parents=True)
+        return [None, None], [0.01, 0.02]
+
+    def call(self, method, version):
+        assert method == "set_weight_version"
+        self.version = version
+
+
+class Engines:
+    """The engine side's weights module: a push to DEAD fails, every other one is recorded."""
+
+    def __init__(self):
+        self.loaded = []
+
+    def push_weights_from_disk(self, url, model_dir, version, token=None):
+        if url == DEAD:
+            raise ConnectionError(f"{url} is down")
+        self.loaded.append((url, Path(model_dir).name, version))
+
+
+class Supervisor:
+    def __init__(self, ready):
+        self.ready, self.failed = ready, []
+
+    def ready_urls(self):
+        return list(self.ready)
+
+    def engine_failed(self, url, why):
+        self.failed.append(url)
+
+    def attach_weights(self, weight_sync):
+        pass
+
+
+@pytest.fixture
+def engines(monkeypatch):
+    engines = Engines()
+    monkeypatch.setattr(sync, "_engine_weights", lambda: engines)
+    return engines
+
+
+def exported(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob("v*"))
+
+
+def test_a_plain_push_loads_every_engine_then_keeps_only_the_new_weights(tmp_path, engines):
+    (tmp_path / "v000001").mkdir()
+    ranks = Ranks()
+    WeightSync(ranks, ["http://127.0.0.1:1"], None, tmp_path, in_memory=False).push(2)
+    assert engines.loaded == [("http://127.0.0.1:1", "v000002", "2")]
+    assert exported(tmp_path) == ["v000002"] and ranks.version == 2
+
+
+def test_a_failed_plain_push_keeps_the_old_weights_and_version(tmp_path, engines):
+    (tmp_path / "v000001").mkdir()
+    ranks = Ranks()
+    with pytest.raises(ConnectionError):
+        WeightSync(ranks, ["http://127.0.0.1:1", DEAD], None, tmp_path, in_memory=False).push(2)
+    assert exported(tmp_path) == ["v000001", "v000002"] and ranks.version is None
+
+
+def test_a_supervised_push_reports_the_failed_engine_and_moves_on(tmp_path, engines):
+    (tmp_path / "v000001").mkdir()
+    ranks, supervisor = Ranks(), Supervisor(["http://127.0.0.1:1", DEAD])
+    weight_sync = WeightSync(ranks, ["http://127.0.0.1:1", DEAD], None, tmp_path, in_memory=False,
+                             supervisor=supervisor)
+    weight_sync.push(2)
+    assert supervisor.failed == [DEAD] and engines.loaded == [("http://127.0.0.1:1", "v000002", "2")]
+    assert exported(tmp_path) == ["v000002"] and ranks.version == 2
+    assert weight_sync.current() == (tmp_path / "v000002", 2)
