@@ -11,7 +11,7 @@ import sys
 from miles.config import ConfigError
 
 SUBCOMMANDS = {
-    "train": ("flows.grpo:main", "run the GRPO training flow (Prefect on Ray); no flags: the tiny CPU run"),
+    "train": ("flows.train_command:main", "run the GRPO training flow (Prefect on Ray); no flags: the tiny CPU run"),
     "engine": ("miles.engines.cli:main", "serve a checkpoint over SGLang's HTTP API (embedded engine or SGLang)"),
     "router": ("miles.router.cli:main", "run the router in front of the engines"),
     "base-model": ("miles.tiny.cli:main", "make the tiny warm-started base checkpoint if missing; print its dir"),

@@ -1,17 +1,13 @@
-"""The GRPO training flow: `miles train [flags]` (same flags as `python -m miles.train`).
+"""The GRPO training flows, which `miles train` (flows/train_command.py) runs with the config it prepared
+(the flags are parsed once); a flow started any other way (a deployment) prepares from its parameters.
 
-Reads top to bottom. `main` prepares the run (`miles.prepare`: parse, resolve, check; a bad flag,
-hook or data path fails before any server starts), starts or finds the Prefect server and runs the
-`grpo` flow, handing it the prepared config (the flags are parsed once). A flow started any other way
-(a deployment) prepares from its parameters. The flow makes the tiny model if the run needs it,
-brings up Ray, then `train_on_ray` starts the router, engines and ranks and trains chunk by chunk
+Reads top to bottom. `grpo` makes the tiny model if the run needs it, brings up Ray, then `train_on_ray` starts the router, engines and ranks and trains chunk by chunk
 (`tasks.training.train_chunk` runs the driver loop, `miles.loop`), each chunk resubmitted after healing
 the engines when it fails; then the run is finished.
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +22,7 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 
 from flows.bring_up import bring_up_services, heal_engines
+from flows.flow_args import build_argv, config_source, flag_value, flow_parameters
 from flows.progress import ProgressBar, wait_with_progress
 from miles.backends.base import NonFiniteError
 from miles.cluster.chunks import Chunk, plan_for
@@ -33,7 +30,7 @@ from miles.cluster.names import run_names
 from miles.cluster.service_actors import stop_run_actors
 from miles.config import ConfigError, MilesConfig
 from miles.config.parse import load_yaml
-from miles.config.secrets import export_secrets, run_token, secrets_to_env
+from miles.config.secrets import export_secrets, run_token
 from miles.dashboard.cli import command as dashboard_command
 from miles.health import RedFlagStop
 from miles.prepare import prepare
@@ -49,49 +46,6 @@ from tasks.training import ChunkResult, RunServices, profile_window, train_chunk
 STARTED_AT_ENV = "MILES_COMMAND_STARTED_AT"  # when `miles train` started, for the flow it runs in-process
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`miles train`: prepare the run, start or find the Prefect server, run the flow, say where to look."""
-    from prefect.settings import temporary_settings
-
-    from flows.prefect_server import ensure_server
-    from flows.where import print_finished, print_where_to_look
-    from miles.mlflow_ui.launch import start_ui
-    from tasks.finish import mlflow_link
-
-    started_at = time.time()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    config = refuse_plain_only(prepare(argv, make_model=False))  # the flow makes the model in a task of its own
-    if "--run-dir" not in argv and not any(a.startswith("--run-dir=") for a in argv):
-        argv += ["--run-dir", config.train.run_dir]  # one run dir for the flow and for what is printed here
-    argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
-    server = ensure_server()
-    ui = start_ui(config.tracking.mlflow_tracking_uri, Path(config.train.run_dir)) if config.tracking.mlflow_ui else None
-    print_where_to_look(config, server, ui)
-    stopped = False
-    os.environ[STARTED_AT_ENV] = repr(started_at)  # the flow's scorecard counts from the command's start too
-    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-        try:
-            with handing_over(config, argv):  # the flow takes this config: the flags are parsed once
-                report = grpo(**flow_parameters(argv))
-        except (RedFlagStop, NonFiniteError) as exc:  # a red-flag stop (checkpointed) or a non-finite step
-            # (refused before the optimizer): the flow run Failed with this message
-            print(f"miles train: stopped: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
-            # the scorecard all the same: what was trained, the red flag, the checkpoint it stopped at
-            stopped, report = True, RunReport(run_dir=config.train.run_dir, iterations=0)
-        finally:
-            os.environ.pop(STARTED_AT_ENV, None)  # a later flow in this process counts from its own start
-    if (ui is not None or stopped) and (link := mlflow_link(config, Path(report.run_dir), ui.url if ui else None)):
-        report.links["mlflow-run"] = link
-    print_finished(report, server, config, ui, seconds=wall_time(report, started_at))
-    return 1 if stopped else 0
-
-
-def wall_time(report: RunReport, started_at: float) -> float:
-    """The wall time the flow's scorecard has (the Prefect artifact, MLflow's description: the same figure in
-    the terminal), else (a run stopped before finish_run) the command's start to now."""
-    return report.seconds if report.seconds is not None else time.time() - started_at
-
-
 def command_started_at() -> float:
     """When `miles train` started (its STARTED_AT_ENV), so that the scorecard's wall time is the command's
     in the terminal, the Prefect artifact and MLflow alike; now, for a flow run started otherwise (a
@@ -103,7 +57,7 @@ def command_started_at() -> float:
     return started if 0 < started <= time.time() else time.time()
 
 
-def refuse_plain_only(config: MilesConfig) -> MilesConfig:
+def refuse_unhealable_faults(config: MilesConfig) -> MilesConfig:
     """Without --use-fault-tolerance a dead engine fails its chunk's task, which the flow resubmits from the
     chunk's last checkpoint after relaunching the engine; a stopped engine or a killed router would only
     hang or fail that chunk. So those faults need the supervisor; say so before anything starts."""
@@ -173,7 +127,7 @@ def grpo(config_file: str | None = None, flags: list[str] | None = None) -> RunR
     """GRPO post-training on Ray. `config_file`: a YAML of flags; `flags`: Miles-style flags."""
     # a secret in the YAML goes to the environment, so the subflow's `config` parameter holds none
     started_at = command_started_at()  # the scorecard's wall time (miles.run.scorecard.WALL_TIME)
-    config = export_secrets(refuse_plain_only(flow_config(config_file, flags)))
+    config = export_secrets(refuse_unhealable_faults(flow_config(config_file, flags)))
     # the run's router and engines get an admin token (random unless one is given)
     with run_token(config), RunDirLock(config.train.run_dir):  # one trainer per run dir: the next one fails here
         flow_run_url = describe_flow_run(config, config_file, flags)  # travels to the Ray workers' tracker runs
@@ -269,48 +223,12 @@ def mark_crashed(task_run_id, message: str) -> None:
 
 
 # ---- the flow run's name, description and Prefect API -------------------------------------
-def build_argv(config_file: str | None, flags: list[str] | None) -> list[str]:
-    return ([f"--config={config_file}"] if config_file else []) + list(flags or [])
-
-
-def flow_parameters(argv: list[str]) -> dict:
-    """`miles train`'s arguments as the flow's parameters: a `--config FILE` is the `config_file`
-    parameter (the Prefect UI shows it there, not as null beside flags that name it), the rest `flags`."""
-    flags, config_file, i = [], None, 0
-    while i < len(argv):
-        if argv[i] == "--config" and i + 1 < len(argv) and config_file is None:
-            config_file, i = argv[i + 1], i + 2
-            continue
-        if argv[i].startswith("--config=") and config_file is None:
-            config_file = argv[i].split("=", 1)[1]
-        else:
-            flags.append(argv[i])
-        i += 1
-    return {"config_file": config_file, "flags": flags}
-
-
 def api_url() -> str:
     url = PREFECT_API_URL.value()
     if not url:
         raise ConfigError("PREFECT_API_URL", "the flow needs a real Prefect server that its Ray workers can reach; "
                                              "run it with `miles train` (starts one) or set PREFECT_API_URL")
     return url
-
-
-def config_source(config_file: str | None, flags: list[str] | None) -> str | None:
-    """The YAML the run's flags come from (`config_file`, or a --config among the flags); None: flags only."""
-    return config_file or flag_value(list(flags or []), "--config")
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value `argv` gives `flag` (`--flag V` or `--flag=V`; the last wins, as when parsing), or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def run_tags_of(config: MilesConfig, flow_run) -> list[str]:
@@ -348,6 +266,3 @@ def describe_flow_run(config: MilesConfig, config_file: str | None, flags: list[
         f"- flags: `{' '.join(flags or []) or '(none)'}`", f"- run dir: `{config.train.run_dir}`"]))
     return url_for(flow_run) or ""
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -88,7 +88,7 @@ def service_role(words: list[str]) -> str | None:
     """What a process of the run that is not in its process list is, by its command line (whole words,
     never a substring: `--use-mlflow` on a driver's command line is no MLflow UI):
     "delivery" (`python -m miles.tracking.cli`, `miles replay-spool`), "mlflow-ui" (`mlflow ui`,
-    `mlflow server`), "driver" (`miles train`, `python -m flows.cli train`, `python -m flows.grpo`)."""
+    `mlflow server`), "driver" (`miles train`, `python -m flows.cli train`, `python -m flows.train_command`)."""
     names = [Path(w).name for w in words]
     for i, name in enumerate(names):
         following = names[i + 1] if i + 1 < len(names) else ""
@@ -96,7 +96,7 @@ def service_role(words: list[str]) -> str | None:
             return "delivery"
         if name == "mlflow" and following in ("ui", "server"):
             return "mlflow-ui"
-        if (name in ("miles", "flows.cli") and following == "train") or name == "flows.grpo":
+        if (name in ("miles", "flows.cli") and following == "train") or name == "flows.train_command":
             return "driver"
     return None
 

@@ -137,8 +137,6 @@ def split_health_flags(argv: list[str]) -> tuple[dict, list[str]]:
     """The `--health-*` / `--on-red-flag` flags given to the doctor (they replace the run's own settings
     in the replay), and the other arguments."""
     from miles.config import ConfigError
-    from miles.config.health import HealthConfig
-    from miles.config.parse import build_parser
 
     namespace, rest = health_flags_parser().parse_known_args(argv)
     given = vars(namespace)

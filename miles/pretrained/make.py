@@ -8,7 +8,6 @@ loads anywhere without GGUF support.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time

@@ -5,7 +5,7 @@ from __future__ import annotations
 def test_miles_train_passes_its_config_file_as_the_flows_parameter():
     """The Prefect UI's parameters show the YAML a run was started with, not `config_file: null` beside
     flags that name it (G3 of the first-hour review); the flags rebuilt from them parse the same."""
-    from flows.grpo import build_argv, flow_parameters
+    from flows.flow_args import build_argv, flow_parameters
     from miles.config import parse_config
 
     argv = ["--num-rollout", "3", "--config", "configs/tiny-cpu.yaml", "--lr", "1e-3"]

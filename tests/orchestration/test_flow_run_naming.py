@@ -6,7 +6,8 @@ import asyncio
 
 from prefect import flow
 
-from flows.grpo import config_source, describe_flow_run, flow_run_name_from_run_dir, grpo
+from flows.flow_args import config_source
+from flows.grpo import describe_flow_run, flow_run_name_from_run_dir, grpo
 from miles.prepare import resolve_run
 from miles.config import parse_config
 

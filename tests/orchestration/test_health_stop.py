@@ -1,4 +1,4 @@
-"""--on-red-flag stop through `miles train` (flows.grpo.main): the chunk is not retried, the flow run ends Failed
+"""--on-red-flag stop through `miles train` (flows.train_command.main): the chunk is not retried, the flow run ends Failed
 with the signal and why, the checkpoint of the flagged rollout is there, the grpo-health artifact and red-flag
 event say the same, and the run's scorecard is still printed, published as `grpo-scorecard` and set as the
 MLflow run's description."""
@@ -33,7 +33,7 @@ def test_a_red_flag_stops_the_flow_with_a_checkpoint_a_failed_state_and_a_scorec
     from mlflow.tracking import MlflowClient
     from prefect.artifacts import Artifact
 
-    from flows.grpo import main
+    from flows.train_command import main
     from miles.tracking.run_description import mlflow_run_id
     from miles.tracking.sinks.mlflow_sink import DESCRIPTION_TAG
     from miles.tracking.state import DeliveryState
@@ -77,7 +77,7 @@ def test_a_non_finite_step_stops_the_flow_once_with_a_scorecard(prefect_api, tmp
     prints the scorecard, which the flow also publishes."""
     from prefect.artifacts import Artifact
 
-    from flows.grpo import main
+    from flows.train_command import main
 
     run_dir = tmp_path / f"non-finite-{tmp_path.name}"
     code = main([*FLOW, "--run-dir", str(run_dir), "--custom-rm-path", "tests.health.broken_rewards.huge"])

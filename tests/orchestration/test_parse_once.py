@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 import flows.grpo as grpo_module
+import flows.train_command as train_command
 import miles.config
-from flows.grpo import build_argv, flow_config, flow_parameters, given_run_dir, handing_over
+from flows.flow_args import build_argv, flow_parameters
+from flows.grpo import flow_config, given_run_dir, handing_over
 
 
 class StopAfterPrepare(Exception):
@@ -27,7 +29,7 @@ def test_miles_train_parses_once(prefect_api, tmp_path, monkeypatch):
     monkeypatch.setattr(grpo_module, "RunDirLock", lock)
     run_dir = tmp_path / "parsed-once"
     with pytest.raises(StopAfterPrepare):
-        grpo_module.main(["--num-rollout", "2", "--run-dir", str(run_dir)])
+        train_command.main(["--num-rollout", "2", "--run-dir", str(run_dir)])
     assert taken == [str(run_dir)]
     assert len(parses) == 1, parses
 

@@ -90,7 +90,8 @@ def test_where_to_look_says_how_deployments_appear(tmp_path, capsys):
 def test_the_terminal_prints_the_wall_time_of_the_flows_scorecard(tmp_path, capsys):
     """First-hour N8: the terminal's scorecard said 3m12s (measured after the teardown) where the Prefect
     artifact and MLflow's description, made by finish_run, said 2m54s; now all print finish_run's figure."""
-    from flows.grpo import STARTED_AT_ENV, command_started_at, wall_time
+    from flows.grpo import STARTED_AT_ENV, command_started_at
+    from flows.train_command import wall_time
 
     config = resolve_run(parse_config(["--run-dir", str(tmp_path / "r")]))
     (tmp_path / "r").mkdir()

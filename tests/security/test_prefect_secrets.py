@@ -33,7 +33,7 @@ def test_secret_flags_are_removed_from_the_stored_argv():
 @pytest.mark.slow
 @pytest.mark.timeout(FLOW_RUN_TIMEOUT_S)
 def test_miles_train_keeps_secrets_out_of_prefect(flow_run):
-    # the session's flow ran `miles train` (flows.grpo.main) with --wandb-key and --router-admin-token
+    # the session's flow ran `miles train` (flows.train_command.main) with --wandb-key and --router-admin-token
     assert "--wandb-key" in flow_run.argv and "--router-admin-token" in flow_run.argv
     assert flow_run.code == 0  # the router ran with the token: the trainer's admin calls carried it
     stored = all_flow_run_parameters()

@@ -84,8 +84,8 @@ FLOW_RUN_TIMEOUT_S = 2400
 
 @pytest.fixture(scope="session")
 def flow_run(prefect_api, tmp_path_factory) -> FlowRun:
-    """`miles train` (flows.grpo.main) once, in this process, with SessionFlow's flags."""
-    from flows.grpo import main
+    """`miles train` (flows.train_command.main) once, in this process, with SessionFlow's flags."""
+    from flows.train_command import main
 
     run_dir = tmp_path_factory.mktemp("session-flow") / "flow-run"
     argv = SessionFlow.argv(run_dir)

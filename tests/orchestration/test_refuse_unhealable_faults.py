@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.grpo import refuse_plain_only
+from flows.grpo import refuse_unhealable_faults
 from miles.config import ConfigError, parse_config
 
 
@@ -14,7 +14,7 @@ from miles.config import ConfigError, parse_config
                                    ["--inject-fault", "raise@1,kill-engine@2,kill-router@3"]])  # one of a list
 def test_faults_that_need_the_supervisor_are_refused_without_it(flags):
     with pytest.raises(ConfigError, match="--inject-fault.*needs --use-fault-tolerance"):
-        refuse_plain_only(parse_config(flags))
+        refuse_unhealable_faults(parse_config(flags))
 
 
 @pytest.mark.parametrize("flags", [
@@ -25,4 +25,4 @@ def test_faults_that_need_the_supervisor_are_refused_without_it(flags):
     ["--use-fault-tolerance", "--inject-fault", "kill-engine:1@1,stop-engine:0@3,kill-router@5"]])
 def test_what_the_flow_can_do_passes(flags):
     config = parse_config(flags)
-    assert refuse_plain_only(config) is config
+    assert refuse_unhealable_faults(config) is config
