@@ -22,6 +22,7 @@ import httpx
 from miles.backends.group import ActorGroup
 from miles.serving.auth import bearer
 from miles.serving.router_client import RouterClient
+from miles.serving.control_http import control_client
 
 
 class WeightSyncError(RuntimeError):
@@ -80,7 +81,8 @@ def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -
     reached = []
     for url in engine_urls:
         try:
-            response = httpx.post(f"{url}/pause_generation", json={"mode": mode}, headers=headers, timeout=120)
+            response = control_client().post(f"{url}/pause_generation", json={"mode": mode}, headers=headers,
+                                             timeout=120)
         except httpx.TransportError:
             continue
         if response.status_code != 200:
@@ -92,7 +94,7 @@ def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -
     finally:
         for url in reached:
             try:
-                httpx.post(f"{url}/continue_generation", json={}, headers=headers, timeout=120)
+                control_client().post(f"{url}/continue_generation", json={}, headers=headers, timeout=120)
             except httpx.TransportError:  # a dead engine: its supervisor relaunches it unpaused
                 pass
 
@@ -217,7 +219,7 @@ class WeightSync:
 def served_version(engine_url: str, probe_ids: list[int]) -> str | None:
     """The weight version an engine serves now, read off a one-token generation."""
     payload = {"input_ids": probe_ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
-    response = httpx.post(f"{engine_url}/generate", json=payload, timeout=120)
+    response = control_client().post(f"{engine_url}/generate", json=payload, timeout=120)
     if response.status_code != 200:
         raise WeightSyncError(f"engine {engine_url} did not answer a probe: {response.status_code}")
     version = (response.json().get("meta_info") or {}).get("weight_version")

@@ -27,6 +27,7 @@ import httpx
 from miles.engines.weights import push_weights_from_disk
 from miles.record.timeline import TimelineWriter
 from miles.serving.router_client import RouterClient
+from miles.serving.control_http import control_client
 
 MAX_BACKOFF_S = 30.0
 ROUTER_TIMEOUT_S = 10.0  # an admin call from the watch thread: a hung router must not hold the engine checks long
@@ -168,7 +169,7 @@ class EngineSupervisor:
         out = []
         for slot in self.slots:
             try:
-                response = httpx.get(slot.url + "/get_weight_version", timeout=self.policy.timeout + 5)
+                response = control_client().get(slot.url + "/get_weight_version", timeout=self.policy.timeout + 5)
                 out.append(str(response.json()["weight_version"]) if response.status_code == 200 else None)
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 out.append(None)
@@ -301,7 +302,7 @@ class EngineSupervisor:
     def _answers(self, slot: EngineSlot) -> bool:
         """One /health from a healer thread (the watch's client is the watch thread's own)."""
         try:
-            return httpx.get(slot.url + "/health", timeout=self.policy.timeout).status_code == 200
+            return control_client().get(slot.url + "/health", timeout=self.policy.timeout).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -13,6 +13,7 @@ from typing import Mapping
 import httpx
 
 from miles.serving.auth import bearer
+from miles.serving.control_http import control_client
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -46,7 +47,7 @@ def push_weights_from_disk(url: str, model_dir: str | Path, version: str,
                            timeout: float = DEFAULT_TIMEOUT_S, token: str | None = None) -> WeightPushResult:
     """Ask the engine at `url` to load the HF checkpoint in `model_dir` and report `version`."""
     payload = {"model_path": str(model_dir), "weight_version": str(version)}
-    response = httpx.post(f"{url.rstrip('/')}/update_weights_from_disk", json=payload, headers=bearer(token),
+    response = control_client().post(f"{url.rstrip('/')}/update_weights_from_disk", json=payload, headers=bearer(token),
                           timeout=timeout)
     return _result(url, response, 0)
 
@@ -74,7 +75,7 @@ def push_weights_in_memory(url: str, state_dict: Mapping[str, "torch.Tensor"], v
                            timeout: float = DEFAULT_TIMEOUT_S, token: str | None = None) -> WeightPushResult:
     """Send the named tensors to the engine's `/update_weights_from_tensor` and report `version`."""
     blob = serialize_state_dict(state_dict)
-    response = httpx.post(f"{url.rstrip('/')}/update_weights_from_tensor", content=blob,
+    response = control_client().post(f"{url.rstrip('/')}/update_weights_from_tensor", content=blob,
                           params={"weight_version": str(version)},
                           headers={"content-type": "application/octet-stream", **bearer(token)}, timeout=timeout)
     return _result(url, response, len(blob))

@@ -26,6 +26,7 @@ from miles.profiling.summary import WindowSummary, append_summaries, format_tabl
 from miles.profiling.window import ProfileWindow, profiler_dir, window_from_config
 from miles.record import layout
 from miles.serving.auth import bearer
+from miles.serving.control_http import control_client
 
 log = logging.getLogger(__name__)
 _IDLE = nullcontext()
@@ -164,13 +165,14 @@ class RunProfiler(Observer):
         """The engines behind the router (its /list_workers), or the trainer's own list."""
         if self.router_url is None:
             return list(self.engine_urls)
-        answer = httpx.get(f"{self.router_url}/list_workers", headers=self._headers(), timeout=30.0).raise_for_status()
+        answer = control_client().get(f"{self.router_url}/list_workers", headers=self._headers(), timeout=30.0)
+        answer.raise_for_status()
         return [u.rstrip("/") for u in answer.json()["urls"]]
 
     def _start_engines(self, window: ProfileWindow) -> None:
         out = window.engine_trace_dir()
         for i, url in enumerate(self._engine_urls()):
-            httpx.post(f"{url}/start_profile", json={"output_dir": str(out), "profile_id": f"engine{i}",
+            control_client().post(f"{url}/start_profile", json={"output_dir": str(out), "profile_id": f"engine{i}",
                                                      "activities": ["CPU", "GPU"]},
                        headers=self._headers(), timeout=60.0).raise_for_status()
             self.engines.append(url)
@@ -178,7 +180,7 @@ class RunProfiler(Observer):
     def _stop_engines(self, window: ProfileWindow, engines: list[str]) -> list[WindowSummary]:
         summaries = []
         for i, url in enumerate(engines):
-            httpx.post(f"{url}/stop_profile", headers=self._headers(), timeout=300.0).raise_for_status()
+            control_client().post(f"{url}/stop_profile", headers=self._headers(), timeout=300.0).raise_for_status()
             path = window.engine_trace_dir() / f"engine{i}-TP-0.trace.json.gz"
             summaries.append(summarize_trace(path, target="rollout", rank=i, start=self.first,
                                              end=self.last_rollout + 1, run_dir=self.run_dir))
@@ -205,7 +207,7 @@ class RunProfiler(Observer):
 
     def _pid(self, url: str) -> int | None:
         try:
-            return httpx.get(url, headers=self._headers(), timeout=10.0).json().get("pid")
+            return control_client().get(url, headers=self._headers(), timeout=10.0).json().get("pid")
         except (httpx.HTTPError, ValueError, AttributeError):
             return None  # an engine without a pid field (SGLang) or a service that went away
 
@@ -247,7 +249,7 @@ class RunProfiler(Observer):
         try:
             ray.get([a.profile_close.remote() for a in ranks])
             for url in engines:
-                httpx.post(f"{url}/stop_profile", headers=self._headers(), timeout=60.0)
+                control_client().post(f"{url}/stop_profile", headers=self._headers(), timeout=60.0)
         except Exception:  # already reported the first failure; the rest is cleanup
             log.debug("cleanup after a profiling failure failed", exc_info=True)
 

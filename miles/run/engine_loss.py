@@ -13,6 +13,7 @@ import threading
 import httpx
 
 from miles.rollout.generate import NoEngineLeft  # noqa: F401  (raised by the rollout client; re-exported)
+from miles.serving.control_http import control_client
 
 FLAG_HINT = ("without --use-fault-tolerance a dead engine ends the run; with it the engine is relaunched "
              "and the run goes on")
@@ -34,7 +35,7 @@ def silent_engines(engine_urls: list[str], timeout: float = 2.0) -> list[int]:
 
     def probe(index: int, url: str) -> None:
         try:
-            answers[index] = httpx.get(url.rstrip("/") + "/health", timeout=timeout).status_code == 200
+            answers[index] = control_client().get(url.rstrip("/") + "/health", timeout=timeout).status_code == 200
         except httpx.HTTPError:
             answers[index] = False
 

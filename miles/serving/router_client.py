@@ -13,6 +13,7 @@ from typing import Any, Callable
 import httpx
 
 from miles.serving.auth import bearer
+from miles.serving.control_http import control_client
 
 STATS_RETRY_S = 0.5  # between tries of /router_stats while a relaunched router comes back
 
@@ -59,7 +60,8 @@ class RouterClient:
         deadline = time.monotonic() + patience
         while True:
             try:
-                response = httpx.get(f"{self.url}/router_stats", headers=bearer(self.token), timeout=self.timeout)
+                response = control_client().get(f"{self.url}/router_stats", headers=bearer(self.token),
+                                                timeout=self.timeout)
                 break
             except httpx.TransportError:
                 if give_up is not None:
@@ -72,7 +74,7 @@ class RouterClient:
                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
     def _post(self, path: str, body: dict, accept: tuple[int, ...] = (200,)) -> httpx.Response:
-        response = httpx.post(self.url + path, json=body, headers=bearer(self.token), timeout=self.timeout)
+        response = control_client().post(self.url + path, json=body, headers=bearer(self.token), timeout=self.timeout)
         return self._checked(path, response, accept)
 
     def _checked(self, path: str, response: httpx.Response, accept: tuple[int, ...]) -> httpx.Response:
