@@ -136,9 +136,10 @@ def counted(engine_url: str, router_url: str) -> tuple[float, float]:
             total(router_url, "miles_router_request_duration_seconds_count"))
 
 
-def per_call_seconds(n: int = 200_000) -> tuple[float, float]:
-    """(the dearest prometheus_client update the engine makes: a histogram observe, the router's FixedHistogram
-    observe), each the best of 3 timings of `n` calls in this process."""
+def per_call_seconds(n: int = 200_000) -> dict[str, float]:
+    """Seconds per update of each kind the engine and the router make, each the best of 3 timings of `n`
+    calls in this process: the engine's histogram observe, gauge set and counter inc (prometheus_client),
+    the router's FixedHistogram observe."""
     from miles.engines.metrics import EngineMetrics
     from miles.router.stats import FixedHistogram
 
@@ -151,7 +152,8 @@ def per_call_seconds(n: int = 200_000) -> tuple[float, float]:
             times.append((time.perf_counter() - start) / n)
         return min(times)
     metrics, hist = EngineMetrics("bench"), FixedHistogram()
-    return best(metrics.e2e_request_latency.observe), best(hist.observe)
+    return {"histogram": best(metrics.e2e_request_latency.observe), "gauge": best(metrics.num_queue_reqs.set),
+            "counter": best(metrics.generation_tokens.inc), "router": best(hist.observe)}
 
 
 def engine_counts(url: str) -> tuple[float, float]:
@@ -211,12 +213,15 @@ def main(argv: list[str] | None = None) -> int:
 
     on_s, off_s = statistics.median(on), statistics.median(off)
     overhead = on_s / off_s - 1.0
-    # accounted: per request 5 engine updates (queued gauge, first token, the finish's counter and two
-    # histograms) and 3 router histogram observes; per scheduler step 7 (queue and running gauges 3x, the
-    # decode's batch-size histogram, throughput gauge and token counter, a prefill's counter), each priced
-    # at the dearest update (a histogram observe)
-    engine_call, router_call = per_call_seconds()
-    accounted_s = (5 * requests + 7 * steps) * engine_call + 3 * requests * router_call
+    # accounted, each update at its own measured price: per request, the queued gauge at submit, the
+    # first-token histogram, and the finish's counter and two histograms (latency, time per output token),
+    # and 3 router histogram observes; per scheduler step, the queue and running gauges (4 sets), the
+    # batch-size histogram, the throughput gauge and two token counters
+    price = per_call_seconds()
+    per_request = 3 * price["histogram"] + price["counter"] + price["gauge"]
+    per_step = price["histogram"] + 5 * price["gauge"] + 2 * price["counter"]
+    engine_call, router_call = price["histogram"], price["router"]
+    accounted_s = requests * per_request + steps * per_step + 3 * requests * router_call
     accounted = accounted_s / off_s
     samples = rollout.rollout_batch_size * rollout.n_samples_per_prompt
     print(f"rollout of {samples} samples ({rollout.rollout_batch_size} x {rollout.n_samples_per_prompt}, "
@@ -226,14 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'metrics off (no-ops)':28}{off_s:10.3f}{min(off):10.3f}{max(off):10.3f}")
     print(f"overhead of the metrics on the rollout: {overhead:+.2%} (goal <= 1%)")
     print(f"accounted: {requests:.0f} requests and {steps:.0f} decode steps per rollout x "
-          f"{engine_call * 1e6:.2f} us per engine update, {router_call * 1e6:.2f} us per router observe = "
+          f"(engine: {engine_call * 1e6:.2f} us per histogram observe, {price['gauge'] * 1e6:.2f} per gauge set, "
+          f"{price['counter'] * 1e6:.2f} per counter inc; router: {router_call * 1e6:.2f} us per observe) = "
           f"{accounted_s * 1e3:.2f} ms per rollout, {accounted:.3%} of it")
     print(f"GET /metrics: engine {engine_scrape:.2f} ms ({engine_bytes} bytes), "
           f"router {router_scrape:.2f} ms ({router_bytes} bytes)")
     print(json.dumps({"rollout_s_metrics_on": round(on_s, 4), "rollout_s_metrics_off": round(off_s, 4),
                       "overhead_ratio": round(overhead, 4), "reps": args.reps,
                       "accounted_ms_per_rollout": round(accounted_s * 1e3, 3), "accounted_ratio": round(accounted, 5),
-                      "engine_scrape_ms": round(engine_scrape, 3), "router_scrape_ms": round(router_scrape, 3)}))
+                      "engine_scrape_ms": round(engine_scrape, 3), "router_scrape_ms": round(router_scrape, 3),
+                      "price_us": {kind: round(seconds * 1e6, 3) for kind, seconds in price.items()}}))
     return 0
 
 
