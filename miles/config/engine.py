@@ -14,7 +14,8 @@ class EngineConfig:
                        choices=("embedded", "sglang"))
     engine_device: str = flag("auto", "device of the embedded engine (auto: CUDA when present)",
                               choices=("auto", "cpu", "cuda"))
-    engine_max_batch_size: int = flag(64, "most requests the embedded engine decodes together", minimum=1)
+    engine_max_batch_size: int = flag(256, "most requests (samples) the embedded engine decodes together; the "
+                                      "default takes a whole default rollout (32 x 8) in one batch", minimum=1)
     engine_cpu_threads: int = flag(1, "torch CPU threads of the embedded engine; 1 is fastest for a small model on "
                                       "shared cores (more threads spin against each other)", minimum=1)
     engine_max_queued_requests: int = flag(4096, "requests the engine queues before answering 503", minimum=1)

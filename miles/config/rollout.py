@@ -32,7 +32,8 @@ class RolloutConfig:
     rollout_top_k: int = flag(-1, "top-k sampling (-1: off)")
     rollout_num_engines: int = flag(1, "inference engines to launch", minimum=1)
     rollout_num_gpus_per_engine: int = flag(1, "GPUs per SGLang engine", minimum=1)
-    sglang_server_concurrency: int = flag(64, "most requests in flight to the engines at once", minimum=1)
+    sglang_server_concurrency: int = flag(512, "most samples in flight to the engines at once (a request of a "
+                                                 "prompt's n samples counts n)", minimum=1)
     eval_interval: int | None = flag(20, "evaluate every N rollouts (none: never)", minimum=1)
     eval_prompt_data: list[str] = flag([], "eval sets as NAME PATH pairs (default: the generated arithmetic eval set)")
     n_samples_per_eval_prompt: int = flag(4, "samples per eval prompt (pass@k uses k up to this)", minimum=1)
