@@ -21,6 +21,18 @@ def test_tiny_cpu_yaml_equals_the_dataclass_defaults():
     assert parse_config(["--config", str(YAML)]) == parse_config([])
 
 
+def test_a_default_rollout_is_in_flight_and_decoded_at_once():
+    """The whole default rollout reaches the engine together and fits one batch: with 64 samples in flight its
+    256 samples trickled in over the whole rollout (8-15 prefills of 3-56 rows), 1.9-2.2x the in-process
+    generate; with all of them in flight it is 2 prefills and 1.3-1.5x (docs/developer/benchmarks.md)."""
+    from miles.config.engine import EngineConfig
+
+    rollout = RolloutConfig()
+    samples = rollout.rollout_batch_size * rollout.n_samples_per_prompt
+    assert rollout.sglang_server_concurrency >= samples
+    assert EngineConfig().engine_max_batch_size >= samples
+
+
 @pytest.mark.parametrize("argv,flag,fragment", [
     (["--train-backend", "jax"], "--train-backend", "not allowed"),
     (["--eps-clip", "0.3", "--eps-clip-high", "0.2"], "--eps-clip-high", "must be >= --eps-clip"),
