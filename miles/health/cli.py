@@ -86,12 +86,13 @@ def check_disk(path: str = ".") -> Check:
 
 
 def check_base_model() -> Check:
+    from miles.tiny.defaults import MAKING_TAKES
     from miles.tiny.warmstart import base_model_dir
 
     path = base_model_dir()
     made = (path / "warmstart.json").exists()
     return Check("tiny base model", True,
-                 str(path) if made else "not made yet (made once on the first run, about 1.5 min on 2 cores)",
+                 str(path) if made else f"not made yet (made once on the first run, {MAKING_TAKES})",
                  required=False)
 
 

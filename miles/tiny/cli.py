@@ -15,10 +15,12 @@ def main(argv: list[str] | None = None) -> int:
         from miles.tiny.tool_warmstart import ensure_tool_model as ensure, tool_model_dir as target
     else:
         from miles.tiny.warmstart import base_model_dir as target, ensure_base_model as ensure
+    from miles.tiny.defaults import MAKING_TAKES
+
     existed = (target() / "warmstart.json").exists()
     if not existed:  # the warm start takes minutes: say so before it starts, not after the first check
         print(f"making the {'multi-turn ' if args.multi_turn else ''}tiny base model (first start on this machine "
-              f"only, 1-3 min on 2 cores; a supervised warm start until held-out accuracy reaches its target): "
+              f"only, {MAKING_TAKES}; a supervised warm start until held-out accuracy reaches its target): "
               f"{target()}", flush=True)
     path = ensure(progress=not args.quiet)
     report = json.loads((path / "warmstart.json").read_text())

@@ -9,6 +9,10 @@ from pathlib import Path
 from miles.config.resolve import TaskDefaults
 
 
+# How long the warm start takes, said the same way wherever a user is told (measured: 75 s to make it on
+# an idle 2-core machine, 2026-12-04; the first-hour review found four different figures in four places)
+MAKING_TAKES = "about 75 s on an idle 2-core machine, longer when it is busy"
+
 def uses_tool_task(config) -> bool:
     """A custom generate function (multi-turn) falls back on the calculator task, else the addition task."""
     return config.generate.custom_generate_function_path is not None
@@ -46,7 +50,7 @@ def tiny_model_missing(config) -> Path | None:
 
 def make_tiny_model(config, progress: bool = True) -> Path | None:
     """Make the tiny base model the run uses if it is missing (a supervised warm start, once per machine,
-    1-3 minutes on 2 cores), saying so; returns its directory when it was made here."""
+    MAKING_TAKES), saying so; returns its directory when it was made here."""
     target = tiny_model_missing(config)
     if target is None:
         return None
@@ -54,7 +58,7 @@ def make_tiny_model(config, progress: bool = True) -> Path | None:
         from miles.tiny.tool_warmstart import ensure_tool_model as ensure
     else:
         from miles.tiny.warmstart import ensure_base_model as ensure
-    print(f"[prepare] making the tiny base model (first run on this machine only, 1-3 min on 2 cores): {target}",
+    print(f"[prepare] making the tiny base model (first run on this machine only, {MAKING_TAKES}): {target}",
           flush=True)
     start = time.time()
     path = ensure(progress=progress)
