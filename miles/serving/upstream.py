@@ -163,8 +163,15 @@ class Connection(asyncio.Protocol):
     async def send(self, request: bytes, timeout: float, head_only: bool = False) -> None:
         """Write a serialized request and wait for the response head (status and headers)."""
         self.head_only = head_only
+        # a pooled connection the worker (or a client-gone abort) closed before its connection_lost ran:
+        # uvloop raises RuntimeError on the write, which must be the retryable "worker closed" and not a 500
+        if self.closed or self.transport.is_closing():
+            raise self.error or UpstreamError("worker closed the connection", reused=self.reused)
         self.timer = self.loop.call_later(timeout, self._on_timeout)
-        self.transport.write(request)
+        try:
+            self.transport.write(request)
+        except RuntimeError as exc:  # uvloop: "unable to perform operation on <TCPTransport closed=True ...>"
+            raise UpstreamError(f"worker closed the connection ({exc})", reused=self.reused) from None
         while not self.head_done:
             if self.error is not None:
                 raise self.error

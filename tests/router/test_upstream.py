@@ -108,3 +108,51 @@ def test_timeouts_and_refusals_are_upstream_errors():
         with pytest.raises(UpstreamError, match="cannot connect"):
             await UpstreamPool().fetch(endpoint, "GET", "/", 1)
     run(scenario())
+
+
+class ClosedUnderUs:
+    """A transport whose handle is already closed while it does not say it is closing yet: its write raises
+    what uvloop raised in CI ("unable to perform operation on <TCPTransport closed=True ...>")."""
+
+    def __init__(self, transport):
+        self.transport = transport
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.transport.abort()
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False>; "
+                           "the handler is closed")
+
+    def __getattr__(self, name):
+        return getattr(self.transport, name)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_send_on_a_connection_closed_under_it_is_a_retryable_upstream_error(loop):
+    """A pooled connection whose transport closed before its connection_lost ran (a killed worker, a
+    client-gone abort): uvloop raised RuntimeError from the write, which the router answered as a bare
+    500 in the middle of a fault-tolerant run (CI, 2026-12-04). It is the "worker closed" error the proxy
+    retries on a fresh connection."""
+    import uvloop
+
+    server = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    async def scenario():
+        async with server as endpoint:
+            pool = UpstreamPool()
+            assert (await pool.fetch(endpoint, "GET", "/x", 5)).status == 200
+            conn = await pool.acquire(endpoint)  # the pooled one, marked reused
+            conn.transport = ClosedUnderUs(conn.transport)  # the handle closed, connection_lost not yet run
+            with pytest.raises(UpstreamError) as raised:
+                await conn.send(b"GET /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 5)
+            pool.release(endpoint, conn)
+            again = await pool.fetch(endpoint, "GET", "/x", 5)  # the next request dials a new connection
+            pool.close()
+            return raised.value, again
+    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        error, again = runner.run(asyncio.wait_for(scenario(), 30))
+    assert error.reused and "closed" in str(error)
+    assert (again.status, again.body) == (200, b"ok") and server.connections == 2
