@@ -14,6 +14,8 @@ import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from miles.serving.coalesce import CoalescingTransport
+
 # The slowest a request body may arrive, averaged over each head-timeout window: 16 KiB/s lets a body of a few
 # KiB take the whole window and a slow link (128 kbit/s) any size, and ends a trickle within one window.
 MIN_BODY_RATE = 16 * 1024
@@ -33,6 +35,7 @@ def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpTools
         # the connection if a request head has been arriving for longer than that (cheap on the hot path).
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self.transport = CoalescingTransport(transport, self.loop)  # a response's head and body in one send
             self._head_bytes = 0
             self._tail = b""
             self._head_started: float | None = self.loop.time()  # a connection that sends nothing counts too
