@@ -69,6 +69,33 @@ def test_a_reward_that_hangs_is_flagged_live_once_with_one_bundle(hang_run, tmp_
     run.hang_file.touch()
 
 
+def test_diagnose_from_an_ordinary_shell_reads_the_live_runs_ray_state(hang_run, tmp_path):
+    """First-hour N4 / probe N23: a live plain run's local Ray uses token auth. From a shell with no Ray
+    setting, diagnose printed ~20 lines of Ray's "InvalidAuthToken" and packed no Ray state; it now finds
+    the run's token and keeps Ray's output out of the terminal. (The hang run of the first test, held live
+    in its reward as that test left it, before the dead-run test kills it.)"""
+    run = hang_run
+    run.wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts")
+    waiting = run.hang_file.with_name(run.hang_file.name + ".waiting")
+    run.hang_file.unlink(missing_ok=True)  # let go, then held anew: the `.waiting` seen below is this hold's
+    waiting.unlink(missing_ok=True)
+    run.hang_file.touch()  # held live in its reward while diagnose looks
+    run.wait_for(waiting.exists, 120, "the rollout held")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "diagnose", str(run.run_dir), "--json", "--out",
+                           str(tmp_path / "live.tar.gz")], cwd=ROOT, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gcs_client" not in done.stdout + done.stderr and "InvalidAuthToken" not in done.stdout + done.stderr
+    verdict = json.loads(done.stdout.splitlines()[-1])["verdict"]
+    assert verdict["status"] in ("running", "stalled")
+    notes = "\n".join(verdict["details"])
+    assert "Ray state" not in notes and "cannot connect" not in notes and "not reachable" not in notes, notes
+    root = extract(tmp_path / "live.tar.gz", tmp_path / "x")
+    actors = json.loads((root / "ray" / "actors.json").read_text())
+    assert isinstance(actors, list) and actors, actors  # the run's rank (and service) actors
+    assert "Unauthenticated" not in (root / "ray" / "status.txt").read_text()
+
+
 def test_a_stopped_engine_is_named_and_on_red_flag_stop_ends_the_hung_run(start_run, tmp_path):
     run = start_run("--on-red-flag", "stop")
     run.wait_for(lambda: rollouts_done(run.run_dir) >= WARM, START_S, f"{WARM} rollouts")
@@ -127,26 +154,3 @@ def test_a_rank_stopped_in_training_leaves_the_other_blocked_in_a_collective(sta
     assert "torch/distributed/" in stack, stack[:3000]  # blocked in a collective of the process group
     assert re.search(rf"rank0 \(pid {rank0}\) (waits|busy) in \w*(all_reduce|reduce_scatter|all_gather|broadcast|barrier)",
                      verdict["headline"]), verdict["headline"]
-
-
-def test_diagnose_from_an_ordinary_shell_reads_the_live_runs_ray_state(start_run, tmp_path):
-    """First-hour N4 / probe N23: a live plain run's local Ray uses token auth. From a shell with no Ray
-    setting, diagnose printed ~20 lines of Ray's "InvalidAuthToken" and packed no Ray state; it now finds
-    the run's token and keeps Ray's output out of the terminal."""
-    run = start_run("--custom-rm-path", HANG_REWARD)
-    run.wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts")
-    run.hang_file.touch()  # held live in its reward while diagnose looks
-    run.wait_for(run.hang_file.with_name(run.hang_file.name + ".waiting").exists, 120, "the rollout held")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "diagnose", str(run.run_dir), "--json", "--out",
-                           str(tmp_path / "live.tar.gz")], cwd=ROOT, capture_output=True, text=True, timeout=180, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "gcs_client" not in done.stdout + done.stderr and "InvalidAuthToken" not in done.stdout + done.stderr
-    verdict = json.loads(done.stdout.splitlines()[-1])["verdict"]
-    assert verdict["status"] in ("running", "stalled")
-    notes = "\n".join(verdict["details"])
-    assert "Ray state" not in notes and "cannot connect" not in notes and "not reachable" not in notes, notes
-    root = extract(tmp_path / "live.tar.gz", tmp_path / "x")
-    actors = json.loads((root / "ray" / "actors.json").read_text())
-    assert isinstance(actors, list) and actors, actors  # the run's rank (and service) actors
-    assert "Unauthenticated" not in (root / "ray" / "status.txt").read_text()

@@ -19,7 +19,7 @@ from miles.serving.process import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
-STOP_GRACE_S = 15.0
+STOP_GRACE_S = 3.0  # a head's `ray start --block` and its GCS outlast SIGTERM by 15 s; a test cluster needs no graceful end
 
 
 def base_env() -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""Every launch path of docs/user-guide/orchestration.md against a real `ray start --head` with token auth: `ray job submit`
-of both entry points through the head's job server (rows in `ray job logs`), `--ray-address` of both
-with the token where Ray keeps it and a second node joined, and a wrong token named as such."""
+"""Every launch path of docs/user-guide/orchestration.md against one real two-node cluster (`ray start --head`
+and a second `ray start`, 1 CPU each, token auth): `ray job submit` of both entry points through the head's job
+server (rows in `ray job logs`), with and without `--working-dir`, `--ray-address` of both with the token where
+Ray keeps it, a wrong token named as such, and a job's working dir left in place under its driver."""
 from __future__ import annotations
 
 import json
@@ -25,12 +26,16 @@ README_MULTI_NODE = [
 ]
 TINY = ["--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--eval-interval", "none"]
 RUN_TIMEOUT_S = 480
+PROBE_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
 def head():
-    head = start_head()
+    """The multi-node recipe's cluster, shared by the module's tests: a 1-CPU head and a 1-CPU second node
+    sharing its temp dir (as two `ray start` with Ray's default /tmp/ray do), token auth on."""
+    head = start_head(num_cpus=1)
     try:
+        head.join_node(num_cpus=1, share_temp_dir=True)
         yield head
     finally:
         head.stop()
@@ -55,6 +60,27 @@ def test_the_docs_show_the_recipes_these_tests_run():
 
 
 @pytest.mark.slow
+def test_the_working_dir_is_not_replaced_under_a_job_after_connect(head):
+    """Two nodes started as the docs show (`ray start --head`, then `ray start --address`, one temp dir) share
+    one copy of a job's `--working-dir`, and each node's runtime-env agent deletes and unpacks that copy again
+    the first time a worker there needs it (Ray's working_dir plugin unpacks with overwrite=True). The first
+    task placed on the second node then replaced the tree the driver and its services were importing from:
+    the first-hour review's "ModuleNotFoundError: No module named 'miles.serving.parent_watch'". `connect` now
+    has every node unpack the copy before it returns. First of the module's jobs: no node holds the copy yet."""
+    assert head.alive_nodes() == 2
+    env = {**head.cli_env(), "PYTHONPATH": ""}  # only the uploaded copy, as on a clean clone's nodes
+    proc = run(["ray", "job", "submit", f"--address={head.dashboard}", "--working-dir", ".", "--",
+                "python", "-m", "tests.orchestration.working_dir_probe"], env, timeout=PROBE_TIMEOUT_S)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    probe = json.loads(lines[-1].removeprefix("PROBE "))
+    assert probe["other_nodes"] == 1 and probe["placed"]
+    assert not probe["replaced_after_connect"], probe
+    assert probe["cwd_live"], probe
+    assert probe["child_import"], probe
+
+
+@pytest.mark.slow
 def test_ray_job_submit_runs_both_entry_points_and_ray_job_logs_has_the_rows(head, prefect_api, tmp_path):
     for i, command in enumerate(README_JOB_SUBMIT):
         run_dir, job_id = tmp_path / f"run{i}", f"miles-test-{tmp_path.name}-{i}"
@@ -72,7 +98,6 @@ def test_ray_job_submit_runs_both_entry_points_and_ray_job_logs_has_the_rows(hea
 
 @pytest.mark.slow
 def test_ray_address_with_token_auth_and_a_second_node(head, prefect_api, tmp_path):
-    head.join_node(num_cpus=1)
     assert head.alive_nodes() == 2
     env = head.driver_env(PREFECT_API_URL=prefect_api.api_url)  # no RAY_AUTH_MODE: found from the token
     flow = run([*with_ports(README_MULTI_NODE[2], head), *TINY, "--run-dir", str(tmp_path / "flow"),
@@ -117,27 +142,22 @@ def proc_ok(proc: subprocess.CompletedProcess) -> bool:
 
 
 @pytest.mark.slow
-def test_ray_job_submit_with_the_working_dir_on_two_one_cpu_nodes(tmp_path):
+def test_ray_job_submit_with_the_working_dir_on_two_one_cpu_nodes(head, tmp_path):
     """The multi-node recipe as a job (the first-hour review's failing case): a 1-CPU head and a 1-CPU
     second node with token auth, the checkout uploaded with --working-dir (the job's driver imports the
     uploaded copy first), MLflow on; the run finishes and the engine loads torch."""
-    head = start_head(num_cpus=1)
-    try:
-        head.join_node(num_cpus=1, share_temp_dir=True)  # as the recipe's two `ray start` share /tmp/ray
-        assert head.alive_nodes() == 2
-        env = {**head.cli_env(), "PYTHONPATH": ""}
-        run_dir, job_id = tmp_path / "run", f"miles-test-{tmp_path.name}-wd"
-        submit = with_ports(README_MULTI_NODE[4], head)
-        cut = submit.index("--")
-        proc = run([*submit[:cut], "--submission-id", job_id, *submit[cut:], *TINY, "--run-dir", str(run_dir)], env)
-        assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, \
-            proc.stdout[-3000:] + proc.stderr[-3000:] + engine_log(run_dir)
-        assert journal_rollouts(run_dir) == [0]
-        assert "Ignoring upload" in proc.stderr or "Uploading package" in proc.stderr  # the working dir went up
-        assert "Cannot load" not in engine_log(run_dir)
-        assert (run_dir.parent / "mlflow.db").exists()  # the store of the runs beside it
-    finally:
-        head.stop()
+    assert head.alive_nodes() == 2
+    env = {**head.cli_env(), "PYTHONPATH": ""}
+    run_dir, job_id = tmp_path / "run", f"miles-test-{tmp_path.name}-wd"
+    submit = with_ports(README_MULTI_NODE[4], head)
+    cut = submit.index("--")
+    proc = run([*submit[:cut], "--submission-id", job_id, *submit[cut:], *TINY, "--run-dir", str(run_dir)], env)
+    assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, \
+        proc.stdout[-3000:] + proc.stderr[-3000:] + engine_log(run_dir)
+    assert journal_rollouts(run_dir) == [0]
+    assert "Ignoring upload" in proc.stderr or "Uploading package" in proc.stderr  # the working dir went up
+    assert "Cannot load" not in engine_log(run_dir)
+    assert (run_dir.parent / "mlflow.db").exists()  # the store of the runs beside it
 
 
 def engine_log(run_dir: Path) -> str:

@@ -1,4 +1,5 @@
-"""A Ray job's driver for test_working_dir_nodes.py: joins the job's cluster with miles' `connect`, then
+"""A Ray job's driver for test_launch_paths.py::test_the_working_dir_is_not_replaced_under_a_job_after_connect:
+joins the job's cluster with miles' `connect`, then
 places a task on every other node (as a run places its engines and training ranks) and reports, as one
 JSON line, whether the uploaded working dir it runs in was replaced under it and whether a child started
 there (a service, `python -m miles...`) still imports miles.serving.parent_watch."""
