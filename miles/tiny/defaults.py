@@ -21,9 +21,9 @@ def uses_tool_task(config) -> bool:
 def task_defaults(multi_turn: bool) -> TaskDefaults:
     """The cached files of the tiny task (they may not exist yet: `make_task_files` makes them)."""
     if multi_turn:
-        from miles.tiny.tool_warmstart import tool_model_dir as model_dir, tool_task_dir as data_dir
+        from miles.tiny.recipes import tool_model_dir as model_dir, tool_task_dir as data_dir
     else:
-        from miles.tiny.warmstart import base_model_dir as model_dir, task_data_dir as data_dir
+        from miles.tiny.recipes import base_model_dir as model_dir, task_data_dir as data_dir
     data = data_dir()
     return TaskDefaults(model=model_dir(), train_data=data / "train.jsonl", eval_data=data / "eval.jsonl")
 
@@ -34,9 +34,9 @@ def make_task_data(config) -> None:
     task = task_defaults(multi_turn)
     if config.rollout.prompt_data == str(task.train_data) or str(task.eval_data) in config.rollout.eval_prompt_data:
         if multi_turn:
-            from miles.tiny.tool_warmstart import tool_task_data as write
+            from miles.tiny.recipes import tool_task_data as write
         else:
-            from miles.tiny.warmstart import default_task_data as write
+            from miles.tiny.recipes import default_task_data as write
         write()
 
 

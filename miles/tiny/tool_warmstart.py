@@ -10,8 +10,6 @@ beside the single-turn base model (`tiny-tool-base-<id>`).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -23,31 +21,13 @@ from miles.tiny import tool_task
 from miles.tiny.model import build_tiny_model
 from miles.tiny.progress import ProgressLines, off_terminal
 from miles.tiny.task import Problem
-from miles.config.cache import cache_root
+from miles.tiny.recipes import TOOL, tool_model_dir, tool_task_data, tool_task_dir  # noqa: F401 (named here too)
 from miles.tiny.warmstart import ensure_cached, save_checkpoint
 
-RECIPE = dict(version=2, seed=0, lr=3e-3, batch_size=64, max_steps=1500, eval_every=100, tool_rows=0.5,
-              call_share=0.3, target_tool_path=0.95, eval_prompts=256)
+RECIPE = TOOL
 # P(a tool row labels its first token) so that call_share of all first-token labels are the call:
 # tool_rows * q / (tool_rows * q + 1 - tool_rows) = call_share.
 DECISION_LABEL_P = (RECIPE["call_share"] / (1 - RECIPE["call_share"])) * (1 - RECIPE["tool_rows"]) / RECIPE["tool_rows"]
-
-
-def recipe_id() -> str:
-    return hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def tool_model_dir() -> Path:
-    return cache_root() / f"tiny-tool-base-{recipe_id()}"
-
-
-def tool_task_dir() -> Path:
-    return cache_root() / "tiny-tool-task"
-
-
-def tool_task_data() -> tuple[Path, Path]:
-    """The multiplication train and eval JSONL files (written on first use)."""
-    return tool_task.write_task_data(tool_task_dir(), seed=RECIPE["seed"])
 
 
 def ensure_tool_model(progress: bool = True) -> Path:

@@ -11,7 +11,6 @@ is cached by recipe; `miles base-model` prints its path.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -25,28 +24,11 @@ import torch.nn.functional as F
 from miles.config.cache import cache_root
 from miles.tiny.model import build_tiny_model
 from miles.tiny.progress import ProgressLines, off_terminal
-from miles.tiny.task import Problem, split_problems, write_task_data
+from miles.tiny.recipes import ADDITION, base_model_dir, default_task_data, task_data_dir  # noqa: F401 (named here too: their callers import them from here)
+from miles.tiny.task import Problem, split_problems
 
-RECIPE = dict(version=3, seed=0, lr=3e-3, batch_size=64, max_steps=8000, eval_every=250,
-              label_smoothing=0.3, target_greedy=0.95, eval_prompts=256)
+RECIPE = ADDITION
 TARGET_GREEDY = RECIPE["target_greedy"]
-
-
-def recipe_id() -> str:
-    return hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def task_data_dir() -> Path:
-    return cache_root() / "tiny-task"
-
-
-def default_task_data() -> tuple[Path, Path]:
-    """The arithmetic train and eval JSONL files (written on first use)."""
-    return write_task_data(task_data_dir(), seed=RECIPE["seed"])
-
-
-def base_model_dir() -> Path:
-    return cache_root() / f"tiny-base-{recipe_id()}"
 
 
 @contextmanager

@@ -9,14 +9,15 @@ import threading
 
 import pytest
 
-from miles.tiny import cli, warmstart
+from miles.tiny import cli, recipes, warmstart
 from miles.tiny.progress import ProgressLines
 
 
 @pytest.fixture
 def fake_warm_start(tmp_path, monkeypatch, capsys):
     """An empty cache and a warm start that records what was printed before it began."""
-    monkeypatch.setattr(warmstart, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(warmstart, "cache_root", lambda: tmp_path)  # the lock
+    monkeypatch.setattr(recipes, "cache_root", lambda: tmp_path)  # the model's directory
     seen = {}
 
     def make(out_dir, progress=True):
