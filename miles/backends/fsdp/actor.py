@@ -10,9 +10,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+# torch's FSDP, device mesh and checkpoint state-dict modules load DTensor (a second of CPU): imported where a
+# rank uses them, so the driver, which imports this class only to name the Ray actor, never loads them
 
 from miles.backends import hf_weights as W
 from miles.backends.base import ActorInfo
@@ -26,9 +25,12 @@ from miles.backends.ppo import PPORank, load_state_file
 class FSDPTrainActor(PPORank):
     # ---- set-up -------------------------------------------------------------------------
     def _init_parallel(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
 
     def _sharded(self, model_path: str, trainable: bool):
+        from torch.distributed.fsdp import fully_shard
         from transformers import AutoModelForCausalLM
 
         with W.no_loading_bar():  # the engine's load shows the bar for these weights
@@ -68,6 +70,8 @@ class FSDPTrainActor(PPORank):
 
     def save(self, directory: str) -> list[str]:
         """Collective: rank 0 writes model (HF layout), optimizer and scheduler; each rank its RNG."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
         out = Path(directory)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
@@ -75,6 +79,8 @@ class FSDPTrainActor(PPORank):
 
     def load(self, directory: str) -> ActorInfo:
         """Collective: every rank reads the full files (shared storage) and keeps its shard."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
         src = Path(directory)
         model_state = W.read_hf_weights(src, self.tied)
         optim_state = load_state_file(src / "optimizer.pt")
