@@ -132,7 +132,7 @@ class Proxy:
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            head = request_head(scope, self.hop_id, self.max_body_bytes)
+            head, routing_key = request_head(scope, self.hop_id, self.max_body_bytes)
             body = await read_body(receive, self.max_body_bytes)
         except ClientGone:
             return
@@ -149,13 +149,13 @@ class Proxy:
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep())
         try:
-            await self.forward(scope, head, body, watch, send, start)
+            await self.forward(scope, head, body, watch, send, start, routing_key)
         finally:
             self._unwatched.pop(watch, None)
             watch.close()
 
-    async def forward(self, scope, head: bytes, body: bytes, watch: ClientWatch, send, start: float) -> None:
-        routing_key = routing_key_of(scope)
+    async def forward(self, scope, head: bytes, body: bytes, watch: ClientWatch, send, start: float,
+                      routing_key: bytes | None = None) -> None:
         tried: list[Worker] = []
         retries = 0
         error: str | None = None
@@ -201,10 +201,12 @@ class Proxy:
         request = b"%sHost: %s\r\nContent-Length: %d\r\n\r\n%s" % (head, endpoint.host_header, len(body), body)
         head_only = scope["method"] == "HEAD"
         for _ in range(2):  # a second go only when a pooled connection turned out to be closed
-            try:
-                conn = await self.upstream.acquire(endpoint)
-            except UpstreamError as exc:
-                return Outcome(delivered=False, error=str(exc))
+            conn = self.upstream.take_idle(endpoint)
+            if conn is None:
+                try:
+                    conn = await self.upstream.acquire(endpoint)
+                except UpstreamError as exc:
+                    return Outcome(delivered=False, error=str(exc))
             watch.conn = conn
             if watch.gone:
                 conn.abort()
@@ -257,21 +259,13 @@ class Proxy:
         return DELIVERED_FAILED if failed else DELIVERED_OK
 
 
-def routing_key_of(scope) -> bytes | None:
-    for name, value in scope["headers"]:
-        if name == ROUTING_KEY_HEADER:
-            return value or None
-    return None
-
-
 def _small_body(conn: Connection) -> bool:
     """Read whole before answering (so a failure mid-body can still fail over): only a body whose
     Content-Length is known and small. Chunked and unframed bodies (SSE streams) pass through as they come."""
     if not conn.framed:
         return False
-    for name, value in conn.headers:
-        if name == b"content-length":
-            return int(value) <= SMALL_BODY
+    if conn.content_length is not None:
+        return conn.content_length <= SMALL_BODY
     status = conn.status
     return status in (204, 304) or status < 200  # framed without a length: no body, or chunked
 
@@ -299,18 +293,22 @@ async def read_body(receive, max_bytes: int) -> bytes:
             return b"".join(parts)
 
 
-def request_head(scope, hop_id: bytes, max_body_bytes: int) -> bytes:
+def request_head(scope, hop_id: bytes, max_body_bytes: int) -> tuple[bytes, bytes | None]:
     """Request line and forwarded headers with this router's hop id, ending before Host/Content-Length
-    (added per worker). Raises LoopDetected if the request went through this router already, and
-    BodyTooLarge when its Content-Length says so (before a byte of the body is read)."""
+    (added per worker), and the routing key (SGLang's affinity header) if one was sent. Raises
+    LoopDetected if the request went through this router already, and BodyTooLarge when its
+    Content-Length says so (before a byte of the body is read)."""
     target = scope.get("raw_path") or scope["path"].encode()
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
     lines = [b"%s %s HTTP/1.1\r\n" % (scope["method"].encode(), target)]
     hops = hop_id
+    routing_key, keyed = None, False
     for name, value in scope["headers"]:
         if name not in REQUEST_SKIP:
-            if name == HOP_HEADER:
+            if name == ROUTING_KEY_HEADER and not keyed:  # the first one counts
+                routing_key, keyed = value or None, True
+            elif name == HOP_HEADER:
                 if hop_id in value.split(b","):
                     raise LoopDetected
                 hops = value + b"," + hop_id
@@ -319,7 +317,7 @@ def request_head(scope, hop_id: bytes, max_body_bytes: int) -> bytes:
         elif name == b"content-length" and value.isdigit() and int(value) > max_body_bytes:
             raise BodyTooLarge
     lines.append(b"%s: %s\r\n" % (HOP_HEADER, hops))
-    return b"".join(lines)
+    return b"".join(lines), routing_key
 
 
 async def send_json(send, status: int, payload: dict) -> None:

@@ -50,6 +50,19 @@ class CoalescingTransport:
         if held and not self._transport.is_closing():
             self._transport.write(held[0] if len(held) == 1 else b"".join(held))
 
+    # asked on every request (uvicorn, the proxy): plain methods, not the __getattr__ pass-through
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default=None):
+        return self._transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size() + self._size
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from miles.serving import origin_guard
 from miles.serving.origin_guard import host_name, is_loopback_name, refusal
 
 
@@ -47,3 +48,26 @@ def test_off_loopback_any_host_is_answered():
     assert refusal({"host": "trainer-node-3:30000"}, "GET", "/health", False, never) is None
     assert refusal({"host": "trainer-node-3:30000", "origin": "http://evil.example"}, "POST", "/x", False,
                    never) is not None
+
+
+def guard_scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> dict:
+    return {"type": "http", "method": method, "path": path, "headers": headers}
+
+
+def test_guard_verdicts_are_kept_per_client_shape_and_judged_afresh_for_large_heads():
+    """The router asks on every request, so verdicts are cached: one entry for a client whatever its body's
+    size, a separate one for an empty body (the content-type rule differs), none for an oversized head."""
+    origin_guard._cached_answer.cache_clear()
+    page = [(b"host", b"127.0.0.1:30000"), (b"origin", b"http://127.0.0.1:30000"), (b"content-type", b"text/plain")]
+    for size in (b"17", b"4096", b"123456"):
+        verdict = origin_guard.guard_answer(guard_scope("POST", "/generate", page + [(b"content-length", size)]),
+                                            True, never)
+        assert verdict is not None and verdict[0] == 415
+    assert origin_guard._cached_answer.cache_info().currsize == 1
+    empty = origin_guard.guard_answer(guard_scope("POST", "/generate", page + [(b"content-length", b"0")]), True, never)
+    assert empty is None  # no body: any type goes
+    assert origin_guard._cached_answer.cache_info().currsize == 2
+    rebound = [(b"host", b"evil.example" + b"x" * 600)]
+    verdict = origin_guard.guard_answer(guard_scope("GET", "/health", rebound), True, never)
+    assert verdict is not None and verdict[0] == 403 and "not a loopback name" in verdict[1]
+    assert origin_guard._cached_answer.cache_info().currsize == 2  # judged, not kept
