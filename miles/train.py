@@ -122,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     from miles.compare.run_end import compare_at_end
     from miles.prepare import make_base_model, prepare
     from miles.run.engine_loss import EnginesLost
+    from miles.run.lock import RunDirLock
 
     started_at = time.time()  # the scorecard's wall time: from here to the scorecard (miles.run.scorecard.WALL_TIME)
     config = prepare(argv, prog="python -m miles.train", make_model=False)  # checked before anything starts
+    # a run dir another trainer holds is refused now, not after the model's first build (a minute); train() holds it
+    RunDirLock(config.train.run_dir).release()
     print_where_to_look(config)  # before the long work: the tiny model's first build, Ray, the engines
     make_base_model(config)
     mlflow_uri = config.tracking.mlflow_tracking_uri

@@ -107,10 +107,13 @@ def test_a_second_trainer_on_a_run_dir_fails_naming_the_holder(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=f"in use by another trainer \\(pid {holder.pid} "):
             RunDirLock(tmp_path)
+        cache = tmp_path / "empty-cache"  # no tiny model: a trainer that went on would make one (a minute)
         done = subprocess.run([sys.executable, "-m", "miles.train", "--run-dir", str(tmp_path), "--num-rollout", "1"],
-                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+                              capture_output=True, text=True, timeout=300, cwd=ROOT,
+                              env={**os.environ, "MILES_CACHE_DIR": str(cache)})
         assert done.returncode == 2 and f"pid {holder.pid}" in done.stderr and "Traceback" not in done.stderr
         assert not (tmp_path / "logs").exists()  # refused before any service started
+        assert not any(cache.glob("tiny-base-*"))  # ... and before the model was made
     finally:
         holder.kill()  # SIGKILL: the kernel drops its lock, so the next trainer takes it over
         holder.wait()
