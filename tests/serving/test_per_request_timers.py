@@ -59,6 +59,7 @@ async def serve(keep_alive: float, head_timeout: float):
     return server, server.sockets[0].getsockname()[1]
 
 
+KEEP_ALIVE = 1.5
 REQUEST = b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
@@ -69,17 +70,17 @@ async def answer(reader: asyncio.StreamReader) -> bytes:
 
 def test_a_kept_alive_connection_makes_no_timer_per_request_and_is_closed_once_idle():
     async def scenario():
-        server, port = await serve(keep_alive=0.6, head_timeout=0.2)
+        server, port = await serve(keep_alive=KEEP_ALIVE, head_timeout=0.2)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(50):
             writer.write(REQUEST)
             assert (await answer(reader)).startswith(b"HTTP/1.1 200 OK")
         busy_for = 0.0
-        for _ in range(4):  # requests 0.3 s apart: never idle for the keep-alive's 0.6 s, so it stays open
-            await asyncio.sleep(0.3)
+        for _ in range(5):  # requests 0.4 s apart: never idle for the keep-alive's 1.5 s, so it stays open
+            await asyncio.sleep(0.4)
             writer.write(REQUEST)
             assert (await answer(reader)).endswith(b"{}")
-            busy_for += 0.3
+            busy_for += 0.4
         idle_start = time.monotonic()
         assert await reader.read(1) == b""  # closed by the server once idle past the keep-alive
         idle = time.monotonic() - idle_start
@@ -87,10 +88,10 @@ def test_a_kept_alive_connection_makes_no_timer_per_request_and_is_closed_once_i
         server.close()
         return busy_for, idle
     (busy_for, idle), timers = run_counting(scenario)
-    assert busy_for >= 1.2  # longer than the keep-alive, in use all along
-    assert 0.6 <= idle < 0.6 + 0.2 + 1.0  # within one head-timer period of the keep-alive (+ a busy machine)
+    assert busy_for > KEEP_ALIVE  # open longer than the keep-alive, in use all along
+    assert KEEP_ALIVE <= idle < KEEP_ALIVE + 0.2 + 2.0  # within one head-timer period of it (+ a busy machine)
     assert not [name for name in timers if name.endswith("timeout_keep_alive_handler")], timers
-    assert sum(timers.values()) < 40, timers  # one head timer per period, not one per request (54 requests)
+    assert sum(timers.values()) < 45, timers  # one head timer per period, not one per request (55 requests)
 
 
 def test_a_pooled_upstream_connection_keeps_one_timer_and_a_shorter_timeout_still_fires():
@@ -125,6 +126,6 @@ def test_a_pooled_upstream_connection_keeps_one_timer_and_a_shorter_timeout_stil
             server.close()
             await server.wait_closed()
     took, timers = run_counting(scenario)
-    assert took < 2.0  # at its own deadline, not the 60 s one the connection's timer was armed for
+    assert took < 5.0  # at its own deadline, not the 60 s one the connection's timer was armed for
     per_connection = sum(n for name, n in timers.items() if name.startswith("Connection."))
     assert per_connection <= 3, timers  # not one per request (51 requests)
