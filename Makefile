@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-durations test-fast test-slow install deploy bench clean
+.PHONY: run test test-fast test-slow install deploy bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,9 +20,6 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=25 -n 2 tests
-
-test-durations: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --record-scope-seconds tests
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests

@@ -105,82 +105,14 @@ def scope_of(nodeid: str, root: Path) -> str:
     return next((run for run in SESSION_RUNS if run in arguments), module)
 
 
-def pytest_sessionstart(session):
-    """The cached checkpoints the runs start from, made in the background at once (tests/support/model_makers.py);
-    by the xdist controller, or the one process of a run without workers."""
-    if hasattr(session.config, "workerinput"):
-        return
-    from tests.support import model_makers
-
-    session.config.stash[MAKERS_KEY] = model_makers.start(session.config.rootpath)
-
-
-def pytest_sessionfinish(session):
-    recorder = RECORDER.pop("recorder", None)
-    if recorder is not None:
-        print(f"\nscope seconds written to {recorder.write()}")
-    started = session.config.stash.get(MAKERS_KEY, [])
-    if started:
-        from tests.support import model_makers
-
-        for line in model_makers.stop(started):
-            print(f"\nnote: {line}")
-
-
-MAKERS_KEY = pytest.StashKey[list]()
-
-
-def pytest_addoption(parser):
-    parser.addoption("--record-scope-seconds", action="store_true",
-                     help="write each scheduling scope's seconds to tests/support/scope_seconds.json (make test-durations)")
-
-
-def pytest_configure(config):
-    if config.getoption("--record-scope-seconds") and not hasattr(config, "workerinput"):
-        from tests.support.scope_seconds import Recorder
-
-        RECORDER["recorder"] = Recorder(lambda nodeid: scope_of(nodeid, config.rootpath))
-
-
-def pytest_runtest_logreport(report):
-    recorder = RECORDER.get("recorder")
-    if recorder is not None:
-        recorder.add(report.nodeid, report.duration)
-
-
-RECORDER: dict[str, object] = {}  # the controller's recorder, for the report hook (which gets no config)
-
-
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs the suite on two workers (`-n 2`), a scope of `scope_of` at a time, from both ends of
-    the scopes ordered by their recorded seconds (tests/support/scope_seconds.py): the first worker takes the
-    longest first, the second the shortest, so that a run of Ray, engines and flows always has the many small
-    tests beside it, and the two meet in the middle with nothing long left. (xdist's own `--dist loadgroup`
-    marks do not reach its scheduler under pytest 9.2, which keeps a node's id in `_id`, not `_nodeid`: that
-    is why this is a scheduler and not marks.)"""
+    """`make test` runs the suite on two workers (`-n 2`), a scope of `scope_of` at a time, the scopes with the
+    most tests first. (xdist's own `--dist loadgroup` marks do not reach its scheduler under pytest 9.2, which
+    keeps a node's id in `_id`, not `_nodeid`: that is why this is a scheduler and not marks.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    from tests.support import scope_seconds
-
-    recorded = scope_seconds.load()
-
     class ModuleScheduling(LoadScopeScheduling):
-        _ordered = False
-
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid, config.rootpath)
-
-        def _assign_work_unit(self, node) -> None:
-            if not self._ordered:  # the queue is whole before the first unit goes out: order it once
-                self._ordered = True
-                self._ends: dict[object, bool] = {}  # node -> takes from the short end
-                queue = dict(self.workqueue)
-                self.workqueue.clear()
-                for scope in scope_seconds.order(queue, recorded):
-                    self.workqueue[scope] = queue[scope]
-            short_end = self._ends.setdefault(node, len(self._ends) % 2 == 1)
-            if short_end and len(self.workqueue) > 1:  # xdist hands out the front: bring the back there
-                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
-            super()._assign_work_unit(node)
 
     return ModuleScheduling(config, log)
