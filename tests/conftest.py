@@ -8,12 +8,6 @@ from pathlib import Path
 
 import pytest
 
-# torch's OpenMP threads sleep when idle instead of spinning, in every process the suite starts (engines, ranks,
-# drivers, Ray workers inherit it): on two cores shared by two workers' runs, spinning threads burned the CPU
-# the others needed (three small torch trainings at once: 11-14 s each spinning, 4.6-5.8 s sleeping). Set
-# before anything imports torch; the numbers computed are the same.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 pytest_plugins = ["tests.support.sessions"]  # the runs many tests read (train once, check many times)
 
 
