@@ -204,7 +204,7 @@ class Proxy:
             conn = self.upstream.take_idle(endpoint)
             if conn is None:
                 try:
-                    conn = await self.upstream.acquire(endpoint)
+                    conn = await self.upstream.dial(endpoint)
                 except UpstreamError as exc:
                     return Outcome(delivered=False, error=str(exc))
             watch.conn = conn

@@ -241,7 +241,7 @@ class UpstreamPool:
         self._idle: dict[Endpoint, list[Connection]] = {}
 
     def take_idle(self, endpoint: Endpoint) -> Connection | None:
-        """A pooled connection to `endpoint`, or None (then `acquire` dials one): no coroutine when one is idle."""
+        """A pooled connection to `endpoint`, or None (then `dial` one): no coroutine when one is idle."""
         idle = self._idle.get(endpoint)
         while idle:
             conn = idle.pop()
@@ -251,9 +251,10 @@ class UpstreamPool:
         return None
 
     async def acquire(self, endpoint: Endpoint) -> Connection:
-        conn = self.take_idle(endpoint)
-        if conn is not None:
-            return conn
+        return self.take_idle(endpoint) or await self.dial(endpoint)
+
+    async def dial(self, endpoint: Endpoint) -> Connection:
+        """A new connection to `endpoint`."""
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
