@@ -22,7 +22,7 @@ from miles.tiny.model import build_tiny_model
 from miles.tiny.progress import ProgressLines, off_terminal
 from miles.tiny.task import Problem
 from miles.tiny.recipes import TOOL, tool_model_dir, tool_task_data, tool_task_dir  # noqa: F401 (named here too)
-from miles.tiny.warmstart import ensure_cached, save_checkpoint
+from miles.tiny.warmstart import ensure_cached, one_thread, save_checkpoint, token_ids
 
 RECIPE = TOOL
 # P(a tool row labels its first token) so that call_share of all first-token labels are the call:
@@ -36,19 +36,21 @@ def ensure_tool_model(progress: bool = True) -> Path:
     return ensure_cached(tool_model_dir(), lambda out, show: warm_start(out, progress=show), progress)
 
 
-def _encode(tokenizer, problems: list[Problem], use_tool: list[bool], label_decision: list[bool] | None = None):
+def _encode(tokenizer, problems: list[Problem], use_tool: list[bool], label_decision: list[bool] | None = None,
+            ids_of=None):
     """Right-padded (B, T) ids, attention mask, and labels on the trained pieces (and EOS) only; a tool
     row's first response token (the decision to call) is labelled only where `label_decision` says."""
+    ids_of = ids_of or (lambda text: tokenizer(text)["input_ids"])
     rows = []
     for r, (problem, tool) in enumerate(zip(problems, use_tool)):
-        ids = list(tokenizer(problem.prompt)["input_ids"])
+        ids = list(ids_of(problem.prompt))
         labels = [-100] * len(ids)
         for text, trained in tool_task.demonstration(problem, tool):
-            piece = tokenizer(text)["input_ids"]
+            piece = ids_of(text)
             ids += piece
             labels += piece if trained else [-100] * len(piece)
         if tool and label_decision is not None and not label_decision[r]:
-            labels[len(tokenizer(problem.prompt)["input_ids"])] = -100
+            labels[len(ids_of(problem.prompt))] = -100
         ids.append(tokenizer.eos_token_id)
         labels.append(tokenizer.eos_token_id)
         rows.append((ids, labels))
@@ -97,12 +99,8 @@ def warm_start(out_dir: Path, progress: bool = True) -> dict:
     """SFT on mixed demonstrations until the greedy tool path is right on held-out problems."""
     from rich.progress import Progress
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small gains nothing from more; on busy cores they spin against each other
-    try:
+    with one_thread():
         return _warm_start(out_dir, progress, Progress)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
@@ -110,6 +108,7 @@ def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
     train, evals = tool_task.split_problems(seed)
     evals = evals[: RECIPE["eval_prompts"]]
     model, tokenizer = build_tiny_model(seed, tool_markers=True)
+    ids_of = token_ids(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     start, step, report, history = time.time(), 0, {}, []
@@ -121,7 +120,7 @@ def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
             idx = torch.randint(len(train), (RECIPE["batch_size"],), generator=gen)
             use_tool = (torch.rand(RECIPE["batch_size"], generator=gen) < RECIPE["tool_rows"]).tolist()
             decide = (torch.rand(RECIPE["batch_size"], generator=gen) < DECISION_LABEL_P).tolist()
-            ids, mask, labels = _encode(tokenizer, [train[i] for i in idx], use_tool, decide)
+            ids, mask, labels = _encode(tokenizer, [train[i] for i in idx], use_tool, decide, ids_of)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                    ignore_index=-100)

@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -94,12 +95,37 @@ def ensure_base_model(progress: bool = True) -> Path:
     return ensure_cached(base_model_dir(), lambda out, show: warm_start(out, progress=show), progress)
 
 
-def _encode(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@contextmanager
+def one_thread():
+    """torch on one intra-op thread for a warm start: a model this small gains little from more on an idle
+    machine (2 threads: ~10% a step), and on busy cores the extra thread spins against the other processes
+    (the addition warm start took 445 s instead of ~100 s beside the test suite's other worker). The numbers
+    are the same either way (same losses and weights, bit for bit, checked over 300 steps)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def token_ids(tokenizer):
+    """`text -> list of ids` of `tokenizer`, remembered: a warm start encodes the same few thousand strings
+    thousands of times, and the tokenizer's Python wrapper was ~20% of each step."""
+    @lru_cache(maxsize=None)
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer(text)["input_ids"])
+
+    return lambda text: list(ids(text))
+
+
+def _encode(tokenizer, problems: list[Problem], ids_of=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (B, T) ids, attention mask, and labels that score only the answer and EOS."""
+    ids_of = ids_of or (lambda text: tokenizer(text)["input_ids"])
     rows = []
     for p in problems:
-        prompt = tokenizer(p.prompt)["input_ids"]
-        answer = tokenizer(p.label)["input_ids"] + [tokenizer.eos_token_id]
+        prompt = ids_of(p.prompt)
+        answer = ids_of(p.label) + [tokenizer.eos_token_id]
         rows.append((prompt, answer))
     width = max(len(a) + len(b) for a, b in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id)
@@ -138,12 +164,18 @@ def smoothed_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Te
 
 def warm_start(out_dir: Path, progress: bool = True) -> dict:
     """Supervised training on the train split until held-out greedy accuracy reaches the target."""
+    with one_thread():
+        return _warm_start(out_dir, progress)
+
+
+def _warm_start(out_dir: Path, progress: bool) -> dict:
     from rich.progress import Progress
 
     seed = RECIPE["seed"]
     train, evals = split_problems(seed)
     evals = evals[: RECIPE["eval_prompts"]]
     model, tokenizer = build_tiny_model(seed)
+    ids_of = token_ids(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     start, greedy, step = time.time(), 0.0, 0
@@ -153,7 +185,7 @@ def warm_start(out_dir: Path, progress: bool = True) -> dict:
         job = bar.add_task("warm start (SFT)", total=RECIPE["max_steps"])
         for step in range(1, RECIPE["max_steps"] + 1):
             idx = torch.randint(len(train), (RECIPE["batch_size"],), generator=gen)
-            loss = smoothed_loss(model, *_encode(tokenizer, [train[i] for i in idx]))
+            loss = smoothed_loss(model, *_encode(tokenizer, [train[i] for i in idx], ids_of))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
