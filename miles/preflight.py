@@ -41,25 +41,41 @@ def _check_load(config) -> None:
         raise ConfigError("--load", reason)
 
 
+def _model_shape(config):
+    """(tokenizer, model config) of the run's model: from its files, or the tiny model's own in memory while
+    it is not made yet; None when neither is at hand."""
+    from pathlib import Path
+
+    from miles.tiny.defaults import tiny_model_missing, uses_tool_task
+
+    model = config.rollout.hf_checkpoint
+    if model and (Path(model) / "config.json").is_file():
+        from transformers import AutoConfig, AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model), AutoConfig.from_pretrained(model)
+    if tiny_model_missing(config) is not None:
+        from miles.tiny.model import tiny_shape
+
+        return tiny_shape(tool_markers=uses_tool_task(config))
+    return None
+
+
 def check_context(config) -> None:
     """The longest training prompt plus --rollout-max-response-len fits the engines' context (the model's,
     or --context-length): else the first rollout's requests would be refused after every service started.
-    Needs the model's files (a no-op while they are not made yet, or for a Hub id: the engine checks)."""
-    from pathlib import Path
-
-    from transformers import AutoConfig, AutoTokenizer
-
+    Needs the model's files, or the tiny model's shape before it is made (a no-op for a catalog checkpoint
+    not made yet, checked again once it is, or for a Hub id: the engine checks)."""
     from miles.config import ConfigError
     from miles.engines.model_runner import model_context_length
     from miles.rollout.data import read_prompts
     from miles.rollout.generate import encode_prompt
 
-    r, model = config.rollout, config.rollout.hf_checkpoint
-    if not model or not (Path(model) / "config.json").is_file():
+    r, shape = config.rollout, _model_shape(config)
+    if shape is None:
         return
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer, model_config = shape
     given = config.engine.context_length
-    context = given or model_context_length(AutoConfig.from_pretrained(model), tokenizer)
+    context = given or model_context_length(model_config, tokenizer)
     longest = max(len(encode_prompt(tokenizer, p.prompt, r.apply_chat_template))
                   for p in read_prompts(r.prompt_data, r.input_key, r.label_key))
     where = f"the context length {context}" + (" (--context-length)" if given else " (the model's)")

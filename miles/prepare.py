@@ -1,9 +1,10 @@
 """`prepare(argv)`: the one start of a run, used by `python -m miles.train`, `miles train` and the flow.
 
     parse the flags -> resolve every default (paths only, nothing made) -> write the tiny task's
-    data if the run uses it (milliseconds) -> preflight (every check that needs no cluster) ->
-    make the base model if the run uses the tiny one or a catalog one (`--hf-checkpoint
-    smollm2-135m-instruct`) and it is missing (minutes, once per machine)
+    data if the run uses it (milliseconds) -> preflight (every check that needs no cluster) -> the
+    context check (from the model's files, or the tiny model's shape before it is made) -> make the
+    base model if the run uses the tiny one or a catalog one (`--hf-checkpoint smollm2-135m-instruct`)
+    and it is missing (minutes, once per machine)
 
 A bad flag, hook or data path fails before anything starts. The flow makes the model in a task
 of its own instead (`make_model=False` here), so the wait shows in the Prefect UI.
@@ -40,9 +41,11 @@ def prepare_config(config: MilesConfig, make_model: bool = True) -> MilesConfig:
     tiny.make_task_data(config)
     pretrained.make_task_data(config)
     preflight(config)
-    if make_model:
+    missing = base_model_missing(config)
+    check_context(config)  # the tiny model's shape is known before it is made: a bad flag fails before the wait
+    if make_model and missing is not None:
         make_base_model(config)
-    check_context(config)  # once the model's files are there
+        check_context(config)  # from the files just made (a catalog checkpoint's context is only known then)
     return config
 
 

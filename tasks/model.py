@@ -4,6 +4,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from miles.config import MilesConfig
+from miles.preflight import check_context
 from miles.prepare import base_model_missing, make_base_model as make_model
 
 
@@ -14,4 +15,5 @@ def make_base_model(config: MilesConfig) -> str:
         get_run_logger().info(f"model {config.rollout.hf_checkpoint} is ready")
     else:
         make_model(config)
+        check_context(config)  # a catalog checkpoint's context is known once its files are made (the tiny one's before)
     return config.rollout.hf_checkpoint

@@ -25,11 +25,17 @@ def tiny_qwen3_config(vocab_size: int, pad_id: int, eos_id: int) -> Qwen3Config:
     )
 
 
+def tiny_shape(tool_markers: bool = False) -> tuple:
+    """(tokenizer, model config) of the tiny policy, in memory: fixed by its recipe, known before the warm
+    start makes its weights (a run's flags are checked against its context length before that wait)."""
+    tokenizer = build_tokenizer(tool_markers)
+    return tokenizer, tiny_qwen3_config(len(tokenizer), tokenizer.convert_tokens_to_ids(PAD),
+                                        tokenizer.convert_tokens_to_ids(EOS))
+
+
 def build_tiny_model(seed: int = 0, tool_markers: bool = False):
     """A freshly initialised tiny Qwen3 and its tokenizer (with the tool tokens if asked)."""
-    tokenizer = build_tokenizer(tool_markers)
-    config = tiny_qwen3_config(len(tokenizer), tokenizer.convert_tokens_to_ids(PAD),
-                               tokenizer.convert_tokens_to_ids(EOS))
+    tokenizer, config = tiny_shape(tool_markers)
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
     model.generation_config.eos_token_id = config.eos_token_id

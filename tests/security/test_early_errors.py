@@ -35,6 +35,23 @@ def test_flag_values_that_fail_after_start_up(tmp_path, flags, flag, message):
     assert str(raised.value).startswith(flag)
 
 
+def test_a_context_error_comes_before_the_tiny_model_is_made(tmp_path, monkeypatch):
+    """On a machine without the tiny models, a response length past their context fails at once: their shape
+    is known before a warm start makes the weights (before, the error came after that wait of minutes)."""
+    import miles.prepare
+
+    def made(config):
+        raise AssertionError("the model was made before the flags were checked")
+
+    monkeypatch.setenv("MILES_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(miles.prepare, "make_base_model", made)
+    for task in ([], ["--config", str(ROOT / "configs" / "tiny-multi-turn.yaml")]):  # addition, calculator
+        with pytest.raises(ConfigError, match=r"100000 exceeds the context length 256 \(the model's\)") as raised:
+            prepare(["--run-dir", str(tmp_path / "run"), *task, "--rollout-max-response-len", "100000"])
+        assert str(raised.value).startswith("--rollout-max-response-len")
+    assert not list((tmp_path / "cache").glob("tiny-*base*"))
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"prompt": "", "label": "2"}', "'prompt' is empty"),
     ('{"prompt": "   ", "label": "2"}', "'prompt' is empty"),
