@@ -3,7 +3,6 @@ the tiny base model, and a local Ray that areas scope as they need."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -82,31 +81,26 @@ def run_secrets_stay_in_their_test():
             os.environ[name] = value
 
 
-SESSION_RUNS = ("flow_run", "plain_run")  # tests/support/sessions.py: the runs that modules read, made once each
-
-
-def scope_of(nodeid: str, root: Path) -> str:
-    """What one pytest-xdist worker takes whole: a test's module, so that the module's fixtures (its runs, its
-    engines) are made once; or the session run the module reads, so that all its readers go to one worker and
-    that run is made once in the whole suite. Read from the module's text: the controller collects nothing."""
-    module = nodeid.split("::", 1)[0]
-    try:
-        text = (root / module).read_text()
-    except OSError:
-        return module
-    arguments = {name.strip().split(":")[0].strip() for args in re.findall(r"def \w+\(([^)]*)\)", text)
-                 for name in args.split(",")}
-    return next((run for run in SESSION_RUNS if run in arguments), module)
-
-
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs the suite on two workers (`-n 2`), a scope of `scope_of` at a time, the scopes with the
-    most tests first. (xdist's own `--dist loadgroup` marks do not reach its scheduler under pytest 9.2, which
-    keeps a node's id in `_id`, not `_nodeid`: that is why this is a scheduler and not marks.)"""
+    """`make test` runs the suite on two workers (`-n 2`), a scope of `tests/support/scheduling.py` at a time, in
+    its order. (xdist's own `--dist loadgroup` marks do not reach its scheduler under pytest 9.2, which keeps a
+    node's id in `_id`, not `_nodeid`: that is why this is a scheduler and not marks.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    from tests.support.scheduling import ordered, scope_of
+
     class ModuleScheduling(LoadScopeScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid, config.rootpath)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:  # the queue is whole before the first unit goes out: order it once
+                self._ordered = True
+                queue = ordered(list(self.workqueue.items()), config.rootpath)
+                self.workqueue.clear()
+                self.workqueue.update(queue)
+            super()._assign_work_unit(node)
 
     return ModuleScheduling(config, log)
