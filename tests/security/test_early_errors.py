@@ -14,6 +14,12 @@ from miles.prepare import prepare
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def checked(argv: list[str]):
+    """`prepare` with every check and without making the tiny model: the checks read its shape, not its weights
+    (on a machine without it, each test here waited minutes for the warm start that another test was making)."""
+    return prepare(argv, make_model=False)
+
+
 @pytest.mark.parametrize("flags, flag, message", [
     (["--rollout-top-k", "-5"], "--rollout-top-k", "must be -1 .off. or >= 1"),
     (["--rollout-top-k", "0"], "--rollout-top-k", "must be -1"),
@@ -31,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ])
 def test_flag_values_that_fail_after_start_up(tmp_path, flags, flag, message):
     with pytest.raises(ConfigError, match=message) as raised:
-        prepare(["--run-dir", str(tmp_path / "run"), *flags])
+        checked(["--run-dir", str(tmp_path / "run"), *flags])
     assert str(raised.value).startswith(flag)
 
 
@@ -65,21 +71,21 @@ def test_prompt_files_that_fail_after_start_up(tmp_path, line, message):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "1+1=", "label": "2"}\n' + line + "\n")
     with pytest.raises(ConfigError, match=message) as raised:
-        prepare(["--run-dir", str(tmp_path / "run"), "--prompt-data", str(path)])
+        checked(["--run-dir", str(tmp_path / "run"), "--prompt-data", str(path)])
     assert str(raised.value).startswith("--prompt-data") and f"{path}:2" in str(raised.value)
 
 
 def test_the_largest_group_the_engine_queue_holds_is_accepted(tmp_path):
-    config = prepare(["--run-dir", str(tmp_path / "run"), "--n-samples-per-prompt", "8",
+    config = checked(["--run-dir", str(tmp_path / "run"), "--n-samples-per-prompt", "8",
                       "--engine-max-queued-requests", "8", "--sglang-server-concurrency", "8",
-                      "--n-samples-per-eval-prompt", "8"], make_model=False)
+                      "--n-samples-per-eval-prompt", "8"])
     assert config.rollout.n_samples_per_prompt == 8
 
 
 def test_a_null_label_is_still_allowed(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "1+1=", "label": null}\n')
-    prepare(["--run-dir", str(tmp_path / "run"), "--prompt-data", str(path), "--custom-rm-path",
+    checked(["--run-dir", str(tmp_path / "run"), "--prompt-data", str(path), "--custom-rm-path",
              "tests.health.broken_rewards.always_one"])
 
 
@@ -92,6 +98,18 @@ def test_the_cli_exits_2_with_one_line_before_any_service(tmp_path):
     assert not (run_dir / "logs").exists()
 
 
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny checkpoint's files to break, freshly initialised: what is checked is loading them, not what a model
+    learnt (the warm-started one cost a test here minutes on a machine without it)."""
+    from miles.tiny.model import build_tiny_model
+    from miles.tiny.warmstart import save_checkpoint
+
+    out = tmp_path_factory.mktemp("untrained") / "model"
+    save_checkpoint(*build_tiny_model(0), out)
+    return out
+
+
 @pytest.mark.parametrize("case, message", [
     ("/etc", "has no config.json"),
     ("/dev/null", "is not a directory"),
@@ -100,14 +118,14 @@ def test_the_cli_exits_2_with_one_line_before_any_service(tmp_path):
     ("nan", "cannot load .*: WeightUpdateError: .* tensor '.*' holds NaN or infinite values once loaded as float32"),
     ("float64-1e300", "holds NaN or infinite values once loaded as float32"),
 ])
-def test_engine_model_errors_are_one_line(tmp_path, base_model, case, message):
+def test_engine_model_errors_are_one_line(tmp_path, checkpoint, case, message):
     import re
     import shutil
 
     model = case
     if case == "truncated":
         model = str(tmp_path / "trunc")
-        shutil.copytree(base_model, model)
+        shutil.copytree(checkpoint, model)
         weights = Path(model) / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     elif case in ("nan", "float64-1e300"):
@@ -115,7 +133,7 @@ def test_engine_model_errors_are_one_line(tmp_path, base_model, case, message):
         from safetensors.torch import load_file, save_file
 
         model = str(tmp_path / case)
-        shutil.copytree(base_model, model)
+        shutil.copytree(checkpoint, model)
         weights = Path(model) / "model.safetensors"
         tensors = load_file(weights)
         if case == "nan":
