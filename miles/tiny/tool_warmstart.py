@@ -36,11 +36,11 @@ def ensure_tool_model(progress: bool = True) -> Path:
     return ensure_cached(tool_model_dir(), lambda out, show: warm_start(out, progress=show), progress)
 
 
-def _encode(tokenizer, problems: list[Problem], use_tool: list[bool], label_decision: list[bool] | None = None,
-            ids_of=None):
+def _encode(tokenizer, problems: list[Problem], use_tool: list[bool], label_decision: list[bool] | None,
+            ids_of):
     """Right-padded (B, T) ids, attention mask, and labels on the trained pieces (and EOS) only; a tool
-    row's first response token (the decision to call) is labelled only where `label_decision` says."""
-    ids_of = ids_of or (lambda text: tokenizer(text)["input_ids"])
+    row's first response token (the decision to call) is labelled only where `label_decision` says (`ids_of`:
+    the remembered ids of `token_ids(tokenizer)`)."""
     rows = []
     for r, (problem, tool) in enumerate(zip(problems, use_tool)):
         ids = list(ids_of(problem.prompt))

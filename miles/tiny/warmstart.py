@@ -119,9 +119,9 @@ def token_ids(tokenizer):
     return lambda text: list(ids(text))
 
 
-def _encode(tokenizer, problems: list[Problem], ids_of=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded (B, T) ids, attention mask, and labels that score only the answer and EOS."""
-    ids_of = ids_of or (lambda text: tokenizer(text)["input_ids"])
+def _encode(tokenizer, problems: list[Problem], ids_of) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) ids, attention mask, and labels that score only the answer and EOS (`ids_of`: the
+    remembered ids of `token_ids(tokenizer)`)."""
     rows = []
     for p in problems:
         prompt = ids_of(p.prompt)
