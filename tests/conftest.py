@@ -1,5 +1,5 @@
 """Session-wide fixtures: one real Prefect server (SQLite, loopback) shared by every test that asks,
-the tiny base model, and a local Ray that areas scope as they need."""
+the tiny base model (warm-started, and an untrained one of its shape), and a local Ray that areas scope as they need."""
 from __future__ import annotations
 
 import os
@@ -15,6 +15,19 @@ def base_model():
     from miles.tiny.warmstart import ensure_base_model
 
     return ensure_base_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def untrained_model(tmp_path_factory) -> Path:
+    """A tiny checkpoint freshly initialised (seconds), for tests of what is done with a model's files or its
+    requests, not of what it learnt: on a machine without the cached models, the warm-started one is minutes
+    of the other worker's warm start to wait for."""
+    from miles.tiny.model import build_tiny_model
+    from miles.tiny.warmstart import save_checkpoint
+
+    out = tmp_path_factory.mktemp("untrained") / "model"
+    save_checkpoint(*build_tiny_model(0), out)
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,11 @@ def engine(base_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_engine(base_model, tmp_path_factory):
-    """An engine without a token and with the `tiny` tool-call parser: the /v1 probes (chat shapes, knobs)."""
+def tiny_engine(untrained_model, tmp_path_factory):
+    """An engine without a token and with the `tiny` tool-call parser: the /v1 probes (chat shapes, knobs,
+    special tokens), which check how requests are read, not what the model answers: an untrained model."""
     config = EngineConfig(engine_device="cpu", engine_max_batch_size=8, tool_call_parser="tiny")
-    handle = launch_engine(base_model, config, log_path=tmp_path_factory.mktemp("tiny-engine") / "engine.log")
+    handle = launch_engine(untrained_model, config, log_path=tmp_path_factory.mktemp("tiny-engine") / "engine.log")
     yield handle
     handle.stop()
 

@@ -98,18 +98,6 @@ def test_the_cli_exits_2_with_one_line_before_any_service(tmp_path):
     assert not (run_dir / "logs").exists()
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A tiny checkpoint's files to break, freshly initialised: what is checked is loading them, not what a model
-    learnt (the warm-started one cost a test here minutes on a machine without it)."""
-    from miles.tiny.model import build_tiny_model
-    from miles.tiny.warmstart import save_checkpoint
-
-    out = tmp_path_factory.mktemp("untrained") / "model"
-    save_checkpoint(*build_tiny_model(0), out)
-    return out
-
-
 @pytest.mark.parametrize("case, message", [
     ("/etc", "has no config.json"),
     ("/dev/null", "is not a directory"),
@@ -118,14 +106,14 @@ def checkpoint(tmp_path_factory) -> Path:
     ("nan", "cannot load .*: WeightUpdateError: .* tensor '.*' holds NaN or infinite values once loaded as float32"),
     ("float64-1e300", "holds NaN or infinite values once loaded as float32"),
 ])
-def test_engine_model_errors_are_one_line(tmp_path, checkpoint, case, message):
+def test_engine_model_errors_are_one_line(tmp_path, untrained_model, case, message):
     import re
     import shutil
 
     model = case
     if case == "truncated":
         model = str(tmp_path / "trunc")
-        shutil.copytree(checkpoint, model)
+        shutil.copytree(untrained_model, model)
         weights = Path(model) / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     elif case in ("nan", "float64-1e300"):
@@ -133,7 +121,7 @@ def test_engine_model_errors_are_one_line(tmp_path, checkpoint, case, message):
         from safetensors.torch import load_file, save_file
 
         model = str(tmp_path / case)
-        shutil.copytree(checkpoint, model)
+        shutil.copytree(untrained_model, model)
         weights = Path(model) / "model.safetensors"
         tensors = load_file(weights)
         if case == "nan":
