@@ -81,5 +81,31 @@ def test_mlflow_ui_flag_serves_the_store_and_is_checked(tmp_path):
         assert ui.url.startswith("http://127.0.0.1:")
         found = httpx.post(f"{ui.url}/ajax-api/2.0/mlflow/experiments/search", json={"max_results": 10}, timeout=30)
         assert found.status_code == 200 and "experiments" in found.json()
+        # the server and its one worker, without MLflow's job runner and huey consumers (GenAI jobs)
+        started = session_commands(ui.pid)
+        assert started and not [c for c in started if "huey" in c or "jobs._job_runner" in c], started
     finally:
         os.killpg(ui.pid, signal.SIGTERM)  # its own session: the server and its workers
+
+
+def session_commands(sid: int) -> list[str]:
+    """The command lines of the processes in session `sid` (start_ui starts the UI in its own)."""
+    from pathlib import Path
+
+    commands = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            if proc.name.isdigit() and int(stat[stat.rindex(")") + 2:].split()[3]) == sid:
+                commands.append((proc / "cmdline").read_text().replace("\0", " "))
+        except (OSError, ValueError):
+            continue
+    return commands
+
+
+def test_the_ui_runs_without_mlflows_job_execution_unless_asked():
+    from miles.mlflow_ui.launch import JOB_EXECUTION_ENV, ui_env
+
+    assert ui_env({"PATH": "/bin", "WANDB_API_KEY": "x" * 8})[JOB_EXECUTION_ENV] == "false"
+    assert "WANDB_API_KEY" not in ui_env({"WANDB_API_KEY": "x" * 8})
+    assert ui_env({JOB_EXECUTION_ENV: "true"})[JOB_EXECUTION_ENV] == "true"  # the user's choice stands

@@ -41,6 +41,8 @@ class MlflowServer:
              str(self.port), "--backend-store-uri", f"sqlite:///{self.store / 'mlflow.db'}",
              "--artifacts-destination", str(self.store / "artifacts"), "--workers", "1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.store,
+            # a tracking server for runs' metrics: MLflow's GenAI job runner (three more processes) is not used
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
             start_new_session=True)  # its own process group: the server forks uvicorn workers
         deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:
