@@ -84,6 +84,9 @@ def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
 
 def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
+    model_dir = _model_dir(serve)
+    check_model_dir(model_dir)  # before torch and transformers load: a wrong path is refused in a blink
+
     import uvicorn
 
     from miles.serving import auth
@@ -95,8 +98,6 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
     from miles.serving.origin_guard import OriginGuard
 
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model_dir = _model_dir(serve)
-    check_model_dir(model_dir)
     try:
         runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length,
                              cpu_threads=engine.engine_cpu_threads)

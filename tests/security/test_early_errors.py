@@ -136,3 +136,24 @@ def test_engine_model_errors_are_one_line(tmp_path, untrained_model, case, messa
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert last.startswith("miles engine: error: --model: ") and re.search(message, last), last
+
+
+REFUSED_BEFORE_TORCH = """
+import sys
+from miles.config import ConfigError
+from miles.engines.cli import main
+try:
+    main(["--model", sys.argv[1], "--port", "1"])
+except ConfigError as refused:
+    print(refused)
+print("torch loaded" if "torch" in sys.modules else "torch not loaded")
+"""
+
+
+@pytest.mark.parametrize("model", ["/etc", "/dev/null"])
+def test_a_path_that_is_no_checkpoint_is_refused_before_torch_loads(model):
+    """Seconds of torch and transformers imports (more on a busy machine) are not spent on a wrong --model."""
+    done = subprocess.run([sys.executable, "-c", REFUSED_BEFORE_TORCH, model], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2].startswith(f"--model: {model} ") and lines[-1] == "torch not loaded", done.stdout + done.stderr
