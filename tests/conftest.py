@@ -94,6 +94,31 @@ def run_secrets_stay_in_their_test():
             os.environ[name] = value
 
 
+WARM_MAKER, WARM_LOG = pytest.StashKey(), pytest.StashKey()  # the controller's maker process and its log
+
+
+def pytest_sessionstart(session):
+    """Under `make test`'s workers, the controller starts making the cached tiny models at once, in a process of
+    their own (tests/support/warm_cache.py); a no-op when they are made, in a worker, or without workers."""
+    config = session.config
+    if hasattr(config, "workerinput") or (getattr(config.option, "numprocesses", None) or 0) < 2:
+        return
+    from tests.support import warm_cache
+
+    config.stash[WARM_LOG] = Path(config.rootpath) / ".pytest_cache" / "warm-cache.log"
+    config.stash[WARM_MAKER] = warm_cache.start(config.stash[WARM_LOG])
+
+
+def pytest_sessionfinish(session):
+    config = session.config
+    if WARM_MAKER in config.stash:
+        from tests.support import warm_cache
+
+        failed = warm_cache.stop(config.stash[WARM_MAKER], config.stash[WARM_LOG])
+        if failed:
+            print(f"\nmaking the cached tiny models in the background failed:\n{failed}")
+
+
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs the suite on two workers (`-n 2`), a scope of `tests/support/scheduling.py` at a time, in
     its order. (xdist's own `--dist loadgroup` marks do not reach its scheduler under pytest 9.2, which keeps a
