@@ -12,9 +12,11 @@ from .probes import MAX_BATCH, TOKEN
 
 
 @pytest.fixture(scope="session")
-def engine(base_model, tmp_path_factory):
+def engine(untrained_model, tmp_path_factory):
+    """An engine with an admin token: the probes of its endpoints, limits and weight checks (how requests and
+    files are refused, not what the model answers: an untrained model)."""
     config = EngineConfig(engine_device="cpu", engine_max_batch_size=MAX_BATCH, engine_header_timeout=2)
-    handle = launch_engine(base_model, config, log_path=tmp_path_factory.mktemp("engine") / "engine.log",
+    handle = launch_engine(untrained_model, config, log_path=tmp_path_factory.mktemp("engine") / "engine.log",
                            env={"MILES_ENGINE_ADMIN_TOKEN": TOKEN})
     yield handle
     handle.stop()

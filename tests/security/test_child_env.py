@@ -71,13 +71,13 @@ def test_url_credentials_are_blanked_in_what_a_run_writes(monkeypatch):
 
 
 @pytest.mark.slow
-def test_engine_and_router_processes(base_model, tmp_path, monkeypatch):
+def test_engine_and_router_processes(untrained_model, tmp_path, monkeypatch):
     from miles.engines.launch import launch_engine
     from miles.router.launch import launch_router
 
     for name, value in {**SECRETS, **HUB}.items():
         monkeypatch.setenv(name, value)
-    engine = launch_engine(base_model, EngineConfig(engine_device="cpu"), log_path=tmp_path / "engine.log")
+    engine = launch_engine(untrained_model, EngineConfig(engine_device="cpu"), log_path=tmp_path / "engine.log")
     try:
         router = launch_router(RouterConfig(router_admin_token="probe-s3-router-own"), worker_urls=[engine.url],
                                log_path=tmp_path / "router.log")

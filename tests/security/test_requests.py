@@ -79,11 +79,11 @@ def test_odd_inputs_are_400_naming_the_field(engine, body, param):
     assert r.json()["error"]["param"] == param
 
 
-def test_a_truncated_weights_file_is_a_400_and_changes_nothing(engine, base_model, tmp_path):
+def test_a_truncated_weights_file_is_a_400_and_changes_nothing(engine, untrained_model, tmp_path):
     import shutil
 
     bad = tmp_path / "trunc"
-    shutil.copytree(base_model, bad)
+    shutil.copytree(untrained_model, bad)
     weights = bad / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     before = httpx.get(engine.url + "/get_weight_version").json()

@@ -25,10 +25,10 @@ def served(url: str):
 
 
 @pytest.mark.parametrize("value", TOO_BIG)
-def test_out_of_range_float64_weights_from_disk_are_refused(engine, base_model, tmp_path, value):
+def test_out_of_range_float64_weights_from_disk_are_refused(engine, untrained_model, tmp_path, value):
     before = served(engine.url)
     bad = tmp_path / "f64"
-    shutil.copytree(base_model, bad)
+    shutil.copytree(untrained_model, bad)
     weights = next(bad.glob("*.safetensors"))
     state = load_file(weights)
     save_file({k: torch.full(v.shape, value, dtype=torch.float64) for k, v in state.items()}, weights)
