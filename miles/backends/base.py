@@ -61,6 +61,10 @@ class ActorInfo:
 class TrainActor(Protocol):
     """One training rank. All methods except `info` are collective: call them on every rank."""
 
+    def open_store(self, master_addr: str) -> int:
+        """Rank 0 only, before `init`: open the rendezvous store on a port the OS picks; that port."""
+        ...
+
     def init(self, model_path: str, master_addr: str, master_port: int) -> ActorInfo: ...
 
     def train(self, batch: RankBatch) -> RankTrainResult: ...

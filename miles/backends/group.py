@@ -11,7 +11,6 @@ import ray
 from miles.backends import actor_class
 from miles.backends.base import RankBatch, RankTrainResult
 from miles.cluster.names import NAMESPACE, RunNames
-from miles.serving.process import free_port
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class ActorGroup:
                 # Detached so a failed Prefect task's worker exiting does not take the ranks with it.
                 options.update(name=names.rank(rank), namespace=NAMESPACE, lifetime="detached")
             self.actors.append(cls.options(**options).remote(config, rank, self.world_size, threads))
-        port = free_port()
+        port = ray.get(self.actors[0].open_store.remote("127.0.0.1"))  # bound by rank 0 as it is picked
         ray.get([a.init.remote(model_path, "127.0.0.1", port) for a in self.actors])
 
     def call(self, method: str, *args: Any) -> list[Any]:

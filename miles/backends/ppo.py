@@ -36,14 +36,32 @@ from miles.profiling.summary import WindowSummary
 from miles.profiling.window import ProfileWindow
 
 
-def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> torch.device:
-    """NCCL on this rank's GPU when there is one, else gloo on CPU; returns the device to train on."""
+GROUP_TIMEOUT = timedelta(minutes=30)
+
+
+def open_master_store(master_addr: str, world_size: int, port: int = 0) -> dist.TCPStore:
+    """Rank 0's rendezvous store, by default on a port the OS picks as it binds. A port picked free and bound
+    later can be taken in between by any process's outgoing connection: on a busy machine a module's two
+    ranks failed with EADDRINUSE that way."""
+    return dist.TCPStore(master_addr, port, world_size, is_master=True, timeout=GROUP_TIMEOUT,
+                         wait_for_workers=False)
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int,
+                       master_store: dist.TCPStore | None = None) -> torch.device:
+    """NCCL on this rank's GPU when there is one, else gloo on CPU; returns the device to train on. Every
+    rank meets on an explicit store: rank 0 serves `master_store` (opened on `master_port` if not given), the
+    others are its clients. (All or none: `init_process_group(store=...)` keys differ from `init_method`'s.)"""
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
-                            rank=rank, world_size=world_size, timeout=timedelta(minutes=30))
+    if rank == 0:
+        store = master_store or open_master_store(master_addr, world_size, master_port)
+    else:
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=GROUP_TIMEOUT)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=GROUP_TIMEOUT)
     return device
 
 
@@ -150,10 +168,17 @@ class PPORank:
         add_phase_hook(self.profiler.span)  # this rank's phases are spans of train_overall in a window
 
     # ---- set-up -------------------------------------------------------------------------
+    def open_store(self, master_addr: str) -> int:
+        """Rank 0, before `init`: open the rendezvous store on a port the OS picks; that port, for every rank's
+        `init`."""
+        self._master_store = open_master_store(master_addr, self.world_size)
+        return self._master_store.port
+
     def init(self, model_path: str, master_addr: str, master_port: int) -> ActorInfo:
         """Join the world (threads, process group), lay out the backend's parallelism, build from the base."""
         torch.set_num_threads(self.num_threads)
-        self.device = init_process_group(self.rank, self.world_size, master_addr, master_port)
+        self.device = init_process_group(self.rank, self.world_size, master_addr, master_port,
+                                         getattr(self, "_master_store", None))
         self._init_parallel()
         return self.load_base(model_path)
 

@@ -57,3 +57,27 @@ def test_the_backends_supply_only_their_layout_and_models():
         own = set(vars(backend))
         assert {"_init_parallel", "_build_models"} <= own, backend.__name__
         assert not own & {"init", "load_base"}, f"{backend.__name__} has its own copy of the set-up"
+
+
+def test_rank_0_holds_the_rendezvous_port_from_the_moment_it_is_picked(tmp_path):
+    """A port picked free and bound later can be taken in between (EADDRINUSE at init, seen on a busy machine):
+    `open_store` binds it as it picks it, and `init` serves the group on that store."""
+    import errno
+    import socket
+
+    import pytest
+
+    rank = Recording(parse_config(["--seed", str(SEED)]))
+    try:
+        port = rank.open_store("127.0.0.1")
+        with socket.socket() as other, pytest.raises(OSError) as taken:
+            other.bind(("127.0.0.1", port))  # what another process's bind would meet before init
+        assert taken.value.errno == errno.EADDRINUSE
+        rank.init(str(tmp_path), "127.0.0.1", port)
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        remove_phase_hook(rank.profiler.span)
+
