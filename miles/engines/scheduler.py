@@ -352,6 +352,9 @@ class Scheduler:
         for req in batch.rows:
             req.sampler.banned = self._banned(req)
         chosen = choose(logits, [r.sampler for r in batch.rows])
+        # counted before any row's answer is sent: a client that scrapes /metrics once its answer arrived
+        # found one token fewer (the count came after the loop that finishes rows)
+        self.metrics.generation_tokens.inc(len(batch.rows))
         keep, next_tokens = [], []
         for i, (req, token, logprob) in enumerate(zip(batch.rows, chosen.token_ids, chosen.logprobs)):
             reason = self._append(req, token, logprob)
@@ -360,7 +363,6 @@ class Scheduler:
                 next_tokens.append(token)
             else:
                 self._finish(req, reason, req.weight_version)
-        self.metrics.generation_tokens.inc(len(batch.rows))
         if len(keep) < len(batch.rows) and keep:
             batch.state.keep_rows(keep)
         batch.rows = [batch.rows[i] for i in keep]

@@ -199,3 +199,18 @@ def test_a_model_whose_cache_cannot_merge_runs_each_batch_to_its_end(scheduler, 
     assert len(long.result().output_ids) == 12 and len(short.result().output_ids) == 4
     assert seen == [12] and scheduler.stats().num_joined_running == 0
     assert short.result().output_ids == alone(scheduler, "s2", short.request.prompt_ids, short_p).output_ids
+
+
+def test_a_requests_tokens_are_counted_before_its_answer_is_sent(scheduler):
+    """A client that scrapes /metrics once its answer arrived finds every token it got counted (the count came
+    after the step's finished rows were answered: one token short, seen in a clean-clone run)."""
+    counted = Future()
+
+    def sink(event) -> None:
+        if isinstance(event, FinishEvent):
+            counted.set_result(scheduler.metrics.render().decode())
+
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    scheduler.submit(EngineRequest(rid="counted", prompt_ids=[5, 6, 7], params=params, sink=sink))
+    lines = [ln for ln in counted.result(TIMEOUT_S).splitlines() if ln.startswith("sglang:generation_tokens_total")]
+    assert len(lines) == 1 and float(lines[0].rsplit(" ", 1)[1]) == 4.0, lines
