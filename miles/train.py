@@ -55,6 +55,7 @@ def _train_locked(config: MilesConfig, use_router: bool, observers) -> RunSummar
 def _train_services(config: MilesConfig, use_router: bool, observers) -> RunSummary:
     import ray
 
+    from miles.backends.group import ActorGroup
     from miles.cluster.connect import connect
     from miles.cluster.local import start_inference, supervise
     from miles.loop import train_rollouts
@@ -65,10 +66,18 @@ def _train_services(config: MilesConfig, use_router: bool, observers) -> RunSumm
     started_ray = not ray.is_initialized() and connect(o.ray_address, o.ray_num_cpus, o.ray_object_store_mb)
     services = supervisor = None
     try:
-        services = start_inference(config, use_router=use_router)
-        if o.use_fault_tolerance:  # a dead or hung engine is relaunched and readmitted; the run goes on
-            supervisor = supervise(config, services)
-        trainer = RLTrainer.start(config, services.rollout_url, services.engine_urls, supervisor=supervisor)
+        # the training ranks load the model while the engines start: both take seconds (minutes on GPUs).
+        # Colocated, the ranks settle first: an engine sizes its memory pool by what is free when it starts.
+        group = ActorGroup(config, config.rollout.hf_checkpoint, wait=config.train.colocate)
+        try:
+            services = start_inference(config, use_router=use_router)
+            if o.use_fault_tolerance:  # a dead or hung engine is relaunched and readmitted; the run goes on
+                supervisor = supervise(config, services)
+            trainer = RLTrainer.start(config, services.rollout_url, services.engine_urls, supervisor=supervisor,
+                                      group=group)
+        except BaseException:
+            group.kill()  # ranks on a cluster this run joined (--ray-address) end with it too
+            raise
         outcome = train_rollouts(trainer, range(config.rollout.num_rollout), observers,
                                  kill_engine=lambda: services.kill_engine(0), fault_targets=services)
         last = outcome.rollout_ids[-1] if outcome.rollout_ids else outcome.resumed_at - 1

@@ -57,19 +57,28 @@ class RLTrainer:
 
     @classmethod
     def start(cls, config, rollout_url: str, engine_urls: list[str], names: RunNames | None = None,
-              supervisor=None) -> "RLTrainer":
+              supervisor=None, group: ActorGroup | None = None) -> "RLTrainer":
         """Start the trainer's parts: the tracker (and its delivery process), the health watch, the training
-        ranks (a Ray actor group, found when `names` already exist), the weight sync and the run profiler
-        (its py-spy sampler runs only inside a profiling window). With an engine `supervisor`
-        (--use-fault-tolerance) the weight sync pushes only to ready engines and lends it the current weights."""
+        ranks (a Ray actor group, found when `names` already exist; or `group`, launched earlier by the caller
+        and waited for here), the weight sync and the run profiler (its py-spy sampler runs only inside a
+        profiling window). With an engine `supervisor` (--use-fault-tolerance) the weight sync pushes only to
+        ready engines and lends it the current weights."""
         require_resolved(config, "RLTrainer.start")
         run_dir = Path(config.train.run_dir)
         rollout_url, engine_urls = rollout_url.rstrip("/"), [u.rstrip("/") for u in engine_urls]
         router_url = rollout_url if rollout_url not in engine_urls else None  # rollouts may go straight to one engine
         token = resolve_admin_token(config.router)
-        tracker = open_tracking(config, run_dir)
-        health = HealthWatch(config, run_dir)
-        group = ActorGroup(config, config.rollout.hf_checkpoint, names)
+        launched = group is None
+        if launched:  # the ranks load the model while the tracker and the health watch open
+            group = ActorGroup(config, config.rollout.hf_checkpoint, names, wait=False)
+        try:
+            tracker = open_tracking(config, run_dir)
+            health = HealthWatch(config, run_dir)
+            group.wait_started()
+        except BaseException:
+            if launched and names is None:  # named ranks outlive a failed task on purpose: a retry attaches
+                group.kill()
+            raise
         sync = WeightSync(group, engine_urls, router_url, run_dir / layout.WEIGHTS,
                           in_memory=config.train.colocate, admin_token=token, supervisor=supervisor)
         profiler = RunProfiler(config, run_dir, group.actors, engine_urls, router_url, token)

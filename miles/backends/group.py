@@ -27,11 +27,15 @@ def _named(names: RunNames, world_size: int) -> list[Any] | None:
 
 
 class ActorGroup:
-    """`world_size` ranks; `attached` says they already existed (a retried task found them)."""
+    """`world_size` ranks; `attached` says they already existed (a retried task found them).
 
-    def __init__(self, config, model_path: str, names: RunNames | None = None):
+    With `wait=False` the ranks load the model and join their process group in the background (a plain run
+    starts its engines meanwhile); `wait_started` blocks until they have, raising what a rank raised."""
+
+    def __init__(self, config, model_path: str, names: RunNames | None = None, wait: bool = True):
         self.config, self.names = config, names
         self.world_size = config.world_size
+        self._starting: list[Any] = []  # each rank's init, until `wait_started` has seen them end
         existing = _named(names, self.world_size) if names else None
         self.attached = existing is not None
         if existing is not None:
@@ -50,8 +54,22 @@ class ActorGroup:
                 # Detached so a failed Prefect task's worker exiting does not take the ranks with it.
                 options.update(name=names.rank(rank), namespace=NAMESPACE, lifetime="detached")
             self.actors.append(cls.options(**options).remote(config, rank, self.world_size, threads))
-        port = ray.get(self.actors[0].open_store.remote("127.0.0.1"))  # bound by rank 0 as it is picked
-        ray.get([a.init.remote(model_path, "127.0.0.1", port) for a in self.actors])
+        # the port rank 0 bound as it picked it; each rank's init takes the reference and runs once it resolves
+        port = self.actors[0].open_store.remote("127.0.0.1")
+        self._starting = [a.init.remote(model_path, "127.0.0.1", port) for a in self.actors]
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Block until every rank has loaded the model and joined the process group (at once when they have)."""
+        starting, self._starting = self._starting, []
+        ray.get(starting)
+
+    def kill(self) -> None:
+        """End the ranks at once, started or not (a run that failed before its trainer took them)."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
 
     def call(self, method: str, *args: Any) -> list[Any]:
         """Run a collective method on every rank; results in rank order."""
