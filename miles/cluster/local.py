@@ -91,22 +91,27 @@ def timeline_args(engine: str, run_dir: Path) -> list[str]:
 def start_inference(config, use_router: bool = True) -> InferenceServices:
     """Launch the engines on the resolved config's model, then the router when `use_router`;
     everything binds to loopback and logs to RUN_DIR/logs."""
-    from miles.engines.launch import launch_engine
+    from miles.engines.launch import DEFAULT_START_TIMEOUT_S, launch_engine
 
     from miles.config.secrets import resolve_admin_token
 
     run_dir = Path(config.train.run_dir)
 
-    def launch(i: int, port: int | None = None) -> ServiceProcess:
+    def launch(i: int, port: int | None = None, wait: bool = True) -> ServiceProcess:
         return launch_engine(config.rollout.hf_checkpoint, config.engine, host="127.0.0.1", port=port,
                              log_path=RunLayout(run_dir).log(f"engine-{i}.log"),
                              env=engine_token_env(),  # the run's token (miles.train made it); relaunches too
-                             serve_args=timeline_args(config.engine.engine, run_dir))
+                             serve_args=timeline_args(config.engine.engine, run_dir), wait=wait)
 
     services = InferenceServices(rollout_url="", launch=launch, admin_token=resolve_admin_token(config.router))
     try:
+        # embedded engines load their models together; SGLang engines one after another (each sizes its
+        # memory pool by what is free on the GPU when it starts)
+        together = config.engine.engine == "embedded"
         for i in range(config.rollout.rollout_num_engines):
-            services.engines.append(launch(i))
+            services.engines.append(launch(i, wait=not together))
+        for engine in services.engines:
+            engine.wait_ready(DEFAULT_START_TIMEOUT_S)  # at once for an engine already waited for
         services.rollout_url = services.engines[0].url
         if use_router:
             from miles.router.launch import launch_router

@@ -44,13 +44,14 @@ def engine_command(model_dir: str | Path | None, host: str, port: int, config: E
 
 def launch_engine(model_dir: str | Path | None, config: EngineConfig | None = None, *, host: str = "127.0.0.1",
                   port: int | None = None, log_path: str | Path | None = None, env: dict[str, str] | None = None,
-                  serve_args: list[str] = (), timeout: float = DEFAULT_START_TIMEOUT_S) -> EngineHandle:
+                  serve_args: list[str] = (), timeout: float = DEFAULT_START_TIMEOUT_S,
+                  wait: bool = True) -> EngineHandle:
     """Start an engine serving `model_dir` (None: the tiny base model) as `config` says (default: the
-    defaults) and return once it generates. `serve_args`: further `miles engine` serve flags
-    (e.g. --timeline-path)."""
+    defaults) and return once it generates (`wait=False`: at once; `handle.wait_ready(timeout)` before use).
+    `serve_args`: further `miles engine` serve flags (e.g. --timeline-path)."""
     if log_path is None:
         log_path = Path(tempfile.mkdtemp(prefix="miles-engine-")) / "engine.log"
     port = port or free_port(host)
     argv = engine_command(model_dir, host, port, config or EngineConfig()) + list(serve_args)
     return start_service(argv, host, port, Path(log_path), health_path="/health_generate", timeout=timeout, env=env,
-                         error=EngineStartError)
+                         error=EngineStartError, wait=wait)

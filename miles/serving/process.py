@@ -114,6 +114,21 @@ class ServiceProcess:
     port: int
     process: subprocess.Popen = field(repr=False)
     log_path: Path | None = None
+    # how `wait_ready` knows it is up, and what it raises otherwise (set by `start_service`)
+    health_path: str = field(default="/health", repr=False)
+    argv: list[str] = field(default_factory=list, repr=False)
+    error: type[Exception] = field(default=ServiceStartError, repr=False)
+
+    def wait_ready(self, timeout: float) -> "ServiceProcess":
+        """Return once the health endpoint answers 200; else stop the process and raise `error` with its command
+        and the tail of its log (it exited, or `timeout` seconds passed)."""
+        try:
+            wait_healthy(self.url, timeout, process=self.process, path=self.health_path, error=self.error)
+        except (self.error, TimeoutError) as exc:
+            self.stop()
+            raise self.error(f"{exc}\ncommand: {' '.join(self.argv)}\nlog {self.log_path} ends with:\n"
+                             f"{log_tail(self.log_path)}") from None
+        return self
 
     def stop(self, grace: float = STOP_GRACE_S) -> int | None:
         """Terminate the service, then kill it if it is still there after `grace` seconds."""
@@ -143,20 +158,17 @@ class ServiceProcess:
 
 
 def start_service(argv: list[str], host: str, port: int, log_path: Path, *, health_path: str, timeout: float,
-                  env: dict[str, str] | None = None, error: type[Exception] = ServiceStartError) -> ServiceProcess:
-    """Run `argv` (which serves on host:port) with its output in `log_path`; return once healthy."""
+                  env: dict[str, str] | None = None, error: type[Exception] = ServiceStartError,
+                  wait: bool = True) -> ServiceProcess:
+    """Run `argv` (which serves on host:port) with its output in `log_path`; return once healthy, or at once
+    with `wait=False` (then `wait_ready` before use: several services start together)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=service_env(env), cwd=REPO_ROOT)
     service = ServiceProcess(url=f"http://{host}:{port}", pid=process.pid, port=port, process=process,
-                             log_path=log_path)
-    try:
-        wait_healthy(service.url, timeout, process=process, path=health_path, error=error)
-    except (error, TimeoutError) as exc:
-        service.stop()
-        raise error(f"{exc}\ncommand: {' '.join(argv)}\nlog {log_path} ends with:\n{log_tail(log_path)}") from None
-    return service
+                             log_path=log_path, health_path=health_path, argv=list(argv), error=error)
+    return service.wait_ready(timeout) if wait else service
 
 
 def service_env(extra: dict[str, str] | None) -> dict[str, str]:

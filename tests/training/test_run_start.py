@@ -4,6 +4,7 @@ The order with stand-ins for the parts (what the driver does, not what the parts
 without waiting on real Ray."""
 from __future__ import annotations
 
+import dataclasses
 import pytest
 
 from miles.config import parse_config
@@ -102,3 +103,47 @@ def test_real_ranks_launched_without_waiting_load_in_the_background(base_model, 
         assert all(info.optimizer_steps == 0 for info in group.call("info"))
     finally:
         group.stop()
+
+
+@pytest.mark.parametrize("engine,launches", [
+    ("embedded", ["launch 0, wait=False", "launch 1, wait=False", "ready 0", "ready 1"]),
+    ("sglang", ["launch 0, wait=True", "ready 0", "launch 1, wait=True", "ready 1"]),
+])
+def test_embedded_engines_start_together_and_sglang_engines_one_after_another(engine, launches, monkeypatch,
+                                                                               tmp_path, base_model):
+    """Two SGLang engines see the same GPUs, and each sizes its memory pool by what is free when it starts."""
+    import miles.engines.launch
+    from miles.cluster.local import start_inference
+
+    events: list[str] = []
+
+    class Handle:
+        def __init__(self, i, wait):
+            self.i, self.url = i, f"http://127.0.0.1:{1000 + i}"
+            events.append(f"launch {i}, wait={wait}")
+            if wait:
+                self.wait_ready(1.0)
+
+        def wait_ready(self, timeout):
+            if f"ready {self.i}" not in events:
+                events.append(f"ready {self.i}")
+            return self
+
+    def launch_engine(model_dir, config, *, log_path, wait=True, **kwargs):
+        return Handle(int(log_path.stem.rsplit("-", 1)[1]), wait)
+
+    monkeypatch.setattr(miles.engines.launch, "launch_engine", launch_engine)
+    config = prepare_config(parse_config(["--run-dir", str(tmp_path / "run"), "--rollout-num-engines", "2"]))
+    config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, engine=engine))  # nothing starts
+    services = start_inference(config, use_router=False)
+    assert events == launches
+    assert services.engine_urls == ["http://127.0.0.1:1000", "http://127.0.0.1:1001"]
+
+
+def test_a_service_started_without_waiting_that_exits_raises_with_its_log(tmp_path):
+    from miles.serving.process import ServiceStartError, free_port, start_service
+
+    service = start_service(["python3", "-c", "print('no model here'); raise SystemExit(3)"], "127.0.0.1",
+                            free_port(), tmp_path / "svc.log", health_path="/health", timeout=30, wait=False)
+    with pytest.raises(ServiceStartError, match=r"(?s)exited with code 3.*no model here"):
+        service.wait_ready(30)
