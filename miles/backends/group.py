@@ -67,9 +67,10 @@ class ActorGroup:
 
     def kill(self) -> None:
         """End the ranks at once, started or not (a run that failed before its trainer took them)."""
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors = []
+        try:
+            kill_ranks(self.actors)
+        finally:
+            self.actors = []
 
     def call(self, method: str, *args: Any) -> list[Any]:
         """Run a collective method on every rank; results in rank order."""
@@ -101,8 +102,13 @@ def stop_ranks(actors: list[Any]) -> None:
     try:
         ray.get([a.shutdown.remote() for a in actors])
     finally:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+        kill_ranks(actors)
+
+
+def kill_ranks(actors: list[Any]) -> None:
+    """End the rank actors without asking them first (none is restarted)."""
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
 
 
 def stop_named_group(names: RunNames, world_size: int) -> bool:

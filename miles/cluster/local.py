@@ -110,8 +110,9 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
         together = config.engine.engine == "embedded"
         for i in range(config.rollout.rollout_num_engines):
             services.engines.append(launch(i, wait=not together))
-        for engine in services.engines:
-            engine.wait_ready(DEFAULT_START_TIMEOUT_S)  # at once for an engine already waited for
+        if together:
+            for engine in services.engines:
+                engine.wait_ready(DEFAULT_START_TIMEOUT_S)
         services.rollout_url = services.engines[0].url
         if use_router:
             from miles.router.launch import launch_router

@@ -5,6 +5,7 @@ without waiting on real Ray."""
 from __future__ import annotations
 
 import dataclasses
+
 import pytest
 
 from miles.config import parse_config
@@ -21,7 +22,6 @@ def driver(monkeypatch, tmp_path, base_model):
     import ray
 
     import miles.backends.group
-    import miles.cluster.connect
     import miles.cluster.local
     import miles.trainer
     from miles.train import _train_services
