@@ -1,5 +1,6 @@
-"""Session-wide fixtures: one real Prefect server (SQLite, loopback) shared by every test that asks,
-the tiny base model (warm-started, and an untrained one of its shape), and a local Ray that areas scope as they need."""
+"""Session-wide fixtures: one real Prefect server (SQLite, loopback) shared by every test that asks, the tiny
+base model (warm-started, and an untrained one of its shape), and the plugins of tests/support (the session
+runs, the shared Ray)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.support.sessions"]  # the runs many tests read (train once, check many times)
+pytest_plugins = [
+    "tests.support.sessions",  # the runs many tests read (train once, check many times)
+    "tests.support.ray_session",  # ray_cluster: one local Ray per test process, for the modules that ask
+]
 
 
 @pytest.fixture(scope="session")
@@ -28,23 +32,6 @@ def untrained_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("untrained") / "model"
     save_checkpoint(*build_tiny_model(0), out)
     return out
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A small local Ray for a test module's actors, shut down after it (unless someone else started it);
-    per module, so it never outlives into tests that bring up Ray themselves (the flow's)."""
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, namespace="miles", include_dashboard=False, object_store_memory=128 * 1024 * 1024,
-                 log_to_driver=False)
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
 
 
 @pytest.fixture(scope="session")

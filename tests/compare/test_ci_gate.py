@@ -72,7 +72,7 @@ def test_a_broken_learner_fails_the_gate(name, signals):
 
 
 @pytest.mark.slow
-def test_a_default_run_of_this_code_passes_the_gate(tmp_path):
+def test_a_default_run_of_this_code_passes_the_gate(tmp_path, ray_cluster):
     """A real short run of the default config, gated in enforce mode against the committed history."""
     from miles.config import parse_config
     from miles.prepare import prepare_config

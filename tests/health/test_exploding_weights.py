@@ -12,7 +12,7 @@ from miles.train import train
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fsdp", "megatron"])
-def test_a_huge_lr_is_flagged_as_exploding_weights(tmp_path, capsys, backend):
+def test_a_huge_lr_is_flagged_as_exploding_weights(tmp_path, capsys, backend, ray_cluster):
     run_dir = tmp_path / "run"
     config = parse_config(["--run-dir", str(run_dir), "--lr", "1e30", "--num-rollout", "2", "--eval-interval",
                            "none", "--on-red-flag", "stop", "--train-backend", backend])

@@ -22,7 +22,7 @@ COLLAPSE_SIGNALS = ("entropy_loss", "truncated_ratio", "raw_reward")
 
 
 @pytest.mark.slow
-def test_lr_far_too_high_is_flagged_and_stops_with_a_checkpoint(tmp_path, capsys):
+def test_lr_far_too_high_is_flagged_and_stops_with_a_checkpoint(tmp_path, capsys, ray_cluster):
     run_dir = tmp_path / "run"
     config = parse_config(["--run-dir", str(run_dir), "--lr", "0.05", "--num-rollout", "8", "--eval-interval",
                            "none", "--on-red-flag", "stop"])
@@ -46,7 +46,7 @@ def test_lr_far_too_high_is_flagged_and_stops_with_a_checkpoint(tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_a_run_stopped_by_a_red_flag_still_prints_its_scorecard(tmp_path, capsys):
+def test_a_run_stopped_by_a_red_flag_still_prints_its_scorecard(tmp_path, capsys, ray_cluster):
     from miles.train import main
 
     run_dir = tmp_path / "run"

@@ -86,7 +86,9 @@ FLOW_RUN_TIMEOUT_S = 2400
 def flow_run(prefect_api, tmp_path_factory) -> FlowRun:
     """`miles train` (flows.train_command.main) once, in this process, with SessionFlow's flags."""
     from flows.train_command import main
+    from tests.support import ray_session
 
+    ray_session.down()  # the flow starts its own Ray, with its workers' runtime env
     run_dir = tmp_path_factory.mktemp("session-flow") / "flow-run"
     argv = SessionFlow.argv(run_dir)
     saved = {name: os.environ.get(name) for name in SECRET_ENV}
@@ -142,15 +144,16 @@ RUN_SECRET_ENV = ("MILES_ROUTER_ADMIN_TOKEN", "MILES_ENGINE_ADMIN_TOKEN", "WANDB
 @pytest.fixture(scope="session")
 def plain_run(base_model, tmp_path_factory) -> PlainRun:
     """`train()` once with SMALL flags, --num-rollout 4, --save-interval 1, every tracker (W&B offline), no
-    token given; stopped cleanly after rollout 1 by an observer. Ray is the run's own (started and shut down
-    by `train`)."""
+    token given; stopped cleanly after rollout 1 by an observer, on the shared Ray (tests/support/ray_session.py)."""
     from contextlib import contextmanager
 
     from miles.config import parse_config
     from miles.prepare import prepare_config
     from miles.run.phases import add_phase_hook, remove_phase_hook
     from miles.train import train
+    from tests.support import ray_session
 
+    ray_session.up()
     run_dir = tmp_path_factory.mktemp("session-plain") / "run"
     config = parse_config([*SMALL, "--num-rollout", str(PLAIN_ROLLOUTS), "--save-interval", "1",
                            "--keep-checkpoints", "10", "--run-dir", str(run_dir), "--wandb-mode", "offline",

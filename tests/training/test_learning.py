@@ -13,7 +13,7 @@ MIN_GAIN = 0.20
 
 
 @pytest.mark.slow
-def test_default_config_raises_eval_pass_at_1(tmp_path):
+def test_default_config_raises_eval_pass_at_1(tmp_path, ray_cluster):
     config = parse_config(["--run-dir", str(tmp_path / "run"), "--actor-num-gpus-per-node", "2"])
     summary = train(prepare_config(config))
     base, final = summary.base_eval["eval/arithmetic"], summary.final_metrics["eval/arithmetic"]

@@ -19,7 +19,7 @@ SHORT = ["--num-rollout", "2", "--rollout-batch-size", "8", "--n-samples-per-pro
 
 
 @pytest.mark.slow
-def test_multi_turn_run_end_to_end(tmp_path, capsys):
+def test_multi_turn_run_end_to_end(tmp_path, capsys, ray_cluster):
     run_dir = tmp_path / "run"
     config = parse_config(["--config", str(CONFIG), *SHORT, "--run-dir", str(run_dir)])
     summary = train(prepare_config(config))
