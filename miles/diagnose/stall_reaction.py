@@ -4,7 +4,10 @@ beside the loop; its first live stall writes the diagnose bundle (once), tells t
 
 A hung phase never returns to the loop, so the stop cannot wait for the iteration's end: the loop's
 thread is interrupted (SIGINT to the main thread wakes a blocking wait; another thread gets the
-exception at its next Python line) and `train_rollouts` turns that into `RedFlagStop`.
+exception at its next Python line) and `train_rollouts` turns that into `RedFlagStop`. A process that
+started with SIGINT ignored (a background job of a non-interactive shell: `python -m miles.train ... &` in a
+script) would drop that interrupt and hang on, so while the loop runs on the main thread an ignored SIGINT
+is handled as Python does by default (KeyboardInterrupt), and put back at the end.
 """
 from __future__ import annotations
 
@@ -31,10 +34,13 @@ class StallReaction(Observer):
         self.diagnosis: Diagnosis | None = None
         self.stop_reason: str | None = None
         self.loop_thread: int | None = None
+        self.sigint_before = None  # SIGINT's handler before this observer made it raise, to put back at the end
 
     def before_iteration(self, rollout_id: int) -> None:
         if self.loop_thread is None:
             self.loop_thread = threading.get_ident()
+            if self.stops:
+                self.sigint_before = interruptible_main_thread()
             self.timer.start()
 
     def react(self, verdict: Verdict) -> None:
@@ -69,3 +75,19 @@ class StallReaction(Observer):
 
     def end(self, outcome) -> None:
         self.timer.stop()
+        if self.sigint_before is not None:
+            signal.signal(signal.SIGINT, self.sigint_before)
+            self.sigint_before = None
+
+
+def interruptible_main_thread():
+    """Make SIGINT raise KeyboardInterrupt in this, the main, thread if it is ignored or left to the OS;
+    the handler it had when changed, else None (a thread other than the main one, or a handler already set:
+    Python's own, or one the user's code installed, is left alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGINT)
+    if handler not in (signal.SIG_IGN, signal.SIG_DFL, None):
+        return None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return handler

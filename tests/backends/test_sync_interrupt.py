@@ -11,6 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r'''
 import signal, threading, time
 from miles.backends import sync
+from miles.diagnose.stall_reaction import interruptible_main_thread
+
+interruptible_main_thread()  # as the stall reaction does: this test's process may inherit SIGINT ignored
 
 class HungEngine:
     @staticmethod

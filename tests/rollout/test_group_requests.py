@@ -12,8 +12,9 @@ from miles.rollout.generate import RolloutSampling, generate, generate_groups
 
 
 @pytest.fixture(scope="module")
-def engine(base_model):
-    with launch_engine(base_model, EngineConfig(engine_device="cpu", engine_max_batch_size=16)) as handle:
+def engine(base_model, tmp_path_factory):
+    with launch_engine(base_model, EngineConfig(engine_device="cpu", engine_max_batch_size=16),
+                       log_path=tmp_path_factory.mktemp("engine") / "engine.log") as handle:
         yield handle
 
 

@@ -14,9 +14,10 @@ from tests.support.wait import wait_for
 
 
 @pytest.mark.slow
-def test_generate_and_stream_through_the_router_to_embedded_engines(router):
+def test_generate_and_stream_through_the_router_to_embedded_engines(router, tmp_path):
     model = ensure_base_model()
-    engines = [launch_engine(model, EngineConfig(engine_device="cpu", engine_max_batch_size=8)) for _ in range(2)]
+    engines = [launch_engine(model, EngineConfig(engine_device="cpu", engine_max_batch_size=8),
+                             log_path=tmp_path / f"engine{i}.log") for i in range(2)]
     try:
         handle = router([e.url for e in engines], router_policy="round-robin", rollout_health_check_interval=0.5)
         request = {"text": "37+58=", "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
