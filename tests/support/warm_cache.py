@@ -6,11 +6,17 @@ the cache's lock with its core idle (50% busy for about a minute at a time in a 
 process of their own, started as the session starts, neither worker is the one making them: both run tests
 until each needs a model. The tests still ask for the models the usual way (`ensure_base_model`, the
 `base_model` fixture): a model found made is used, one still being made is waited for on its lock, and if
-this process failed, the first test to ask makes it and fails where it can be read."""
+this process failed, the first test to ask makes it and fails where it can be read.
+
+`make test` makes them before the suite starts (`python -m tests.support.warm_cache`, below: each model in a
+process of its own, together), so that its workers find them made; the background maker is for a pytest run
+started another way on a machine without them."""
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 MAKE = """
@@ -48,3 +54,56 @@ def stop(process: subprocess.Popen | None, log: Path) -> str | None:
     if process.returncode != 0:
         return log.read_text(errors="replace")[-2000:]
     return None
+
+
+# What `make test` makes before the suite: the two tiny models and SmolLM2 (tests/training/test_smollm2.py)
+SUITE_MODELS = {
+    "tiny addition model": "from miles.tiny.warmstart import ensure_base_model; ensure_base_model(progress=False)",
+    "tiny tool model": "from miles.tiny.tool_warmstart import ensure_tool_model; ensure_tool_model(progress=False)",
+    "SmolLM2-135M-Instruct": "from miles.config.checkpoints import CATALOG; from miles.pretrained.make import "
+                             "make_checkpoint; make_checkpoint(CATALOG['smollm2-135m-instruct'])",
+}
+
+
+def suite_model_markers() -> dict[str, Path]:
+    """Each model's marker file, written last when it is made (naming them loads no torch)."""
+    from miles.config.checkpoints import CATALOG, MADE, checkpoint_dir
+    from miles.tiny.recipes import base_model_dir, tool_model_dir
+
+    return {"tiny addition model": base_model_dir() / "warmstart.json",
+            "tiny tool model": tool_model_dir() / "warmstart.json",
+            "SmolLM2-135M-Instruct": checkpoint_dir(CATALOG["smollm2-135m-instruct"]) / MADE}
+
+
+def make_suite_models() -> int:
+    """Make the suite's missing models together, one process each; 0 when all are made, else 1 with each
+    failure's output."""
+    root = Path(__file__).resolve().parents[2]
+    started = time.monotonic()
+    missing_ones = [name for name, marker in suite_model_markers().items() if not marker.exists()]
+    if not missing_ones:
+        return 0
+    print(f"making the test suite's models once on this machine, together: {', '.join(missing_ones)} "
+          f"(minutes)", flush=True)
+    failures: list[str] = []
+
+    def make(name: str) -> None:
+        done = subprocess.run([sys.executable, "-c", SUITE_MODELS[name]], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, cwd=root)
+        if done.returncode != 0:
+            failures.append(f"making the {name} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+        else:
+            print(f"  {name}: made in {time.monotonic() - started:.0f} s", flush=True)
+
+    threads = [threading.Thread(target=make, args=(name,)) for name in missing_ones]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(make_suite_models())
