@@ -98,6 +98,8 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session):
     config = session.config
+    if SCOPE_CLOCK is not None and session.testsfailed == 0:
+        SCOPE_CLOCK.write()  # a failed run's timeouts would mislead the next order
     if WARM_MAKER in config.stash:
         from tests.support import warm_cache
 
@@ -112,7 +114,7 @@ def pytest_xdist_make_scheduler(config, log):
     node's id in `_id`, not `_nodeid`: that is why this is a scheduler and not marks.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    from tests.support.scheduling import ordered, scope_of
+    from tests.support.scheduling import ScopeClock, ordered, scope_of
 
     class ModuleScheduling(LoadScopeScheduling):
         _ordered = False
@@ -128,4 +130,14 @@ def pytest_xdist_make_scheduler(config, log):
                 self.workqueue.update(queue)
             super()._assign_work_unit(node)
 
+    global SCOPE_CLOCK
+    SCOPE_CLOCK = ScopeClock(config.rootpath)
     return ModuleScheduling(config, log)
+
+
+SCOPE_CLOCK = None  # on `make test`'s controller only: each scope's seconds, for the next run's order
+
+
+def pytest_runtest_logreport(report):
+    if SCOPE_CLOCK is not None:
+        SCOPE_CLOCK.add(report.nodeid, report.duration)

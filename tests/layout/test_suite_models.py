@@ -2,7 +2,6 @@
 nothing is started when all are made, only the missing ones otherwise, and a failure is named."""
 from __future__ import annotations
 
-
 from tests.support import warm_cache
 
 
