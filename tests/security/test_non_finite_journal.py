@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +13,6 @@ from miles.dashboard.views import run_summary
 from miles.health import HealthWatch
 from miles.health.cli import main as doctor
 from miles.record.journal import Journal, JournalFollower, JournalLine, read_journal, strict_json
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def strict_loads(text: str):
@@ -63,15 +58,16 @@ def test_health_watch_doctor_and_dashboard_agree(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_1e308_reward_keeps_the_run_files_strict(tmp_path):
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "miles.train", "--run-dir", str(run_dir), "--num-rollout", "1",
-                           "--custom-rm-path", "tests.health.broken_rewards.huge"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+def test_a_1e308_reward_keeps_the_run_files_strict(tmp_path, capsys, ray_cluster):
+    from miles.train import main
+
+    run_dir = tmp_path / "run"  # python -m miles.train's main, in this process on the shared Ray
+    code = main(["--run-dir", str(run_dir), "--num-rollout", "1", "--custom-rm-path", "tests.health.broken_rewards.huge"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err[-3000:]
     # rewards that overflow make the first gradient NaN: the run stops, says why, and still prints its scorecard
-    assert done.returncode == 1 and "non-finite gradient norm" in done.stderr, done.stderr[-3000:]
-    card = done.stdout[done.stdout.index(f"python -m miles.train: scorecard of {run_dir}"):]
+    assert code == 1 and "non-finite gradient norm" in err, err[-3000:]
+    card = out[out.index(f"python -m miles.train: scorecard of {run_dir}"):]
     assert "rollouts       none trained" in card and "no checkpoint saved" in card
     lines = [strict_loads(text) for text in (run_dir / "metrics.jsonl").read_text().splitlines()]
     base = next(ln for ln in lines if ln["rollout_id"] == -1)
