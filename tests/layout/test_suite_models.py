@@ -27,7 +27,8 @@ def test_only_the_missing_are_made_and_a_failure_is_named(monkeypatch, tmp_path,
         "c": "import sys; print('no wheel'); sys.exit(4)"})
     assert warm_cache.make_suite_models() == 1
     captured = capsys.readouterr()
-    assert out.read_text() == "b" and "  b: made in " in captured.out and "making the test suite's models" in captured.out
+    assert out.read_text() == "b" and "  b: made in " in captured.out
+    assert "making the test suite's models" in captured.out
     assert "making the c failed (exit 4):\nno wheel" in captured.err and " a" not in captured.err
 
 

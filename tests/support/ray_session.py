@@ -12,9 +12,12 @@ end `ray_cluster` fails naming the actors alive that were not alive at its start
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
+# ray.kill returns before the actor is dead: the actors a run killed as it ended may still show alive for a moment
+KILL_GRACE_S = 10.0
 LIVE_STATES = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING"})
 RAY_MODULES = pytest.StashKey[frozenset]()  # modules with a test that uses ray_cluster
 
@@ -51,18 +54,35 @@ def pytest_collection_modifyitems(session, config, items):
                                           and "ray_cluster" in getattr(item, "fixturenames", ()))
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """The shared Ray, up for the module; what the module left alive on it fails the module's teardown."""
+def module_scope():
+    """The body of `ray_cluster`: the shared Ray up for the module; what the module left alive on it fails the
+    module's tear-down (and that Ray is shut down with it)."""
     up()
     before = set(live_actors())
     yield
     if not ray_is_up():
         return
-    left = sorted(name for actor_id, name in live_actors().items() if actor_id not in before)
+    left = left_alive(before)
     if left:
         down()  # ends them all; the next module that asks starts a fresh one
         pytest.fail(f"actors left alive on the shared Ray by this module: {left}")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """The shared Ray, up for the module; what the module left alive on it fails the module's tear-down."""
+    yield from module_scope()
+
+
+def left_alive(before: set[str]) -> list[str]:
+    """The class names of the actors alive now that were not in `before`, once those being killed had
+    KILL_GRACE_S to die."""
+    deadline = time.monotonic() + KILL_GRACE_S
+    while True:
+        left = sorted(name for actor_id, name in live_actors().items() if actor_id not in before)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 @pytest.fixture(autouse=True)

@@ -63,7 +63,8 @@ def estimate(scope: str, tests: int, seconds: dict[str, float], root: Path) -> f
     return UNMEASURED_RUN_S if runs_training(scope, root) else UNMEASURED_TEST_S * tests
 
 
-def ordered(queue: list[tuple[str, dict]], root: Path, seconds: dict[str, float] | None = None) -> list[tuple[str, dict]]:
+def ordered(queue: list[tuple[str, dict]], root: Path,
+            seconds: dict[str, float] | None = None) -> list[tuple[str, dict]]:
     """The longest scopes first (measured, or estimated); among equals, the most tests first."""
     seconds = measured_seconds(root) if seconds is None else seconds
     return sorted(queue, key=lambda item: (-estimate(item[0], len(item[1]), seconds, root), -len(item[1])))

@@ -91,7 +91,8 @@ def make_suite_models() -> int:
         done = subprocess.run([sys.executable, "-c", SUITE_MODELS[name]], capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, cwd=root)
         if done.returncode != 0:
-            failures.append(f"making the {name} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+            output = (done.stdout + done.stderr)[-3000:]
+            failures.append(f"making the {name} failed (exit {done.returncode}):\n{output}")
         else:
             print(f"  {name}: made in {time.monotonic() - started:.0f} s", flush=True)
 
