@@ -19,18 +19,12 @@ import threading
 import time
 from pathlib import Path
 
-MAKE = """
-from miles.tiny.warmstart import ensure_base_model
-from miles.tiny.tool_warmstart import ensure_tool_model
-ensure_base_model(progress=False)  # the one most tests need, first
-ensure_tool_model(progress=False)
-"""
+BACKGROUND_MODELS = ("tiny addition model", "tiny tool model")  # the one most tests need first; not SmolLM2
 
 
 def missing() -> bool:
-    from miles.tiny.recipes import base_model_dir, tool_model_dir
-
-    return not all((model / "warmstart.json").exists() for model in (base_model_dir(), tool_model_dir()))
+    markers = suite_model_markers()
+    return not all(markers[name].exists() for name in BACKGROUND_MODELS)
 
 
 def start(log: Path) -> subprocess.Popen | None:
@@ -39,7 +33,8 @@ def start(log: Path) -> subprocess.Popen | None:
         return None
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-c", MAKE], stdout=out, stderr=subprocess.STDOUT,
+        make = "\n".join(SUITE_MODELS[name] for name in BACKGROUND_MODELS)  # one after the other
+        return subprocess.Popen([sys.executable, "-c", make], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2])
 
 
