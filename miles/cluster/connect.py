@@ -13,7 +13,7 @@ from miles.cluster.names import NAMESPACE
 from miles.cluster.working_dir import unpack_on_every_node
 from miles.config import ConfigError
 from miles.config.secrets import child_env
-from miles.serving.process import SERVICE_KEEP_ENV
+from miles.serving.process import SERVICE_KEEP_ENV, passive_omp
 
 CONNECT_TIMEOUT_S = 5.0
 # Secret-named variables a local cluster's processes (GCS, raylet, workers) keep: Ray's own token, and
@@ -86,6 +86,18 @@ def without_job_env_vars(runtime_env: dict | None) -> dict | None:
     return {**runtime_env, "env_vars": env_vars}
 
 
+def with_worker_env(runtime_env: dict | None) -> dict | None:
+    """The job's runtime env plus what every worker of this driver gets from miles: passive OpenMP waiting
+    (`miles.serving.process.passive_omp`; training ranks run torch threads beside engines and other jobs),
+    unless this driver's environment chose a policy."""
+    extra = passive_omp(os.environ)
+    if not extra:
+        return runtime_env
+    runtime_env = dict(runtime_env or {})
+    runtime_env["env_vars"] = {**extra, **(runtime_env.get("env_vars") or {})}
+    return runtime_env
+
+
 def check_cluster(ray_address: str | None) -> str:
     """For an existing cluster: reachable, and this driver's token accepted (a no-op when one will be
     started). Returns where the address came from, for error messages."""
@@ -149,8 +161,10 @@ def connect(ray_address: str | None, num_cpus: int | None = None, object_store_m
     """`ray.init` for this process; returns True when it started a new local cluster (sized by
     `num_cpus` and `object_store_mb`, which an existing cluster already has and Ray refuses).
     A local cluster's processes inherit no secret-named variable but Ray's token and `keep_env`
-    (this driver keeps them all); an existing cluster's processes have the environment they were started with."""
+    (this driver keeps them all); an existing cluster's processes have the environment they were started with.
+    Either way this driver's workers also get `with_worker_env`'s variables (passive OpenMP waiting)."""
     plain_prefixes()
+    runtime_env = with_worker_env(runtime_env)
     address = existing_cluster_address(ray_address)
     if address is None:
         with quiet_token_auth(), environ_without_secrets(RAY_KEEP_ENV | keep_env):

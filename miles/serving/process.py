@@ -171,11 +171,26 @@ def start_service(argv: list[str], host: str, port: int, log_path: Path, *, heal
     return service.wait_ready(timeout) if wait else service
 
 
+# libgomp (torch's OpenMP on CPU) lets a thread spin for a while after each parallel region before it
+# sleeps. Where a process's torch threads share cores with other processes (a rank beside its engine and the
+# driver, two runs on one node), the spinning threads hold cores the others need and each barrier waits on
+# threads the kernel has descheduled: SmolLM2's test run took 185-197 s beside a one-core busy loop on a
+# 2-core machine, 64-78 s with passive waiting (threads sleep at once). A value the user set is kept.
+OMP_WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+
+
+def passive_omp(environ) -> dict[str, str]:
+    """What a child needs for its OpenMP threads to sleep while they wait: nothing if `environ` (the user)
+    chose a wait policy already."""
+    return {} if OMP_WAIT_POLICY_ENV in environ else {OMP_WAIT_POLICY_ENV: "PASSIVE"}
+
+
 def service_env(extra: dict[str, str] | None) -> dict[str, str]:
     """This process's environment without the secrets a service does not need (it gets those it
-    needs in `extra`), plus this pid for the service's parent watch."""
+    needs in `extra`), passive OpenMP waiting unless the user chose, plus this pid for the service's
+    parent watch."""
     env = child_env(dict(os.environ), SERVICE_KEEP_ENV)
-    return {**env, **(extra or {}), **parent_env()}
+    return {**env, **passive_omp(env), **(extra or {}), **parent_env()}
 
 
 def log_tail(path: Path) -> str:

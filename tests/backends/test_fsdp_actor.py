@@ -45,6 +45,19 @@ def groups(ray_cluster, base_model):
         group.stop()
 
 
+def test_the_ranks_wait_passively_in_openmp(groups):
+    """A rank's torch threads share the node's cores with its engines and driver: they sleep while they wait
+    (the runtime env of the driver's `connect`), unless the user chose a policy."""
+    import os
+
+    import ray
+
+    want = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    seen = ray.get([rank.__ray_call__.remote(lambda _self: os.environ.get("OMP_WAIT_POLICY"))
+                    for rank in groups[2].actors])
+    assert seen == [want, want]
+
+
 def test_one_and_two_ranks_take_the_same_steps(groups):
     samples, advantages = rollout_like()
     one = step(groups[1], config(1), samples, advantages)

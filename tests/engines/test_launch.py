@@ -69,3 +69,12 @@ def test_sglang_flags_need_the_sglang_engine():
 
     config = parse_config(["--engine", "sglang", "--rollout-num-gpus-per-engine", "2", "--run-dir", "/tmp/x"])
     assert resolve(config).engine.sglang_tp_size == 2  # Miles: GPUs per engine = its tensor-parallel size
+
+
+def test_a_launched_engine_waits_passively_in_openmp(engine):
+    """Its torch threads sleep while they wait (miles.serving.process.passive_omp), unless the user chose."""
+    import os
+
+    environ = dict(item.split("=", 1) for item in
+                   open(f"/proc/{engine.pid}/environ", "rb").read().decode(errors="replace").split("\0") if "=" in item)
+    assert environ["OMP_WAIT_POLICY"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")

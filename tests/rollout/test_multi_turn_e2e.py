@@ -3,6 +3,7 @@ one engine, and a trajectory whose engine dies between turns finishes on the oth
 from __future__ import annotations
 
 import argparse
+import json
 
 import httpx
 import pytest
@@ -55,9 +56,14 @@ def rollout(router_url: str, tokenizer, prompt: Prompt, attempt: int, **fields):
     return samples[0]
 
 
-def test_an_openai_client_drives_the_calculator_conversation(engines):
-    import json
+def json_or_none(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
+
+def test_an_openai_client_drives_the_calculator_conversation(engines):
     import openai
 
     from miles.tiny.calculator import TOOL_SPECS
@@ -69,11 +75,17 @@ def test_an_openai_client_drives_the_calculator_conversation(engines):
                                                temperature=1.0, max_tokens=16)
         calls = [c for c in first.choices if c.finish_reason == "tool_calls"]
         assert calls, [c.message.content for c in first.choices]
-        call = calls[0].message.tool_calls[0]
-        assert call.function.name == "calc" and json.loads(call.function.arguments) == {"expression": "37*58"}
+        # every call parsed into the client's shape; at temperature 1 the tiny policy also samples garbled
+        # ones ("calccca*83"), so the conversation goes on from a sample that called the tool as trained
+        assert all(c.message.tool_calls and c.message.tool_calls[0].function.name for c in calls)
+        called = [(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments) for c in calls]
+        wanted = [c for c, (name, arguments) in zip(calls, called)
+                  if name == "calc" and json_or_none(arguments) == {"expression": "37*58"}]
+        assert wanted, called
+        call = wanted[0].message.tool_calls[0]
         answer = client.chat.completions.create(
             model="tiny", tools=TOOL_SPECS, temperature=0.0, max_tokens=8,
-            messages=[*question, calls[0].message.model_dump(exclude_none=True),
+            messages=[*question, wanted[0].message.model_dump(exclude_none=True),
                       {"role": "tool", "tool_call_id": call.id, "content": "2146"}])
     assert answer.choices[0].message.content == "2146" and not answer.choices[0].message.tool_calls
 
