@@ -77,9 +77,11 @@ def test_diagnose_from_an_ordinary_shell_reads_the_live_runs_ray_state(hang_run,
     run = hang_run
     run.wait_for(lambda: rollouts_done(run.run_dir) >= 2, START_S, "2 rollouts")
     waiting = run.hang_file.with_name(run.hang_file.name + ".waiting")
-    run.hang_file.unlink(missing_ok=True)  # let go, then held anew: the `.waiting` seen below is this hold's
-    waiting.unlink(missing_ok=True)
-    run.hang_file.touch()  # held live in its reward while diagnose looks
+    # held live in its reward while diagnose looks (the first test left the file, so the run may be held
+    # already: `.waiting` exists exactly while a reward waits). Letting it go and holding it anew raced: a
+    # reward already waiting polls every 0.2 s and missed a file removed and made again at once, so its
+    # `.waiting`, removed by the test, never came back (a fast run reached its reward first).
+    run.hang_file.touch()
     run.wait_for(waiting.exists, 120, "the rollout held")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
     done = subprocess.run([sys.executable, "-m", "flows.cli", "diagnose", str(run.run_dir), "--json", "--out",
