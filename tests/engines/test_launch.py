@@ -75,6 +75,7 @@ def test_a_launched_engine_waits_passively_in_openmp(engine):
     """Its torch threads sleep while they wait (miles.serving.process.passive_omp), unless the user chose."""
     import os
 
-    environ = dict(item.split("=", 1) for item in
-                   open(f"/proc/{engine.pid}/environ", "rb").read().decode(errors="replace").split("\0") if "=" in item)
+    from miles.diagnose.local_services import process_environ
+
+    environ = process_environ(engine.pid)
     assert environ["OMP_WAIT_POLICY"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
