@@ -19,6 +19,7 @@ from miles.serving.process import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
+START_ATTEMPTS = 3
 STOP_GRACE_S = 3.0  # a head's `ray start --block` and its GCS outlast SIGTERM by 15 s; a test cluster needs no graceful end
 
 
@@ -88,8 +89,26 @@ class RayHead:
 
     def join_node(self, num_cpus: int = 1, timeout: float = START_TIMEOUT_S, share_temp_dir: bool = False) -> None:
         """A second Ray node on this machine, joined to the head; returns once the head counts it.
-        `share_temp_dir`: the head's temp dir, as two nodes started with Ray's default (/tmp/ray) share it."""
+        `share_temp_dir`: the head's temp dir, as two nodes started with Ray's default (/tmp/ray) share it.
+        A `ray start` that gives up (Ray's fixed 30 s for its raylet to register) is started again while
+        `timeout` lasts, as for the head."""
         want = self.alive_nodes() + 1
+        deadline = time.monotonic() + timeout
+        for attempt in range(1, START_ATTEMPTS + 1):
+            node = self._start_node(num_cpus, share_temp_dir)
+            while self.alive_nodes() < want:
+                if node.process.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)  # poll interval of the readiness loop, bounded by the deadline above
+            else:
+                return
+            log = node.log.read_text()[-3000:]
+            node.stop()
+            self.nodes.remove(node)
+            if time.monotonic() > deadline or attempt == START_ATTEMPTS:
+                raise RuntimeError(f"the second Ray node did not join ({attempt} attempt(s)):\n{log}")
+
+    def _start_node(self, num_cpus: int, share_temp_dir: bool) -> RayNode:
         # never the default /tmp/ray
         temp_dir = self.root / "ray" if share_temp_dir else self.root / f"ray-node{len(self.nodes)}"
         listen, runtime_env, metrics, grpc = free_ports(4)
@@ -99,11 +118,7 @@ class RayHead:
                 f"--dashboard-agent-listen-port={listen}", f"--runtime-env-agent-port={runtime_env}",
                 f"--metrics-export-port={metrics}", f"--dashboard-agent-grpc-port={grpc}"]
         self.nodes.append(_start(argv, self.cli_env(), self.root / f"node{len(self.nodes)}.log"))
-        deadline = time.monotonic() + timeout
-        while self.alive_nodes() < want:
-            if self.nodes[-1].process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the second Ray node did not join:\n{self.nodes[-1].log.read_text()[-3000:]}")
-            time.sleep(0.5)  # poll interval of the readiness loop, bounded by the deadline above
+        return self.nodes[-1]
 
     def stop(self) -> None:
         for node in reversed(self.nodes):
@@ -120,7 +135,22 @@ def _start(argv: list[str], env: dict[str, str], log: Path) -> RayNode:
 
 def start_head(num_cpus: int = 2, timeout: float = START_TIMEOUT_S) -> RayHead:
     """`ray start --head --block` with token auth (a fresh token in its own file) and the dashboard's
-    job server on 127.0.0.1; returns once the job server answers an authenticated request."""
+    job server on 127.0.0.1; returns once the job server answers an authenticated request. A head whose
+    `ray start` gives up is started afresh (new dir, new ports) while `timeout` lasts: Ray waits a fixed
+    30 s for its own raylet to register, which a loaded 2-core machine has overrun."""
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, START_ATTEMPTS + 1):
+        head, log = _try_head(num_cpus, deadline)
+        if head is not None:
+            return head
+        if time.monotonic() > deadline or attempt == START_ATTEMPTS:
+            raise RuntimeError(f"ray start --head did not come up ({attempt} attempt(s)):\n{log}")
+    raise AssertionError("unreachable")
+
+
+def _try_head(num_cpus: int, deadline: float) -> tuple[RayHead | None, str]:
+    """One `ray start --head`: the head once it answers, or None and the end of its log once it exits or the
+    deadline passes (stopped and removed)."""
     root = Path(tempfile.mkdtemp(prefix="ray-miles-test-", dir="/tmp"))  # short: Ray's socket paths
     token = root / "auth_token"
     token.write_text(os.urandom(16).hex())
@@ -133,15 +163,14 @@ def start_head(num_cpus: int = 2, timeout: float = START_TIMEOUT_S) -> RayHead:
             f"--metrics-export-port={metrics}", f"--num-cpus={num_cpus}",
             "--object-store-memory", str(256 * 2**20), "--disable-usage-stats"]
     head.nodes.append(_start(argv, head.cli_env(), root / "head.log"))
-    deadline = time.monotonic() + timeout
     while True:
         try:
             if head.alive_nodes() >= 1:
-                return head
+                return head, ""
         except (httpx.HTTPError, KeyError, ValueError):
             pass
         if head.nodes[0].process.poll() is not None or time.monotonic() > deadline:
             log = (root / "head.log").read_text()[-3000:]
             head.stop()
-            raise RuntimeError(f"ray start --head did not come up:\n{log}")
+            return None, log
         time.sleep(0.5)  # poll interval of the readiness loop, bounded by the deadline above

@@ -81,19 +81,26 @@ def test_the_working_dir_is_not_replaced_under_a_job_after_connect(head):
 
 
 @pytest.mark.slow
-def test_ray_job_submit_runs_both_entry_points_and_ray_job_logs_has_the_rows(head, prefect_api, tmp_path):
-    for i, command in enumerate(README_JOB_SUBMIT):
-        run_dir, job_id = tmp_path / f"run{i}", f"miles-test-{tmp_path.name}-{i}"
-        submit, entrypoint = with_ports(command, head), []
-        submit, entrypoint = submit[:submit.index("--")], submit[submit.index("--"):]
-        # the job reports to the session's Prefect server instead of starting one in ~/.cache
-        runtime_env = json.dumps({"env_vars": {"PREFECT_API_URL": prefect_api.api_url}})
-        proc = run([*submit, "--submission-id", job_id, "--runtime-env-json", runtime_env, *entrypoint,
-                    *TINY, "--run-dir", str(run_dir)], head.cli_env())
-        assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
-        logs = run(["ray", "job", "logs", job_id, f"--address={head.dashboard}"], head.cli_env(), timeout=60)
-        assert "[trainer] iter 0 (1/1) | loss=" in logs.stdout, logs.stdout[-3000:] + logs.stderr[-2000:]
-        assert journal_rollouts(run_dir) == [0]
+def test_ray_job_submit_runs_the_flow_entry_point_and_ray_job_logs_has_the_row(head, prefect_api, tmp_path):
+    """`miles train` (the flow) as a job, from the head's environment; `python -m miles.train` (the plain
+    driver) as a job is the working-dir recipe's job below, which runs the same command with `--working-dir .`
+    and `--use-mlflow` added and checks `ray job logs` the same way (one run fewer on two 1-CPU nodes)."""
+    command = README_JOB_SUBMIT[1]
+    run_dir, job_id = tmp_path / "run", f"miles-test-{tmp_path.name}-flow"
+    submit, entrypoint = with_ports(command, head), []
+    submit, entrypoint = submit[:submit.index("--")], submit[submit.index("--"):]
+    # the job reports to the session's Prefect server instead of starting one in ~/.cache
+    runtime_env = json.dumps({"env_vars": {"PREFECT_API_URL": prefect_api.api_url}})
+    proc = run([*submit, "--submission-id", job_id, "--runtime-env-json", runtime_env, *entrypoint,
+                *TINY, "--run-dir", str(run_dir)], head.cli_env())
+    assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_job_logs_have_the_row(head, job_id)
+    assert journal_rollouts(run_dir) == [0]
+
+
+def assert_job_logs_have_the_row(head: RayHead, job_id: str) -> None:
+    logs = run(["ray", "job", "logs", job_id, f"--address={head.dashboard}"], head.cli_env(), timeout=60)
+    assert "[trainer] iter 0 (1/1) | loss=" in logs.stdout, logs.stdout[-3000:] + logs.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -145,7 +152,9 @@ def proc_ok(proc: subprocess.CompletedProcess) -> bool:
 def test_ray_job_submit_with_the_working_dir_on_two_one_cpu_nodes(head, tmp_path):
     """The multi-node recipe as a job (the first-hour review's failing case): a 1-CPU head and a 1-CPU
     second node with token auth, the checkout uploaded with --working-dir (the job's driver imports the
-    uploaded copy first), MLflow on; the run finishes and the engine loads torch."""
+    uploaded copy first), MLflow on; the run finishes, the engine loads torch and `ray job logs` has the row.
+    Also the job-submit recipe's `python -m miles.train` (the same command without the two options)."""
+    assert README_MULTI_NODE[4].replace(" --working-dir .", "").removesuffix(" --use-mlflow") == README_JOB_SUBMIT[0]
     assert head.alive_nodes() == 2
     env = {**head.cli_env(), "PYTHONPATH": ""}
     run_dir, job_id = tmp_path / "run", f"miles-test-{tmp_path.name}-wd"
@@ -154,6 +163,7 @@ def test_ray_job_submit_with_the_working_dir_on_two_one_cpu_nodes(head, tmp_path
     proc = run([*submit[:cut], "--submission-id", job_id, *submit[cut:], *TINY, "--run-dir", str(run_dir)], env)
     assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, \
         proc.stdout[-3000:] + proc.stderr[-3000:] + engine_log(run_dir)
+    assert_job_logs_have_the_row(head, job_id)
     assert journal_rollouts(run_dir) == [0]
     assert "Ignoring upload" in proc.stderr or "Uploading package" in proc.stderr  # the working dir went up
     assert "Cannot load" not in engine_log(run_dir)
