@@ -18,7 +18,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/miles train --config configs/tiny-cpu.yaml --use-wandb --use-mlflow
 
-# the suite's models (tiny addition and tool models, SmolLM2) made once per machine before the suite, together
+# the suite's models (tiny addition and tool models, SmolLM2) made once per machine before the suite, one per core
 test: $(STAMP)
 	$(BIN)/python -m tests.support.warm_cache
 	$(BIN)/python -m pytest -q --durations=25 -n 2 tests

@@ -9,10 +9,11 @@ until each needs a model. The tests still ask for the models the usual way (`ens
 this process failed, the first test to ask makes it and fails where it can be read.
 
 `make test` makes them before the suite starts (`python -m tests.support.warm_cache`, below: each model in a
-process of its own, together), so that its workers find them made; the background maker is for a pytest run
+process of its own, one per core), so that its workers find them made; the background maker is for a pytest run
 started another way on a machine without them."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -51,7 +52,8 @@ def stop(process: subprocess.Popen | None, log: Path) -> str | None:
     return None
 
 
-# What `make test` makes before the suite: the two tiny models and SmolLM2 (tests/training/test_smollm2.py)
+# What `make test` makes before the suite: the two tiny models and SmolLM2 (tests/training/test_smollm2.py),
+# the longest to make first (make_suite_models starts them in this order)
 SUITE_MODELS = {
     "tiny addition model": "from miles.tiny.warmstart import ensure_base_model; ensure_base_model(progress=False)",
     "tiny tool model": "from miles.tiny.tool_warmstart import ensure_tool_model; ensure_tool_model(progress=False)",
@@ -70,17 +72,22 @@ def suite_model_markers() -> dict[str, Path]:
             "SmolLM2-135M-Instruct": checkpoint_dir(CATALOG["smollm2-135m-instruct"]) / MADE}
 
 
-def make_suite_models() -> int:
-    """Make the suite's missing models together, one process each; 0 when all are made, else 1 with each
-    failure's output."""
+def make_suite_models(lanes: int | None = None) -> int:
+    """Make the suite's missing models, one process each, at most `lanes` (the machine's cores) at a time, in
+    SUITE_MODELS's order (the longest first): each runs torch on one thread, so a third process on two cores
+    only slowed the other two while the addition model, the longest, ended alone on one core. 0 when all are
+    made, else 1 with each failure's output."""
     root = Path(__file__).resolve().parents[2]
     started = time.monotonic()
     missing_ones = [name for name, marker in suite_model_markers().items() if not marker.exists()]
     if not missing_ones:
         return 0
-    print(f"making the test suite's models once on this machine, together: {', '.join(missing_ones)} "
+    lanes = max(1, min(lanes or os.cpu_count() or 1, len(missing_ones)))
+    print(f"making the test suite's models once on this machine, {lanes} at a time: {', '.join(missing_ones)} "
           f"(minutes)", flush=True)
     failures: list[str] = []
+    queue = list(missing_ones)
+    taking = threading.Lock()
 
     def make(name: str) -> None:
         done = subprocess.run([sys.executable, "-c", SUITE_MODELS[name]], capture_output=True, text=True,
@@ -91,7 +98,15 @@ def make_suite_models() -> int:
         else:
             print(f"  {name}: made in {time.monotonic() - started:.0f} s", flush=True)
 
-    threads = [threading.Thread(target=make, args=(name,)) for name in missing_ones]
+    def lane() -> None:
+        while True:
+            with taking:
+                if not queue:
+                    return
+                name = queue.pop(0)
+            make(name)
+
+    threads = [threading.Thread(target=lane) for _ in range(lanes)]
     for thread in threads:
         thread.start()
     for thread in threads:
