@@ -85,13 +85,12 @@ def test_ray_job_submit_runs_the_flow_entry_point_and_ray_job_logs_has_the_row(h
     """`miles train` (the flow) as a job, from the head's environment; `python -m miles.train` (the plain
     driver) as a job is the working-dir recipe's job below, which runs the same command with `--working-dir .`
     and `--use-mlflow` added and checks `ray job logs` the same way (one run fewer on two 1-CPU nodes)."""
-    command = README_JOB_SUBMIT[1]
     run_dir, job_id = tmp_path / "run", f"miles-test-{tmp_path.name}-flow"
-    submit, entrypoint = with_ports(command, head), []
-    submit, entrypoint = submit[:submit.index("--")], submit[submit.index("--"):]
+    submit = with_ports(README_JOB_SUBMIT[1], head)
+    cut = submit.index("--")
     # the job reports to the session's Prefect server instead of starting one in ~/.cache
     runtime_env = json.dumps({"env_vars": {"PREFECT_API_URL": prefect_api.api_url}})
-    proc = run([*submit, "--submission-id", job_id, "--runtime-env-json", runtime_env, *entrypoint,
+    proc = run([*submit[:cut], "--submission-id", job_id, "--runtime-env-json", runtime_env, *submit[cut:],
                 *TINY, "--run-dir", str(run_dir)], head.cli_env())
     assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert_job_logs_have_the_row(head, job_id)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 BACKGROUND_MODELS = ("tiny addition model", "tiny tool model")  # the one most tests need first; not SmolLM2
@@ -86,8 +86,6 @@ def make_suite_models(lanes: int | None = None) -> int:
     print(f"making the test suite's models once on this machine, {lanes} at a time: {', '.join(missing_ones)} "
           f"(minutes)", flush=True)
     failures: list[str] = []
-    queue = list(missing_ones)
-    taking = threading.Lock()
 
     def make(name: str) -> None:
         done = subprocess.run([sys.executable, "-c", SUITE_MODELS[name]], capture_output=True, text=True,
@@ -98,19 +96,8 @@ def make_suite_models(lanes: int | None = None) -> int:
         else:
             print(f"  {name}: made in {time.monotonic() - started:.0f} s", flush=True)
 
-    def lane() -> None:
-        while True:
-            with taking:
-                if not queue:
-                    return
-                name = queue.pop(0)
-            make(name)
-
-    threads = [threading.Thread(target=lane) for _ in range(lanes)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(lanes) as pool:  # started in order, the next as soon as a lane is free
+        list(pool.map(make, missing_ones))
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0
