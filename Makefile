@@ -8,9 +8,9 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0   # the CPU wheel on local disk; pin it before anything asks for torch
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q torch==2.13.0 uv==0.13.9   # torch: the CPU wheel on local disk (uv does not look there); pinned before anything asks for torch
+	# the rest with uv (8 s against pip's 72 s for the same versions, 2026-12-06); pip where uv cannot reach PyPI
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[test]' || $(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)

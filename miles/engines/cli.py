@@ -16,6 +16,7 @@ from pathlib import Path
 from miles.serving import auth
 from miles.config import ConfigError, EngineConfig, EngineServeConfig, parse_sections
 from miles.config.argv import print_settings
+from miles.serving.held_port import release_handed_socket, take_handed_socket
 from miles.serving.parent_watch import watch_parent
 
 TOKEN_ENV = "MILES_ENGINE_ADMIN_TOKEN"
@@ -76,6 +77,7 @@ def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
     except sglang_launcher.SGLangUnavailable as exc:
         print(f"miles engine: error: {exc}", file=sys.stderr)
         return 2
+    release_handed_socket()  # SGLang binds --port itself
     command = sglang_launcher.build_command(serve.model, serve.host, serve.port, engine, serve.weight_version)
     shown = ["***" if i and command[i - 1] == "--api-key" else arg for i, arg in enumerate(command)]
     print(f"miles engine: starting {shown}", file=sys.stderr, flush=True)
@@ -115,8 +117,12 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
                     per_path={"/update_weights_from_tensor": weight_update.max_tensor_body(runner.model)})
     # web pages the user opens must not reach the admin endpoints (origin_guard.py)
     app = OriginGuard(app, serve.host, state_changing_get=lambda path: not auth.is_open_engine_path(path))
-    uvicorn.run(app, host=serve.host, port=serve.port, log_level=serve.log_level,
-                http=guarded_protocol(int(engine.engine_max_header_kb * 1024), engine.engine_header_timeout))
+    http = guarded_protocol(int(engine.engine_max_header_kb * 1024), engine.engine_header_timeout)
+    handed = take_handed_socket(serve.host, serve.port)  # the launcher's bound socket (held_port.py)
+    if handed is None:
+        uvicorn.run(app, host=serve.host, port=serve.port, log_level=serve.log_level, http=http)
+    else:
+        uvicorn.Server(uvicorn.Config(app, log_level=serve.log_level, http=http)).run(sockets=[handed])
     return 0
 
 

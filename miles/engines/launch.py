@@ -14,6 +14,7 @@ from pathlib import Path
 
 from miles.config import EngineConfig
 from miles.config.argv import section_argv
+from miles.serving.held_port import PortInUse, hold_port
 from miles.serving.process import ServiceProcess, ServiceStartError, free_port, start_service
 from miles.serving.process import wait_healthy as _wait_healthy
 
@@ -51,7 +52,14 @@ def launch_engine(model_dir: str | Path | None, config: EngineConfig | None = No
     `serve_args`: further `miles engine` serve flags (e.g. --timeline-path)."""
     if log_path is None:
         log_path = Path(tempfile.mkdtemp(prefix="miles-engine-")) / "engine.log"
-    port = port or free_port(host)
-    argv = engine_command(model_dir, host, port, config or EngineConfig()) + list(serve_args)
+    config = config or EngineConfig()
+    # the embedded engine listens on the socket bound here (held_port.py: no other process can take the port
+    # while it loads); SGLang binds its own --port
+    try:
+        held = hold_port(host, port) if config.engine == "embedded" else None
+    except PortInUse as exc:
+        raise EngineStartError(f"the engine's port: {exc}") from None
+    port = held.getsockname()[1] if held else (port or free_port(host))
+    argv = engine_command(model_dir, host, port, config) + list(serve_args)
     return start_service(argv, host, port, Path(log_path), health_path="/health_generate", timeout=timeout, env=env,
-                         error=EngineStartError, wait=wait)
+                         error=EngineStartError, wait=wait, held=held)

@@ -6,6 +6,7 @@ import logging
 
 from miles.config import ConfigError, RouterConfig, RouterServeConfig, parse_sections
 from miles.config.argv import print_settings
+from miles.serving.held_port import take_handed_socket
 from miles.serving.parent_watch import watch_parent
 from miles.config.secrets import resolve_admin_token
 from miles.router.app import Router, check_bind
@@ -28,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("--worker-urls", str(exc)) from None
     except OSError as exc:  # the timeline file cannot be opened for appending
         raise ConfigError("--timeline-path", str(exc)) from None
-    sock = bind_socket(serve.host, serve.port)
+    # the socket our launcher bound and handed over (held_port.py), else our own --port
+    sock = take_handed_socket(serve.host, serve.port) or bind_socket(serve.host, serve.port)
     port = sock.getsockname()[1]
     router.listening.append((serve.host, port))
     host = f"[{serve.host}]" if ":" in serve.host else serve.host

@@ -12,7 +12,8 @@ from pathlib import Path
 from miles.config import RouterConfig
 from miles.config.argv import section_argv
 from miles.config.secrets import RUN_TOKEN_ENV, resolve_admin_token
-from miles.serving.process import ServiceProcess, ServiceStartError, free_port, start_service
+from miles.serving.held_port import PortInUse, hold_port
+from miles.serving.process import ServiceProcess, ServiceStartError, start_service
 
 
 
@@ -32,9 +33,14 @@ def launch_router(config: RouterConfig, *, host: str = "127.0.0.1", port: int | 
     `serve_args`: further `miles router` serve flags (e.g. --timeline-path)."""
     if log_path is None:
         log_path = Path(tempfile.mkdtemp(prefix="miles-router-")) / "router.log"
-    port = port or free_port(host)
+    try:
+        held = hold_port(host, port)  # the router listens on this very socket (held_port.py)
+    except PortInUse as exc:
+        raise ServiceStartError(f"the router's port: {exc}") from None
+    port = held.getsockname()[1]
     token = resolve_admin_token(config)  # the flag's, else this process's environment's
     env = {RUN_TOKEN_ENV: token} if token else None
     argv = router_command(config, host, port, list(worker_urls)) + list(serve_args)
     return start_service(argv, host, port, Path(log_path),
-                         health_path="/router_health", timeout=timeout, env=env, error=ServiceStartError)
+                         health_path="/router_health", timeout=timeout, env=env, error=ServiceStartError,
+                         held=held)

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from miles.config.secrets import child_env
+from miles.serving.held_port import handed_env
 from miles.serving.parent_watch import parent_env
 
 STOP_GRACE_S = 15.0
@@ -159,13 +160,19 @@ class ServiceProcess:
 
 def start_service(argv: list[str], host: str, port: int, log_path: Path, *, health_path: str, timeout: float,
                   env: dict[str, str] | None = None, error: type[Exception] = ServiceStartError,
-                  wait: bool = True) -> ServiceProcess:
+                  wait: bool = True, held: socket.socket | None = None) -> ServiceProcess:
     """Run `argv` (which serves on host:port) with its output in `log_path`; return once healthy, or at once
-    with `wait=False` (then `wait_ready` before use: several services start together)."""
+    with `wait=False` (then `wait_ready` before use: several services start together). `held`: the port's
+    bound socket (held_port.hold_port), handed to the service to listen on and closed here."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=service_env(env), cwd=REPO_ROOT)
+    try:
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=service_env({**(env or {}), **(handed_env(held) if held else {})}),
+                                       cwd=REPO_ROOT, pass_fds=(held.fileno(),) if held else ())
+    finally:
+        if held is not None:
+            held.close()  # the service has its own copy: the port is its now
     service = ServiceProcess(url=f"http://{host}:{port}", pid=process.pid, port=port, process=process,
                              log_path=log_path, health_path=health_path, argv=list(argv), error=error)
     return service.wait_ready(timeout) if wait else service

@@ -1,0 +1,71 @@
+"""A service's port, held from the moment it is picked until the service listens on it.
+
+Picking a free port, closing it and starting a child that binds it seconds later (an engine binds only
+after torch, transformers and its model are loaded) leaves a window in which any other process may take
+that port: a client's outgoing connection gets an ephemeral port from the same range. The engine then died
+with "[Errno 98] address already in use" (seen once in a test-suite run, under load). Here the launcher binds
+the port itself and hands the bound socket to the child as an inherited file descriptor named in
+MILES_LISTEN_FD; the child listens on that very socket. Bound but not yet listening, the port refuses
+connections (a health poll sees "not up yet", as before) and no other process can bind it.
+
+Only our own services take the socket (the embedded engine, the router); a service started by hand binds
+its --port as before.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+LISTEN_FD_ENV = "MILES_LISTEN_FD"
+
+
+class PortInUse(OSError):
+    """The port asked for is bound by another process."""
+
+
+def hold_port(host: str, port: int | None) -> socket.socket:
+    """A socket bound to host:port (0 or None: a port the OS picks), not listening, inheritable by a child.
+    SO_REUSEADDR, as the service's own bind would set it: a service restarted on its port after a crash
+    binds through the old connections' TIME_WAIT."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port or 0))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"cannot bind {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def handed_env(sock: socket.socket) -> dict[str, str]:
+    """What the child's environment needs to find the socket (passed with Popen's pass_fds)."""
+    return {LISTEN_FD_ENV: str(sock.fileno())}
+
+
+def take_handed_socket(host: str, port: int, backlog: int = 2048) -> socket.socket | None:
+    """The socket this process was handed for host:port, now listening; None if it was handed none. The
+    variable is removed so that this process's own children do not take it for theirs."""
+    fd = os.environ.pop(LISTEN_FD_ENV, None)
+    if fd is None:
+        return None
+    sock = socket.socket(fileno=int(fd))
+    bound = sock.getsockname()[1]
+    if bound != port:
+        sock.close()
+        raise RuntimeError(f"{LISTEN_FD_ENV}={fd} is bound to port {bound}, not {port} ({host})")
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+def release_handed_socket() -> None:
+    """Close a handed socket this process will not listen on (before exec of a server that binds its own
+    port: an inherited bound socket would make that bind fail)."""
+    fd = os.environ.pop(LISTEN_FD_ENV, None)
+    if fd is not None:
+        try:
+            os.close(int(fd))
+        except OSError:
+            pass
