@@ -14,7 +14,7 @@ from pathlib import Path
 
 from miles.config import EngineConfig
 from miles.config.argv import section_argv
-from miles.serving.held_port import PortInUse, hold_port
+from miles.serving.held_port import PortUnavailable, hold_port
 from miles.serving.process import ServiceProcess, ServiceStartError, free_port, start_service
 from miles.serving.process import wait_healthy as _wait_healthy
 
@@ -57,7 +57,7 @@ def launch_engine(model_dir: str | Path | None, config: EngineConfig | None = No
     # while it loads); SGLang binds its own --port
     try:
         held = hold_port(host, port) if config.engine == "embedded" else None
-    except PortInUse as exc:
+    except PortUnavailable as exc:
         raise EngineStartError(f"the engine's port: {exc}") from None
     port = held.getsockname()[1] if held else (port or free_port(host))
     argv = engine_command(model_dir, host, port, config) + list(serve_args)

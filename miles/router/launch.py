@@ -12,7 +12,7 @@ from pathlib import Path
 from miles.config import RouterConfig
 from miles.config.argv import section_argv
 from miles.config.secrets import RUN_TOKEN_ENV, resolve_admin_token
-from miles.serving.held_port import PortInUse, hold_port
+from miles.serving.held_port import PortUnavailable, hold_port
 from miles.serving.process import ServiceProcess, ServiceStartError, start_service
 
 
@@ -35,7 +35,7 @@ def launch_router(config: RouterConfig, *, host: str = "127.0.0.1", port: int | 
         log_path = Path(tempfile.mkdtemp(prefix="miles-router-")) / "router.log"
     try:
         held = hold_port(host, port)  # the router listens on this very socket (held_port.py)
-    except PortInUse as exc:
+    except PortUnavailable as exc:
         raise ServiceStartError(f"the router's port: {exc}") from None
     port = held.getsockname()[1]
     token = resolve_admin_token(config)  # the flag's, else this process's environment's

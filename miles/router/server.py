@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from miles.config import RouterConfig
+from miles.serving.held_port import PortUnavailable, hold_port
 from miles.serving.limits import guarded_protocol
 from miles.config.secrets import resolve_admin_token
 from miles.router.app import Router, check_bind
@@ -29,14 +30,11 @@ except ImportError:  # pragma: no cover
 
 def bind_socket(host: str, port: int | None) -> socket.socket:
     """A listening socket on host:port (port 0 or None: one the OS picks)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port or 0))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"router cannot bind {host}:{port}: {exc}") from None
+        sock = hold_port(host, port)
+    except PortUnavailable as exc:
+        raise OSError(f"router {exc}") from None
+    sock.set_inheritable(False)  # ours to listen on, not a child's
     sock.listen(2048)
     sock.setblocking(False)
     return sock

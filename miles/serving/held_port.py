@@ -19,8 +19,8 @@ import socket
 LISTEN_FD_ENV = "MILES_LISTEN_FD"
 
 
-class PortInUse(OSError):
-    """The port asked for is bound by another process."""
+class PortUnavailable(OSError):
+    """The port asked for cannot be bound here (another process has it, or the host is not this machine's)."""
 
 
 def hold_port(host: str, port: int | None) -> socket.socket:
@@ -34,7 +34,7 @@ def hold_port(host: str, port: int | None) -> socket.socket:
         sock.bind((host, port or 0))
     except OSError as exc:
         sock.close()
-        raise PortInUse(f"cannot bind {host}:{port}: {exc.strerror}") from None
+        raise PortUnavailable(f"cannot bind {host}:{port}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
 

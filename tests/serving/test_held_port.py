@@ -14,7 +14,7 @@ import pytest
 from miles.config import EngineConfig, RouterConfig
 from miles.engines.launch import EngineStartError, launch_engine
 from miles.router.launch import router_command
-from miles.serving.held_port import LISTEN_FD_ENV, PortInUse, hold_port, take_handed_socket
+from miles.serving.held_port import LISTEN_FD_ENV, PortUnavailable, hold_port, take_handed_socket
 from miles.serving.process import ServiceStartError, start_service
 
 
@@ -52,7 +52,7 @@ def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        with pytest.raises(PortInUse, match=f"cannot bind 127.0.0.1:{port}"):
+        with pytest.raises(PortUnavailable, match=f"cannot bind 127.0.0.1:{port}"):
             hold_port("127.0.0.1", port)
         with pytest.raises(EngineStartError, match=f"the engine's port: cannot bind 127.0.0.1:{port}"):
             launch_engine(tmp_path, EngineConfig(engine_device="cpu"), port=port, log_path=tmp_path / "e.log")
