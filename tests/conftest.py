@@ -8,6 +8,12 @@ from pathlib import Path
 
 import pytest
 
+# Ray starts a default worker per CPU when a driver first connects; a run's actors and a flow's tasks start
+# workers of their own, so in the suite those sat idle until their Ray went down (59 of them, 26 CPU-s, in a
+# suite run of about 30 local Rays, 2026-12-06). The tests' Rays (this process's, and those of the runs it
+# starts, which inherit the variable) start none; a user's run keeps Ray's default.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+
 pytest_plugins = [
     "tests.support.sessions",  # the runs many tests read (train once, check many times)
     "tests.support.ray_session",  # ray_cluster: one local Ray per test process, for the modules that ask
