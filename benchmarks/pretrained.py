@@ -58,7 +58,19 @@ def role(cmdline: list[str]) -> str:
     return Path(cmdline[0]).name if cmdline else "?"
 
 
-GENERIC = ("ray default_worker", "ray actor IDLE", "python")
+# names a later look may improve on. "?": an empty command line, read in the moment after exec (Popen has
+# returned) before the kernel has set the new program's arguments; seen on a loaded machine
+GENERIC = ("ray default_worker", "ray actor IDLE", "python", "?")
+
+
+def better_role(known: str, seen: str) -> str:
+    """The name to keep for a process known as `known` and now seen as `seen`: an actor's name once it has one,
+    anything over a generic name, and never an empty one."""
+    if seen == "?":
+        return known
+    if seen.startswith("ray actor") and seen != "ray actor IDLE" or known in GENERIC:
+        return seen
+    return known
 
 
 def watch(proc: subprocess.Popen, poll: float) -> dict[int, dict]:
@@ -79,8 +91,7 @@ def watch(proc: subprocess.Popen, poll: float) -> dict[int, dict]:
             except psutil.Error:
                 continue
             entry = seen.setdefault(p.pid, {"role": name, "peak_mb": 0.0})
-            if name.startswith("ray actor") and name != "ray actor IDLE" or entry["role"] in GENERIC:
-                entry["role"] = name
+            entry["role"] = better_role(entry["role"], name)
             entry["peak_mb"] = max(entry["peak_mb"], mark)
         time.sleep(poll)
     return seen

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.pretrained import learning, peak_rss_mb, role, watch  # noqa: E402
+from benchmarks.pretrained import better_role, learning, peak_rss_mb, role, watch  # noqa: E402
 
 
 def test_peak_rss_is_the_high_water_mark():
@@ -49,6 +49,17 @@ def test_peak_rss_is_the_high_water_mark():
 ])
 def test_role_names_the_process(cmdline, expected):
     assert role(cmdline) == expected
+
+
+@pytest.mark.parametrize("known,seen,kept", [
+    ("?", "python", "python"),  # first read in the moment after exec, with no arguments yet
+    ("python", "?", "python"),
+    ("ray default_worker", "ray actor FSDPTrainActor", "ray actor FSDPTrainActor"),
+    ("ray actor FSDPTrainActor", "ray default_worker", "ray actor FSDPTrainActor"),
+    ("miles.engines.cli", "?", "miles.engines.cli"),
+])
+def test_a_generic_or_empty_name_is_replaced_by_a_later_look(known, seen, kept):
+    assert better_role(known, seen) == kept
 
 
 def test_watch_reads_every_process_of_the_tree():
