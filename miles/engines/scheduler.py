@@ -217,9 +217,11 @@ class Scheduler:
     # ---- the scheduler thread -------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
+            idled = False  # waited for work since the last step (a gap in which the thread was only descheduled is not idle)
             with self._cond:
                 while not (self._stop or (self._running and not self._frozen) or self._controls
                            or (self._waiting and not self._paused)):
+                    idled = True
                     if self._busy is None:
                         self._cond.wait()
                         continue
@@ -248,7 +250,7 @@ class Scheduler:
             for fn, future in controls:
                 self._run_control(fn, future)
             if admitted or (self._batch is not None and not frozen):
-                self._run_step(admitted)
+                self._run_step(admitted, idled)
             with self._cond:
                 self._running = list(self._batch.rows) if self._batch is not None else []
                 self.metrics.num_running_reqs.set(len(self._running))
@@ -263,15 +265,19 @@ class Scheduler:
         except BaseException as exc:  # handed to the caller, who answers the HTTP request
             future.set_exception(exc)
 
-    def _run_step(self, admitted: list[EngineRequest]) -> None:
-        """Admit `admitted` into the running batch, then decode one token for every row."""
+    def _run_step(self, admitted: list[EngineRequest], idled: bool = False) -> None:
+        """Admit `admitted` into the running batch, then decode one token for every row. `idled`: the loop
+        waited for work since the last step."""
         started, wall_start = time.perf_counter(), time.time()
         generated = self._admit_safely(admitted) if admitted else 0
         if self._batch is not None:
             generated += self._decode_safely()
         elapsed = time.perf_counter() - started
-        if self._busy is not None and wall_start - self._busy["end"] > IDLE_GAP_S:
-            self._write_busy_span()  # the engine idled in between (e.g. paused): a new stretch
+        if idled and self._busy is not None and wall_start - self._busy["end"] > IDLE_GAP_S:
+            # the engine idled in between (e.g. paused) and work came before the idle check wrote the span: a
+            # new stretch. A longer gap with work waiting (the thread descheduled on a loaded machine) is not
+            # idling: the stretch goes on
+            self._write_busy_span()
         busy = self._busy or {"start": wall_start, "batches": 0, "requests": 0, "tokens": 0}
         busy.update(end=wall_start + elapsed, batches=busy["batches"] + bool(admitted),
                     requests=busy["requests"] + len(admitted), tokens=busy["tokens"] + generated)

@@ -214,3 +214,34 @@ def test_a_requests_tokens_are_counted_before_its_answer_is_sent(scheduler):
     scheduler.submit(EngineRequest(rid="counted", prompt_ids=[5, 6, 7], params=params, sink=sink))
     lines = [ln for ln in counted.result(TIMEOUT_S).splitlines() if ln.startswith("sglang:generation_tokens_total")]
     assert len(lines) == 1 and float(lines[0].rsplit(" ", 1)[1]) == 4.0, lines
+
+
+def test_a_thread_descheduled_between_steps_does_not_split_the_decode_span(runner, tmp_path, monkeypatch):
+    """Steps of one request with work always waiting are one stretch, even when the wall clock jumps between
+    them (the scheduler thread descheduled on a loaded machine): only idling ends a stretch. Before, any gap
+    over IDLE_GAP_S split it, and tests/engines/test_timeline.py saw two spans for one batch under load."""
+    import time
+    from types import SimpleNamespace
+
+    from miles.engines import scheduler as scheduler_module
+    from miles.record.timeline import TimelineWriter, read_spans
+
+    calls = [0]
+
+    def jumping_clock() -> float:  # each reading 0.2 s after the last, as if the thread waited for a core
+        calls[0] += 1
+        return time.time() + 0.2 * calls[0]
+
+    monkeypatch.setattr(scheduler_module, "time", SimpleNamespace(time=jumping_clock, perf_counter=time.perf_counter,
+                                                                  monotonic=time.monotonic))
+    path = tmp_path / "timeline.jsonl"
+    s = Scheduler(runner, EngineMetrics(model_name="test"), max_batch_size=8, max_queued=64,
+                  timeline=TimelineWriter(path, lane="engine"))
+    s.start()
+    try:
+        result = alone(s, "r", prompt(runner, "1+2="), params(8, seed=3, temperature=0.0))
+    finally:
+        s.stop()  # writes the stretch still open
+    spans = [sp for sp in read_spans(path) if sp.name == "decode"]
+    assert len(spans) == 1, spans
+    assert spans[0].args["requests"] == 1 and spans[0].args["tokens"] == len(result.output_ids) == 8
