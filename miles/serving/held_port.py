@@ -55,6 +55,7 @@ def take_handed_socket(host: str, port: int, backlog: int = 2048) -> socket.sock
     if bound != port:
         sock.close()
         raise RuntimeError(f"{LISTEN_FD_ENV}={fd} is bound to port {bound}, not {port} ({host})")
+    sock.set_inheritable(False)  # ours now: a process this service starts must not keep its port open
     sock.listen(backlog)
     sock.setblocking(False)
     return sock
