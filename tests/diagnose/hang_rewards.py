@@ -9,9 +9,24 @@ import time
 HANG_REWARD = "tests.diagnose.hang_rewards.reward_waits_while_file_exists"  # the flag's value
 
 
+def due() -> bool:
+    """With MILES_TEST_HANG_AFTER=JOURNAL:N, a reward holds only once the journal has N lines (rollouts 0..N-1
+    done): the rollout to hold is chosen by the run itself, not by a test thread that must touch the file in
+    time (under load one missed every rollout left)."""
+    after = os.environ.get("MILES_TEST_HANG_AFTER")
+    if not after:
+        return True
+    journal, lines = after.rsplit(":", 1)
+    try:
+        with open(journal) as f:
+            return sum(1 for line in f if line.strip()) >= int(lines)
+    except FileNotFoundError:
+        return False
+
+
 def reward_waits_while_file_exists(args, sample) -> float:
     path = os.environ.get("MILES_TEST_HANG_FILE")
-    if path and os.path.exists(path):
+    if path and os.path.exists(path) and due():
         waiting = path + ".waiting"
         open(waiting, "w").close()  # tells the test the rollout is held here now
         while os.path.exists(path):

@@ -9,21 +9,19 @@ import time
 import pytest
 
 from tests.diagnose.hang_rewards import HANG_REWARD
-from tests.support.runs import bundles, rollouts_done
+from tests.support.runs import bundles
 
 STALL = ["--health-stall-factor", "3", "--health-stall-min-s", "4", "--health-stall-check-interval", "1"]
 
 
 def hold_rollout_until_bundle(run_dir, hang_file, seen: dict, deadline_s: float = 900.0) -> None:
-    """Hold the 4th rollout in its reward until the stall bundle is written, then let the run go on
+    """Hold the 4th rollout in its reward (the file exists from the start; the reward holds once rollouts 0-2
+    are in the journal, MILES_TEST_HANG_AFTER) until the stall bundle is written, then let the run go on
     (always: a flow left hanging would hang the test)."""
     end = time.monotonic() + deadline_s
     try:
-        while rollouts_done(run_dir) < 3 and time.monotonic() < end:
-            time.sleep(0.5)  # poll interval; bounded by the deadline
-        hang_file.touch()
         while not bundles(run_dir) and time.monotonic() < end:
-            time.sleep(0.5)
+            time.sleep(0.5)  # poll interval; bounded by the deadline
         seen["bundles"] = bundles(run_dir)
     finally:
         hang_file.unlink(missing_ok=True)
@@ -35,6 +33,8 @@ def test_a_stall_in_the_flow_leaves_the_bundle_as_artifacts(run_grpo, tmp_path, 
 
     hang_file = tmp_path / "hang"
     monkeypatch.setenv("MILES_TEST_HANG_FILE", str(hang_file))  # the local Ray cluster's workers inherit it
+    monkeypatch.setenv("MILES_TEST_HANG_AFTER", f"{tmp_path / 'run' / 'metrics.jsonl'}:3")
+    hang_file.touch()
     seen: dict = {}
     watcher = threading.Thread(target=hold_rollout_until_bundle, args=(tmp_path / "run", hang_file, seen),
                                daemon=True)
