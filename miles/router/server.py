@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from miles.config import RouterConfig
-from miles.serving.held_port import PortUnavailable, hold_port
+from miles.serving.held_port import PortUnavailable, hold_port, listen_on
 from miles.serving.limits import guarded_protocol
 from miles.config.secrets import resolve_admin_token
 from miles.router.app import Router, check_bind
@@ -31,13 +31,9 @@ except ImportError:  # pragma: no cover
 def bind_socket(host: str, port: int | None) -> socket.socket:
     """A listening socket on host:port (port 0 or None: one the OS picks)."""
     try:
-        sock = hold_port(host, port)
+        return listen_on(hold_port(host, port))
     except PortUnavailable as exc:
         raise OSError(f"router {exc}") from None
-    sock.set_inheritable(False)  # ours to listen on, not a child's
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 def http_protocol(config: RouterConfig):

@@ -55,7 +55,13 @@ def take_handed_socket(host: str, port: int, backlog: int = 2048) -> socket.sock
     if bound != port:
         sock.close()
         raise RuntimeError(f"{LISTEN_FD_ENV}={fd} is bound to port {bound}, not {port} ({host})")
-    sock.set_inheritable(False)  # ours now: a process this service starts must not keep its port open
+    return listen_on(sock, backlog)
+
+
+def listen_on(sock: socket.socket, backlog: int = 2048) -> socket.socket:
+    """`sock`, now this process's listening socket for an asyncio server: not inherited by a process it starts
+    (which must not keep its port open), non-blocking."""
+    sock.set_inheritable(False)
     sock.listen(backlog)
     sock.setblocking(False)
     return sock

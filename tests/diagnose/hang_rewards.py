@@ -5,23 +5,22 @@ the file."""
 import contextlib
 import os
 import time
+from pathlib import Path
+
+from tests.support.runs import rollouts_done
 
 HANG_REWARD = "tests.diagnose.hang_rewards.reward_waits_while_file_exists"  # the flag's value
 
 
 def due() -> bool:
-    """With MILES_TEST_HANG_AFTER=JOURNAL:N, a reward holds only once the journal has N lines (rollouts 0..N-1
-    done): the rollout to hold is chosen by the run itself, not by a test thread that must touch the file in
-    time (under load one missed every rollout left)."""
+    """With MILES_TEST_HANG_AFTER=RUN_DIR:N, a reward holds only once N rollouts are in the run's journal: the
+    rollout to hold is chosen by the run itself, not by a test thread that must touch the file in time (under
+    load one missed every rollout left)."""
     after = os.environ.get("MILES_TEST_HANG_AFTER")
     if not after:
         return True
-    journal, lines = after.rsplit(":", 1)
-    try:
-        with open(journal) as f:
-            return sum(1 for line in f if line.strip()) >= int(lines)
-    except FileNotFoundError:
-        return False
+    run_dir, count = after.rsplit(":", 1)
+    return rollouts_done(Path(run_dir)) >= int(count)
 
 
 def reward_waits_while_file_exists(args, sample) -> float:

@@ -33,7 +33,7 @@ def test_a_stall_in_the_flow_leaves_the_bundle_as_artifacts(run_grpo, tmp_path, 
 
     hang_file = tmp_path / "hang"
     monkeypatch.setenv("MILES_TEST_HANG_FILE", str(hang_file))  # the local Ray cluster's workers inherit it
-    monkeypatch.setenv("MILES_TEST_HANG_AFTER", f"{tmp_path / 'run' / 'metrics.jsonl'}:3")
+    monkeypatch.setenv("MILES_TEST_HANG_AFTER", f"{tmp_path / 'run'}:3")
     hang_file.touch()
     seen: dict = {}
     watcher = threading.Thread(target=hold_rollout_until_bundle, args=(tmp_path / "run", hang_file, seen),
