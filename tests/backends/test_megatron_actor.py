@@ -5,25 +5,13 @@ import json
 import pytest
 import ray
 import torch
-from test_fsdp_actor import config, rollout_like, step
 from transformers import AutoModelForCausalLM
 
 from miles.backends.batch import micro_batches
 from miles.backends.group import ActorGroup
 from miles.backends.megatron import convert
 from miles.backends.pack import split_for_ranks
-
-# Every group of this module trains with the reference model, KL and entropy terms, so each
-# comparison covers the whole loss. Two optimizer steps per call, micro-batches of 2.
-LOSS = dict(use_kl_loss="true", kl_loss_coef=0.1, kl_loss_type="k3", entropy_coef=0.01)
-
-
-def megatron(world_size):
-    return config(world_size, train_backend="megatron", **LOSS)
-
-
-def fsdp(world_size):
-    return config(world_size, **LOSS)
+from tests.support.actors import fsdp, max_abs_diff, megatron, rollout_like, step, weights
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +28,6 @@ def fresh(group, base_model):
     """Back to the base weights, a new optimizer and schedule (each test starts from the same point)."""
     group.call("load_base", str(base_model))
     return group
-
-
-def weights(group):
-    return group.call("export_weights", None)[0]
-
-
-def max_abs_diff(a, b):
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 def test_conversion_round_trip_is_exact_and_fuses_per_query_group(base_model):

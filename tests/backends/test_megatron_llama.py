@@ -4,8 +4,6 @@ A small random Llama stands in for SmolLM2 here; tests/training/test_smollm2.py 
 import pytest
 import ray
 import torch
-from test_fsdp_actor import rollout_like
-from test_megatron_actor import fsdp, megatron, max_abs_diff, step, weights
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from miles.backends.batch import micro_batches
@@ -13,6 +11,7 @@ from miles.backends.group import ActorGroup
 from miles.backends.megatron import convert
 from miles.backends.megatron.model import check_supported
 from miles.backends.pack import split_for_ranks
+from tests.support.actors import fsdp, max_abs_diff, megatron, rollout_like, step, weights
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Shared fixtures of the engine tests: the tiny base checkpoint and one live engine on loopback."""
+"""Shared fixtures of the engine tests: one live engine on loopback, and the real model runner with a
+scheduler on it, driven in process (tests/support/in_process_engine.py)."""
 from __future__ import annotations
 
 import httpx
@@ -6,8 +7,10 @@ import pytest
 
 from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
+from miles.engines.metrics import EngineMetrics
+from miles.engines.model_runner import ModelRunner
+from miles.engines.scheduler import Scheduler
 from tests.support.engines import MAX_BATCH, MAX_QUEUED
-
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +32,17 @@ def engine(base_model, engine_dir):
 def client(engine):
     with httpx.Client(base_url=engine.url, timeout=120.0) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def runner(base_model):
+    """The tiny model on the CPU, loaded once per module that asks for it."""
+    return ModelRunner(base_model, device="cpu")
+
+
+@pytest.fixture()
+def scheduler(runner):
+    s = Scheduler(runner, EngineMetrics(model_name="test"), max_batch_size=8, max_queued=64, weight_version="v1")
+    s.start()
+    yield s
+    s.stop()

@@ -9,70 +9,10 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-import pytest
-
 from miles.engines.metrics import EngineMetrics
-from miles.engines.model_runner import ModelRunner
-from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
+from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler
 from miles.engines.sglang_request import SamplingParams
-
-TIMEOUT_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def runner(base_model):
-    return ModelRunner(base_model, device="cpu")
-
-
-@pytest.fixture()
-def scheduler(runner):
-    s = Scheduler(runner, EngineMetrics(model_name="test"), max_batch_size=8, max_queued=64, weight_version="v1")
-    s.start()
-    yield s
-    s.stop()
-
-
-class Tracked:
-    """One submitted request: its tokens as they come, its result, and hooks run at its k-th token."""
-
-    def __init__(self, scheduler: Scheduler, rid: str, prompt: list[int], params: SamplingParams):
-        self.scheduler, self.rid = scheduler, rid
-        self.tokens: list[int] = []
-        self.done: Future = Future()
-        self.at_token: dict[int, list] = {}
-        self.request = EngineRequest(rid=rid, prompt_ids=prompt, params=params, sink=self._sink, stream=True)
-
-    def on_token(self, k: int, fn) -> "Tracked":
-        self.at_token.setdefault(k, []).append(fn)
-        return self
-
-    def _sink(self, event) -> None:
-        if isinstance(event, TokenEvent):
-            self.tokens.append(event.token_id)
-            for fn in self.at_token.get(len(self.tokens), []):
-                fn()
-        else:
-            assert isinstance(event, FinishEvent)
-            self.done.set_result(event.result)
-
-    def submit(self) -> "Tracked":
-        self.scheduler.submit(self.request)
-        return self
-
-    def result(self):
-        return self.done.result(timeout=TIMEOUT_S)
-
-
-def params(max_new_tokens: int, seed: int, temperature: float = 1.0) -> SamplingParams:
-    return SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed)
-
-
-def prompt(runner: ModelRunner, text: str) -> list[int]:
-    return runner.tokenizer.encode(text, add_special_tokens=True)
-
-
-def alone(scheduler: Scheduler, rid: str, ids: list[int], p: SamplingParams):
-    return Tracked(scheduler, rid, ids, p).submit().result()
+from tests.support.in_process_engine import TIMEOUT_S, Tracked, alone, params, prompt
 
 
 def test_a_request_arriving_mid_decode_joins_the_running_batch(scheduler, runner):

@@ -9,38 +9,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from miles.config import RouterConfig
 from miles.router import start_router
+from tests.support.metrics import check_histogram, histogram, scrape, value
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUEST = {"text": "12+34=", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0.0}}
-
-
-def scrape(url: str) -> dict[tuple[str, frozenset], float]:
-    """Every sample of `url`/metrics keyed by (sample name, labels)."""
-    r = httpx.get(url + "/metrics", timeout=30)
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(r.text) for s in family.samples}
-
-
-def value(samples, name: str, **labels) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def histogram(samples, name: str, **labels) -> tuple[list[tuple[float, float]], float, float]:
-    """(buckets as (le, cumulative count), count, sum) of one histogram series."""
-    buckets = sorted((float(dict(key)["le"]), v) for (n, key), v in samples.items()
-                     if n == name + "_bucket" and {k: v for k, v in key if k != "le"} == labels)
-    return buckets, value(samples, name + "_count", **labels), value(samples, name + "_sum", **labels)
-
-
-def check_histogram(buckets, count: float) -> None:
-    """A well-formed cumulative histogram: counts never fall and +Inf holds every observation."""
-    counts = [c for _, c in buckets]
-    assert counts == sorted(counts) and buckets[-1][0] == float("inf") and buckets[-1][1] == count
 
 
 @pytest.fixture

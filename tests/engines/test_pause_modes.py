@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from miles.engines.sglang_request import RequestError
-from tests.engines.test_continuous_batching import TIMEOUT_S, Tracked, alone, params, prompt, runner, scheduler  # noqa: F401
+from tests.support.in_process_engine import TIMEOUT_S, Tracked, alone, params, prompt
 
 PAUSE_AT = 10
 LENGTH = 30

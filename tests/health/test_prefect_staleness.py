@@ -11,7 +11,7 @@ from miles.health import HealthReport
 from miles.run.observer import IterationResult
 from tasks.health import STALENESS_EVENT
 from tasks.training import HealthEvents
-from tests.health.test_prefect_health import read_events
+from tests.support.prefect import read_events
 
 RUN = "staleness-guard-run"
 TIGHTENED = {"rollout/staleness_guard/tightened": 1.0, "rollout/max_weight_staleness": 1.0,

@@ -2,27 +2,17 @@
 worker) is sent again until one is admitted; without the flag, or past --engine-wait-timeout, it fails."""
 from __future__ import annotations
 
-import asyncio
 import threading
 from types import SimpleNamespace
 
 import httpx
 import pytest
 
-from miles.rollout.generate import GenerateError, GenerateState, take_resends
-from miles.rollout.http_client import json_poster
+from miles.rollout.generate import GenerateError, take_resends
 
 from tests.support.wait import wait_for
 
-
-def post_once(url: str, args) -> dict:
-    async def run():
-        client = json_poster(url, 30.0, 4)
-        try:
-            return await GenerateState(url, None, args, client, asyncio.Semaphore(4)).generate({"input_ids": [1]})
-        finally:
-            await client.aclose()
-    return asyncio.run(run())
+from .rollout_client import post_once
 
 
 def test_a_request_waits_for_a_stale_worker_to_be_admitted(stubs, router):

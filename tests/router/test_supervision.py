@@ -21,7 +21,7 @@ from miles.serving.router_client import RouterClient
 from tests.support.wait import wait_for
 
 from .stubs import launch_stub
-from .test_resend import post_once
+from .rollout_client import post_once
 
 POLICY = SupervisionPolicy(interval=0.2, timeout=0.5, hung_checks=3, max_restarts=2, backoff=0.1)
 

@@ -1,14 +1,19 @@
 """Fixtures of the security probes: one real embedded engine (with an admin token) and routers in front
-of it, all on loopback."""
+of it, all on loopback; a finished run with MLflow and TensorBoard and copies of it for `miles replay-spool`."""
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import pytest
 
 from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
 from tests.support.routers import router_factory
+from tests.tracking.tracking_helpers import run_synthetic
 
 from .probes import MAX_BATCH, TOKEN
+from .spooled_runs import TRACKERS
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +45,26 @@ def router(engine):
             return start_router([engine.url] if worker_urls is None else worker_urls, router_admin_token=token,
                                 **fields)
         yield start
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished 3-rollout run with MLflow (SQLite) and TensorBoard, every line delivered."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    run_dir.mkdir()
+    run_synthetic(run_dir, "--rollouts", "3", *TRACKERS)
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    """A copy whose state files name the copy (the probe's `cp -r` + `sed`), with the MLflow store the runs
+    of its folder share (RUN_DIR/../mlflow.db) copied beside it."""
+    target = tmp_path / "run"
+    shutil.copytree(finished_run, target)
+    shutil.copy(finished_run.parent / "mlflow.db", tmp_path / "mlflow.db")
+    shutil.copytree(finished_run.parent / "mlartifacts", tmp_path / "mlartifacts")
+    for name in ("trainer.json", "delivery.json"):
+        path = target / "tracking" / name
+        path.write_text(path.read_text().replace(str(finished_run.parent), str(tmp_path)))
+    return target

@@ -7,7 +7,7 @@ import pytest
 from miles.config import ConfigError
 from miles.prepare import prepare
 from miles.run import checkpoint as ckpt
-from tests.training.test_checkpoint import save
+from tests.support.checkpoints import save
 
 
 def test_one_named_checkpoint_is_the_one_resumed(tmp_path):

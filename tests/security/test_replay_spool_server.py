@@ -18,7 +18,7 @@ import pytest
 
 from tests.tracking.tracking_helpers import subprocess_env
 
-from .test_replay_spool_state import edit_delivery, finished_run, replay_spool, run_copy  # noqa: F401 (fixtures)
+from .spooled_runs import edit_delivery
 
 PASSWORD = "n40-mlflow-password-5c1e"
 

@@ -9,52 +9,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from miles.tracking.state import DeliveryState
 
-from tests.tracking.tracking_helpers import REPO, run_synthetic, subprocess_env
+from tests.tracking.tracking_helpers import run_synthetic
 
-TRACKERS = ["--use-mlflow", "--use-tensorboard"]
-
-
-def replay_spool(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", "replay-spool", str(run_dir), "--timeout", "5", *args],
-                          cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A finished 3-rollout run with MLflow (SQLite) and TensorBoard, every line delivered."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    run_dir.mkdir()
-    run_synthetic(run_dir, "--rollouts", "3", *TRACKERS)
-    return run_dir
-
-
-@pytest.fixture
-def run_copy(finished_run, tmp_path) -> Path:
-    """A copy whose state files name the copy (the probe's `cp -r` + `sed`), with the MLflow store the runs
-    of its folder share (RUN_DIR/../mlflow.db) copied beside it."""
-    target = tmp_path / "run"
-    shutil.copytree(finished_run, target)
-    shutil.copy(finished_run.parent / "mlflow.db", tmp_path / "mlflow.db")
-    shutil.copytree(finished_run.parent / "mlartifacts", tmp_path / "mlartifacts")
-    for name in ("trainer.json", "delivery.json"):
-        path = target / "tracking" / name
-        path.write_text(path.read_text().replace(str(finished_run.parent), str(tmp_path)))
-    return target
-
-
-def edit_delivery(run_dir: Path, change) -> None:
-    path = run_dir / "tracking" / "delivery.json"
-    state = json.loads(path.read_text())
-    change(state)
-    path.write_text(json.dumps(state))
+from .spooled_runs import TRACKERS, edit_delivery, replay_spool
 
 
 def _set(field, value):

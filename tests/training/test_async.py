@@ -9,7 +9,7 @@ from miles.loop import run_loop
 from miles.prepare import prepare_config
 from miles.run import checkpoint
 from miles.trainer import RLTrainer
-from tests.training.test_trainer import ENGINE_FLOAT_KEYS
+from tests.support.metrics import ENGINE_FLOAT_KEYS
 
 ROLLOUTS = ["--num-rollout", "3", "--save-interval", "1", "--keep-checkpoints", "3"]
 ASYNC_ONLY = ("rollout/staleness/", "rollout/mixed_version_ratio", "rollout/buffer_size", "rollout/max_weight_staleness",

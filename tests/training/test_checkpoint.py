@@ -4,15 +4,7 @@ import json
 import pytest
 
 from miles.run import checkpoint as ckpt
-
-
-def save(save_dir, rollout_id, payload=b"weights", keep=5):
-    staged = ckpt.staging_dir(save_dir, rollout_id)
-    (staged / "model.safetensors").write_bytes(payload)
-    state = ckpt.TrainerState(rollout_id=rollout_id, weight_version=rollout_id + 1,
-                              data_cursor={"epoch": 0, "offset": 8 * (rollout_id + 1)}, world_size=1,
-                              extra={"wandb_run_id": "abc"})
-    return ckpt.seal(staged, save_dir, state, keep)
+from tests.support.checkpoints import save
 
 
 def test_seal_then_find(tmp_path):

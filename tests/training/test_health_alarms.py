@@ -11,7 +11,7 @@ from miles.health import RED
 from miles.prepare import prepare_config
 from miles.run.faults import FaultInjector
 from miles.trainer import RLTrainer
-from tests.engines.test_metrics_scrape import scrape, value
+from tests.support.metrics import scrape, value
 
 
 class SessionEngine:

@@ -12,7 +12,7 @@ from miles.prepare import prepare_config
 from miles.record.timeline import read_spans
 from miles.trainer import RLTrainer
 from tests.support.wait import wait_for
-from tests.engines.test_metrics_scrape import check_histogram, histogram, scrape, value
+from tests.support.metrics import ENGINE_FLOAT_KEYS, check_histogram, histogram, scrape, value
 
 TRAIN_KEYS = ["loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
               "grad_norm", "lr"]
@@ -22,9 +22,6 @@ ROLLOUT_KEYS = ["raw_reward", "rewards", "advantages", "log_probs", "rollout_log
 PERF_KEYS = ["rollout_time", "train_time", "actor_train_time", "log_probs_time", "update_weights_time",
              "step_time", "wait_time_ratio", "actor_train_tok_per_s", "tokens_per_gpu_per_sec", "mfu", "tflops",
              "rank_0_mfu", "rank_0_tflops", "update_weights_rank_0_time", "update_weights_engine_0_time"]
-# The engine's log-probs come from whatever batch a request joined; they may differ in the last bits
-# (fp32 log-probs of magnitude ~1-5 carry ~5e-7 of rounding, so these compare within 2e-6).
-ENGINE_FLOAT_KEYS = {"rollout/rollout_log_probs", "train/train_rollout_logprob_abs_diff"}
 
 
 def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ray_cluster, engine, tmp_path):
