@@ -20,6 +20,7 @@ import yaml
 
 from miles.record import layout
 from miles.record.journal import NON_FINITE, base_eval_names
+from miles.record.unicode_text import may_hold_surrogate, valid_text
 
 # what the dashboard reads (miles.record.layout names every file of RUN_DIR)
 JOURNAL_NAME, TIMELINE_NAME, SAMPLES_DIR, TOKENS_DIR = layout.JOURNAL, layout.TIMELINE, layout.SAMPLES, layout.TOKENS
@@ -53,6 +54,8 @@ def parse_lines(data: bytes, check=None) -> Lines:
         except (ValueError, RecursionError):  # ValueError covers UnicodeDecodeError
             out.skipped += 1
             continue
+        if may_hold_surrogate(raw):  # a lone "\ud800" made the answer unencodable: a 500 (probe ST4)
+            row = valid_text(row)
         kept = row if isinstance(row, dict) and check is None else (check(row) if isinstance(row, dict) else None)
         if kept is None:
             out.skipped += 1
@@ -178,7 +181,7 @@ class RunFiles:
                 loaded = yaml.safe_load(data)
             except (yaml.YAMLError, RecursionError):
                 return {}
-            return loaded if isinstance(loaded, dict) else {}
+            return valid_text(loaded) if isinstance(loaded, dict) else {}
         return self._cached(self.run_dir / CONFIG_ARTIFACT, parse) or {}
 
     def base_eval(self) -> dict[str, Any]:
@@ -187,7 +190,7 @@ class RunFiles:
                 loaded = json.loads(data)
             except (ValueError, RecursionError):
                 return {}
-            return base_eval_names(loaded) if isinstance(loaded, dict) else {}
+            return base_eval_names(valid_text(loaded)) if isinstance(loaded, dict) else {}
         return self._cached(self.run_dir / BASE_EVAL, parse) or {}
 
     def sample_rollouts(self) -> list[int]:

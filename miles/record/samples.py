@@ -10,6 +10,7 @@ from pathlib import Path
 
 from miles.record import layout
 from miles.record.files import write_jsonl
+from miles.record.unicode_text import valid_text
 
 SAMPLES_DIR = layout.SAMPLES
 
@@ -55,4 +56,7 @@ def chat_messages(turns: list[dict]) -> list[dict]:
 
 
 def write_samples(run_dir: Path, rollout_id: int, samples: list) -> Path:
-    return write_jsonl(samples_path(run_dir, rollout_id), [sample_row(rollout_id, s) for s in samples])
+    """The rollout's rows, their text made valid UTF-8: a hook's response or a tool's output may hold a lone
+    surrogate, which every reader of the file (trackers' tables, the dashboard) would have to refuse."""
+    rows = [valid_text(sample_row(rollout_id, s)) for s in samples]
+    return write_jsonl(samples_path(run_dir, rollout_id), rows)

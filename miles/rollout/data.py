@@ -10,6 +10,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.record.unicode_text import lone_surrogate_at
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -19,20 +21,43 @@ class Prompt:
 
 def check_prompt(prompt, where: str, input_key: str, flag: str) -> None:
     """A prompt the engines can take: text that is not empty and encodes as UTF-8 (no lone surrogate),
-    or a list/object (chat messages); numbers, booleans and null are refused (ConfigError naming `flag`)."""
+    or a list/object (chat messages) whose strings encode alike; numbers, booleans and null are refused
+    (ConfigError naming `flag`)."""
     from miles.config import ConfigError
 
     if isinstance(prompt, (list, dict)):
+        check_text(prompt, where, input_key, flag)
         return
     if not isinstance(prompt, str):
         raise ConfigError(flag, f"{where}: {input_key!r} is {prompt!r:.40}, not text")
     if not prompt.strip():
         raise ConfigError(flag, f"{where}: {input_key!r} is empty")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigError(flag, f"{where}: {input_key!r} holds a lone surrogate ({prompt[exc.start]!r} at "
-                                f"character {exc.start}), which is not text") from None
+    check_text(prompt, where, input_key, flag)
+
+
+def check_text(value, where: str, key: str, flag: str) -> None:
+    """ConfigError naming `flag` when a string in `value` (at any depth) holds a lone surrogate: no UTF-8
+    writer takes it, and one in a label made every later metric stay out of MLflow (probe ST1)."""
+    from miles.config import ConfigError
+
+    for text in _strings(value):
+        at = lone_surrogate_at(text)
+        if at is not None:
+            raise ConfigError(flag, f"{where}: {key!r} holds a lone surrogate ({text[at]!r} at character {at}), "
+                                    f"which is not text")
+
+
+def _strings(value):
+    """Every string in `value`: itself, or the keys and values of its lists and dicts at any depth."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
 
 
 def read_prompts(path: str | Path, input_key: str, label_key: str, flag: str = "--prompt-data") -> list[Prompt]:
@@ -61,6 +86,7 @@ def read_prompts(path: str | Path, input_key: str, label_key: str, flag: str = "
             raise ConfigError("--input-key", f"{path}:{lineno} has no key {input_key!r} (keys: {sorted(record)})")
         prompt, label = record[input_key], record.get(label_key)
         check_prompt(prompt, f"{path}:{lineno}", input_key, flag)
+        check_text(label, f"{path}:{lineno}", label_key, flag)  # a label is text in the samples and tables
         if isinstance(label, (list, dict)):  # str() of it would never equal an answer: reward 0 for every sample
             raise ConfigError(flag, f"{path}:{lineno}: {label_key!r} is a JSON {type(label).__name__}; a label must "
                                     f"be a string or number (or null: no label)")

@@ -11,6 +11,7 @@ MLflow's SQL store drops the duplicate instead of doubling the point.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 import urllib.parse
@@ -29,6 +30,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
+log = logging.getLogger("miles.tracking")
 HEALTH_TAG = "miles.health"
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # MLflow's "model training, not GenAI"
 DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description
@@ -67,6 +69,12 @@ def charted_in_mlflow(metrics: dict[str, float]) -> dict[str, float]:
             continue
         out[key] = value
     return out
+
+
+def _content_error(exc: BaseException) -> bool:
+    """Whether a table failed on its data (a value JSON cannot hold, text that is not UTF-8), which no retry
+    mends: a ValueError or TypeError, raised as it is or as the cause of MLflow's own error."""
+    return any(isinstance(e, (ValueError, TypeError)) for e in (exc, exc.__cause__, exc.__context__))
 
 
 class MlflowSink:
@@ -213,7 +221,15 @@ class MlflowSink:
             self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
         for path in delivery.samples.values():
             self.client.log_artifact(self.run_id, str(path), "samples")
-            self._log_sample_table(path)
+            try:
+                self._log_sample_table(path)
+            except Exception as exc:
+                if not _content_error(exc):
+                    raise  # an outage: retried with the lines
+                # what the table holds: raising would keep this line and every later one spooled for good,
+                # each retry failing alike (probe ST1); the samples file itself went up above
+                log.warning("tracking: mlflow: no sample table for %s (%s: %.300s); the metrics are delivered",
+                            path.name, type(exc).__name__, " ".join(str(exc).split()))
         self._tag_red_flags(delivery)
 
     def _log_sample_table(self, path: Path) -> None:
