@@ -1,5 +1,8 @@
 """HF (Qwen3 and Llama layouts) <-> Megatron-core GPTModel (local layer spec) tensor names and layouts, both ways, exact.
 
+The whole model (`hf_to_megatron`), or one tensor x pipeline parallel rank's shard
+(`hf_to_megatron_shard`, `megatron_shards_to_hf`).
+
 Works on any name -> tensor dict shaped like the weights: the weights themselves, and the
 optimizer's per-parameter moments (exp_avg, exp_avg_sq), so checkpoints stay in HF names.
 Two groups of HF tensors become fused Megatron tensors:
@@ -45,13 +48,15 @@ class Layout:
     head_dim: int
     tied: bool
     qk_norm: bool = True
+    vocab_size: int | None = None  # HF embedding rows: the sharded conversion pads and strips to it
 
     @classmethod
     def of(cls, hf_config) -> "Layout":
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         return cls(hf_config.num_hidden_layers, heads, hf_config.num_key_value_heads, head_dim,
-                   bool(getattr(hf_config, "tie_word_embeddings", False)), qk_norm(hf_config))
+                   bool(getattr(hf_config, "tie_word_embeddings", False)), qk_norm(hf_config),
+                   hf_config.vocab_size)
 
     def renames(self) -> dict[str, str]:
         """The per-layer renames this layout has (no q/k norms without qk_norm)."""
@@ -88,17 +93,35 @@ def _split_qkv(qkv: torch.Tensor, lay: Layout) -> tuple[torch.Tensor, torch.Tens
     return (q.reshape(lay.num_heads * d, *rest), k.reshape(groups * d, *rest), v.reshape(groups * d, *rest))
 
 
+def _layer_to_megatron(hf: dict[str, torch.Tensor], lay: Layout,
+                       index: int) -> dict[str, torch.Tensor]:
+    """HF layer `index` as Megatron per-layer names (without the `decoder.layers.N.` prefix)."""
+    h = f"model.layers.{index}."
+    out = {m_name: hf[h + h_name] for m_name, h_name in lay.renames().items()}
+    out[QKV] = _fuse_qkv(*(hf[h + part] for part in QKV_PARTS), lay)
+    out[FC1] = torch.cat([hf[h + part] for part in FC1_PARTS], dim=0)
+    return out
+
+
+def _layer_to_hf(mg: dict[str, torch.Tensor], lay: Layout, index: int) -> dict[str, torch.Tensor]:
+    """The inverse of `_layer_to_megatron`: HF names of layer `index`, whole (unsharded) tensors."""
+    h = f"model.layers.{index}."
+    out = {h + h_name: mg[m_name] for m_name, h_name in lay.renames().items()}
+    for part, tensor in zip(QKV_PARTS, _split_qkv(mg[QKV], lay)):
+        out[h + part] = tensor
+    for part, tensor in zip(FC1_PARTS, mg[FC1].chunk(2, dim=0)):
+        out[h + part] = tensor
+    return out
+
+
 def hf_to_megatron(hf: dict[str, torch.Tensor], lay: Layout) -> dict[str, torch.Tensor]:
     """Megatron parameter name -> tensor; raises KeyError naming an HF tensor that is missing."""
     out = {EMBED[0]: hf[EMBED[1]], FINAL_NORM[0]: hf[FINAL_NORM[1]]}
     if not lay.tied:
         out[OUTPUT[0]] = hf[OUTPUT[1]]
     for i in range(lay.num_layers):
-        m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for m_name, h_name in lay.renames().items():
-            out[m + m_name] = hf[h + h_name]
-        out[m + QKV] = _fuse_qkv(*(hf[h + part] for part in QKV_PARTS), lay)
-        out[m + FC1] = torch.cat([hf[h + part] for part in FC1_PARTS], dim=0)
+        layer = _layer_to_megatron(hf, lay, i)
+        out.update({f"decoder.layers.{i}.{k}": v for k, v in layer.items()})
     return out
 
 
@@ -107,13 +130,8 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], lay: Layout) -> dict[str, torch.
     out = {EMBED[1]: mg[EMBED[0]], FINAL_NORM[1]: mg[FINAL_NORM[0]]}
     out[OUTPUT[1]] = mg[EMBED[0]] if lay.tied else mg[OUTPUT[0]]
     for i in range(lay.num_layers):
-        m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for m_name, h_name in lay.renames().items():
-            out[h + h_name] = mg[m + m_name]
-        for part, tensor in zip(QKV_PARTS, _split_qkv(mg[m + QKV], lay)):
-            out[h + part] = tensor
-        for part, tensor in zip(FC1_PARTS, mg[m + FC1].chunk(2, dim=0)):
-            out[h + part] = tensor
+        m = f"decoder.layers.{i}."
+        out.update(_layer_to_hf({k[len(m):]: v for k, v in mg.items() if k.startswith(m)}, lay, i))
     return out
 
 
@@ -133,3 +151,169 @@ def megatron_source(hf_name: str, lay: Layout) -> str:
         if local == h_name:
             return m + m_name
     raise KeyError(f"no Megatron parameter for HF tensor {hf_name!r}")
+
+
+# --- Tensor and pipeline parallel shards ---------------------------------------------------------
+# Megatron-LM pads the vocab to a multiple of --make-vocab-size-divisible-by (default 128) times TP,
+# so every TP rank holds the same number of embedding / output rows; the pad rows are zeros here.
+VOCAB_DIVISIBLE_BY = 128
+# Per-layer tensors split over TP along the input dim (RowParallelLinear); the rest of the layer's
+# matrices are column-parallel (dim 0) and its norms (RMSNorm weights, q/k norms) replicated.
+ROW_PARALLEL = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+COLUMN_PARALLEL = (QKV, FC1)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """One training rank's place in the tensor x pipeline parallel grid (data parallel does not
+    matter here: every DP replica holds the same shards)."""
+
+    tp_size: int = 1
+    tp_rank: int = 0
+    pp_size: int = 1
+    pp_rank: int = 0
+
+    def __post_init__(self):
+        groups = ((self.tp_size, self.tp_rank, "tp"), (self.pp_size, self.pp_rank, "pp"))
+        for size, rank, what in groups:
+            if size < 1 or not 0 <= rank < size:
+                raise ValueError(f"{what}_rank {rank} is outside a {what} group of size {size}")
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+
+def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
+    """Global indices of the layers pipeline stage `pp_rank` builds: megatron-core's even split
+    (no uneven first/last stage, no virtual stages), `num_layers / pp_size` consecutive layers."""
+    if num_layers % pp_size:
+        raise ValueError(f"{num_layers} layers do not split evenly over {pp_size} pipeline stages")
+    per_stage = num_layers // pp_size
+    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+
+
+def padded_vocab(vocab_size: int, tp_size: int, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """The vocab Megatron builds: the smallest multiple of `divisible_by * tp_size` >= `vocab_size`
+    (padded at TP=1 too, as Megatron-LM does). The pad rows are zeros, so their logits are 0, not
+    HF's: log-probs and entropy must mask the columns >= `vocab_size` to equal HF's."""
+    multiple = divisible_by * tp_size
+    return -(-vocab_size // multiple) * multiple
+
+
+def _divide(n: int, tp_size: int, what: str) -> None:
+    if n % tp_size:
+        raise ValueError(f"{what} ({n}) must divide by the tensor parallel size {tp_size}")
+
+
+def _vocab_shard(full: torch.Tensor, lay: Layout, par: Parallel) -> torch.Tensor:
+    vocab = _vocab_of(lay, full)
+    pad = padded_vocab(vocab, par.tp_size) - vocab
+    padded = torch.cat([full, full.new_zeros(pad, *full.shape[1:])]) if pad else full
+    return padded.chunk(par.tp_size, dim=0)[par.tp_rank]
+
+
+def _vocab_of(lay: Layout, full: torch.Tensor | None) -> int:
+    if lay.vocab_size is None:
+        raise ValueError("Layout.vocab_size is needed to pad and strip the vocab "
+                         "(Layout.of sets it)")
+    if full is not None and full.shape[0] != lay.vocab_size:
+        raise ValueError(f"embedding has {full.shape[0]} rows, the layout says vocab "
+                         f"{lay.vocab_size}")
+    return lay.vocab_size
+
+
+def _tp_shard(name: str, full: torch.Tensor, par: Parallel) -> torch.Tensor:
+    """This TP rank's slice of one per-layer tensor (Megatron per-layer name, fused layout)."""
+    tp, r = par.tp_size, par.tp_rank
+    if name == FC1:  # [gate; up]: each half split on its own, the rank's halves concatenated
+        return torch.cat([half.chunk(tp, dim=0)[r] for half in full.chunk(2, dim=0)])
+    if name == QKV:  # rows are whole query groups, so a row chunk is a chunk of groups
+        return full.chunk(tp, dim=0)[r]
+    if name in ROW_PARALLEL:
+        return full.chunk(tp, dim=1)[r].contiguous()
+    return full
+
+
+def _tp_gather(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """The inverse of `_tp_shard`: the whole tensor from every TP rank's slice (rank order)."""
+    if name == FC1:
+        halves = [p.chunk(2, dim=0) for p in parts]
+        return torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
+    if name == QKV:
+        return torch.cat(parts, dim=0)
+    if name in ROW_PARALLEL:
+        return torch.cat(parts, dim=1)
+    return parts[0]
+
+
+def check_tp_divides(lay: Layout, tp_size: int, ffn_size: int | None = None) -> None:
+    """What megatron-core's parallel layers split evenly over TP: heads, KV heads (whole query
+    groups per rank), the MLP's hidden size; raises ValueError naming the one that does not."""
+    _divide(lay.num_heads, tp_size, "attention heads")
+    _divide(lay.num_kv_heads, tp_size, "KV heads (query groups)")
+    if ffn_size is not None:
+        _divide(ffn_size, tp_size, "MLP intermediate size")
+
+
+def hf_to_megatron_shard(hf: dict[str, torch.Tensor], lay: Layout,
+                         par: Parallel) -> dict[str, torch.Tensor]:
+    """This rank's tensors under the names its stage's GPTModel has (`named_parameters()`).
+
+    - layers: the stage's `stage_layers`, renumbered from 0 (`decoder.layers.0`: its first);
+    - `embedding.word_embeddings.weight` on the first stage only; `decoder.final_layernorm.weight`
+      and `output_layer.weight` on the last only. Tied embeddings: with PP=1 there is no output
+      layer; with PP>1 the last stage has its own copy of the embedding as `output_layer.weight`
+      (GPTModel keeps one and all-reduces it with the first stage's);
+    - TP: embedding and output layer padded to `padded_vocab` (zero rows) and split by vocab rows;
+      linear_qkv split by whole query groups (rows); linear_fc1 split gate and up separately,
+      each rank holding [gate slice; up slice]; linear_proj and linear_fc2 split on dim 1; norms
+      replicated.
+    Works for any tensors shaped like the weights (the optimizer's moments too).
+    """
+    check_tp_divides(lay, par.tp_size)
+    out = {}
+    if par.first_stage:
+        out[EMBED[0]] = _vocab_shard(hf[EMBED[1]], lay, par)
+    if par.last_stage:
+        out[FINAL_NORM[0]] = hf[FINAL_NORM[1]]
+        if not lay.tied:
+            out[OUTPUT[0]] = _vocab_shard(hf[OUTPUT[1]], lay, par)
+        elif par.pp_size > 1:
+            out[OUTPUT[0]] = _vocab_shard(hf[EMBED[1]], lay, par)
+    for local, index in enumerate(stage_layers(lay.num_layers, par.pp_size, par.pp_rank)):
+        for name, full in _layer_to_megatron(hf, lay, index).items():
+            out[f"decoder.layers.{local}.{name}"] = _tp_shard(name, full, par)
+    return out
+
+
+def megatron_shards_to_hf(shards: dict[tuple[int, int], dict[str, torch.Tensor]], lay: Layout,
+                          tp_size: int, pp_size: int) -> dict[str, torch.Tensor]:
+    """The inverse of `hf_to_megatron_shard` over all ranks: `shards[(tp_rank, pp_rank)]` is one
+    rank's dict. TP slices are gathered (fused layouts undone), the vocab pad stripped, layers
+    numbered globally; the keys are the HF model's `state_dict()` (tied: lm_head = embedding)."""
+    _vocab_of(lay, None)
+    missing = [(t, p) for t in range(tp_size) for p in range(pp_size) if (t, p) not in shards]
+    if missing:
+        raise KeyError(f"no shards for (tp_rank, pp_rank) {missing}")
+
+    def gathered(prefix: str, name: str, pp_rank: int) -> torch.Tensor:
+        return _tp_gather(name, [shards[(t, pp_rank)][prefix + name] for t in range(tp_size)])
+
+    def vocab(name: str, pp_rank: int) -> torch.Tensor:
+        full = torch.cat([shards[(t, pp_rank)][name] for t in range(tp_size)])
+        return full[:lay.vocab_size]
+
+    last = pp_size - 1
+    out = {EMBED[1]: vocab(EMBED[0], 0), FINAL_NORM[1]: shards[(0, last)][FINAL_NORM[0]]}
+    out[OUTPUT[1]] = out[EMBED[1]] if lay.tied else vocab(OUTPUT[0], last)
+    for pp_rank in range(pp_size):
+        for local, index in enumerate(stage_layers(lay.num_layers, pp_size, pp_rank)):
+            m = f"decoder.layers.{local}."
+            names = [k[len(m):] for k in shards[(0, pp_rank)] if k.startswith(m)]
+            out.update(_layer_to_hf({n: gathered(m, n, pp_rank) for n in names}, lay, index))
+    return out
