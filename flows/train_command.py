@@ -15,22 +15,25 @@ from pathlib import Path
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.flow_args import flow_parameters
-from flows.grpo import STARTED_AT_ENV, grpo, handing_over, refuse_unhealable_faults
+from flows.flow_run import STARTED_AT_ENV, handing_over
+from flows.grpo import grpo
 from flows.prefect_server import ensure_server
 from flows.where import print_finished, print_where_to_look
 from miles.backends.base import NonFiniteError
 from miles.config.secrets import secrets_to_env
 from miles.health import RedFlagStop
-from miles.mlflow_ui.launch import start_ui
+from miles.mlflow_ui.launch import mlflow_link, start_ui
 from miles.prepare import prepare
-from tasks.finish import RunReport, mlflow_link
+from miles.run.faults import require_healable
+from miles.run.scorecard import scorecard
 
 
 def main(argv: list[str] | None = None) -> int:
     """`miles train`: prepare the run, start or find the Prefect server, run the flow, say where to look."""
     started_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
-    config = refuse_unhealable_faults(prepare(argv, make_model=False))  # the flow makes the model itself
+    config = prepare(argv, make_model=False)  # the flow makes the model itself
+    require_healable(config.orchestration.inject_fault, config.orchestration.use_fault_tolerance)
     if "--run-dir" not in argv and not any(a.startswith("--run-dir=") for a in argv):
         argv += ["--run-dir", config.train.run_dir]  # one run dir for the flow and for what is printed here
     argv = secrets_to_env(config, argv)  # the flow's `flags` parameter is stored by Prefect: no secrets in it
@@ -42,24 +45,21 @@ def main(argv: list[str] | None = None) -> int:
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         try:
             with handing_over(config, argv):  # the flow takes this config: the flags are parsed once
-                report = grpo(**flow_parameters(argv))
+                card = grpo(**flow_parameters(argv))  # finish_run's scorecard, with its links
         except (RedFlagStop, NonFiniteError) as exc:  # a red-flag stop (checkpointed) or a non-finite step
             # (refused before the optimizer): the flow run Failed with this message
             print(f"miles train: stopped: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
-            # the scorecard all the same: what was trained, the red flag, the checkpoint it stopped at
-            stopped, report = True, RunReport(run_dir=config.train.run_dir, iterations=0)
+            # the scorecard all the same, read now: what was trained, the red flag, its checkpoint
+            seconds = time.time() - started_at
+            stopped, card = True, scorecard(config.train.run_dir, config.train.save, seconds)
         finally:
             os.environ.pop(STARTED_AT_ENV, None)  # a later flow in this process counts from its own start
-    if (ui is not None or stopped) and (link := mlflow_link(config, Path(report.run_dir), ui.url if ui else None)):
-        report.links["mlflow-run"] = link
-    print_finished(report, server, config, ui, seconds=wall_time(report, started_at))
+    # the UI's own address (finish_run linked `mlflow ui`'s default), or a stopped run's
+    if ui is not None or stopped:
+        if link := mlflow_link(config, card.run_dir, ui.url if ui else None):
+            card.links["mlflow-run"] = link
+    print_finished(card, server, config, ui)
     return 1 if stopped else 0
-
-
-def wall_time(report: RunReport, started_at: float) -> float:
-    """The wall time the flow's scorecard has (the Prefect artifact, MLflow's description: the same figure in
-    the terminal), else (a run stopped before finish_run) the command's start to now."""
-    return report.seconds if report.seconds is not None else time.time() - started_at
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from miles.dashboard.cli import command as dashboard_command
 from miles.mlflow_ui.launch import MlflowUi, is_server_uri, ui_command
 from miles.config.commands import runnable
 from miles.record.layout import RunLayout
-from miles.run.scorecard import scorecard
+from miles.run.scorecard import Scorecard
+from miles.train import next_steps
 
 
 def mlflow_ui_command(config: MilesConfig) -> str:
@@ -50,26 +51,17 @@ def print_where_to_look(config: MilesConfig, server: PrefectServer, ui: MlflowUi
               f"and the next run reuses it: stop it with `kill {server.pid}`)")
 
 
-def finished_steps(report, server: PrefectServer, config: MilesConfig, ui: MlflowUi | None = None) -> list[tuple[str, str]]:
-    """The scorecard's "where to look next" rows: runnable commands and the links the run left."""
-    run_dir = Path(report.run_dir)
-    steps = [("health", f"{runnable('miles')} doctor {run_dir}"),
-             ("dashboard", dashboard_command(run_dir).removesuffix(" --follow"))]
-    if "prefect-training-run" in report.links:
-        steps.append(("Prefect", f"{report.links['prefect-training-run']}  (the run that trains)"))
-    else:
-        steps.append(("Prefect", f"{server.ui_url}/runs"))
-    if "mlflow-run" in report.links:
-        served = ui is not None or is_server_uri(config.tracking.mlflow_tracking_uri)
-        steps.append(("MLflow", report.links["mlflow-run"]
-                      + ("" if served else f"  (serve it first: {mlflow_ui_command(config)})")))
-    if "traces" in report.links:
-        steps.append(("traces", report.links["traces"]))
-    return steps
+def finished_steps(card: Scorecard, server: PrefectServer, config: MilesConfig,
+                   ui: MlflowUi | None = None) -> list[tuple[str, str]]:
+    """The scorecard's "where to look next" rows: the plain driver's (`miles.train.next_steps`) with
+    the Prefect run that trained (or the server's runs) after the dashboard's."""
+    trained = card.links.get("prefect-training-run")
+    prefect = f"{trained}  (the run that trains)" if trained else f"{server.ui_url}/runs"
+    return next_steps(config, card.links, ui_running=ui is not None, views=[("Prefect", prefect)])
 
 
-def print_finished(report, server: PrefectServer, config: MilesConfig, ui: MlflowUi | None = None,
-                   seconds: float | None = None) -> None:
-    """The run's scorecard, read back from its run dir (`seconds`: the wall time `miles train` measured)."""
-    card = scorecard(report.run_dir, config.train.save, seconds, finished_steps(report, server, config, ui))
+def print_finished(card: Scorecard, server: PrefectServer, config: MilesConfig,
+                   ui: MlflowUi | None = None) -> None:
+    """The run's scorecard (finish_run's, or read back when the run stopped), where to look next."""
+    card.next_steps = finished_steps(card, server, config, ui)
     print(card.text("miles train: scorecard"), flush=True)

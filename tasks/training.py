@@ -11,7 +11,7 @@ from prefect.artifacts import create_table_artifact
 from miles.cluster.chunks import Chunk
 from miles.cluster.names import RunNames
 from miles.config import MilesConfig
-from miles.run.observer import Observer
+from miles.run.observer import LoopOutcome, Observer
 from miles.config.run_info import FLOW_RUN_URL_ENV, run_name
 from tasks.health import (diagnose_artifacts, emit_engine_state, emit_finished, emit_health, emit_red_flag,
                           emit_staleness_tightened)
@@ -25,18 +25,6 @@ class RunServices:
     names: RunNames
     router_url: str
     engine_urls: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ChunkResult:
-    """A finished chunk: where it resumed, what it ran, the last iteration's metrics, why it stopped early."""
-
-    first: int
-    stop: int
-    resumed_at: int
-    iterations_run: int
-    last_metrics: dict[str, float] = field(default_factory=dict)
-    stop_reason: str | None = None
 
 
 class HealthEvents(Observer):
@@ -76,7 +64,7 @@ def start_training_ranks(config: MilesConfig, names: RunNames) -> int:
         return ActorGroup(config, config.rollout.hf_checkpoint, names).world_size
 
 
-def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> ChunkResult:
+def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> LoopOutcome:
     """The driver loop over the chunk's rollouts, on the run's named ranks (they outlive the chunk;
     the trackers are closed at its end, so the next chunk may run in another process). A red-flag
     stop fails the task with the flag; the flow does not resubmit it."""
@@ -91,13 +79,11 @@ def run_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> Chunk
         try:
             trainer = RLTrainer.start(config, services.router_url, services.engine_urls, services.names,
                                       supervisor=supervisor)
-            outcome = train_rollouts(trainer, chunk.rollouts, [HealthEvents(config)],
-                                     kill_engine=lambda: targets.kill_engine(0), fault_targets=targets)
+            return train_rollouts(trainer, chunk.rollouts, [HealthEvents(config)],
+                                  kill_engine=lambda: targets.kill_engine(0), fault_targets=targets)
         finally:
             if supervisor is not None:  # an engine relaunching now is brought back before the next chunk
                 supervisor.stop(finish_healing=True)
-    return ChunkResult(chunk.first, chunk.stop, outcome.resumed_at, len(outcome.rollout_ids), outcome.last_metrics,
-                       outcome.stop_reason)
 
 
 def link_tracker_runs_to_this_flow_run() -> str | None:
@@ -134,13 +120,13 @@ def start_supervisor(config: MilesConfig, services: RunServices):
 
 
 @task(name="train_chunk", task_run_name="train_chunk[{chunk.first}-{chunk.stop}]", log_prints=True)
-def train_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> ChunkResult:
+def train_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> LoopOutcome:
     """Rollouts chunk.first .. chunk.stop-1; a resubmission resumes from the chunk's last checkpoint."""
     return run_chunk(config, chunk, services)
 
 
 @task(name="profile_window", task_run_name="profile_window[{chunk.first}-{chunk.stop}]", log_prints=True)
-def profile_window(config: MilesConfig, chunk: Chunk, services: RunServices) -> ChunkResult:
+def profile_window(config: MilesConfig, chunk: Chunk, services: RunServices) -> LoopOutcome:
     """Exactly the profiled rollouts (--profile-step-start .. --profile-step-end), as their own task:
     the trainer's profiler opens the window for these ids; the task keeps the window visible and
     retryable and leaves its summary (top operators, span totals, trace files) as a table artifact."""

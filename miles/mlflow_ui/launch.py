@@ -1,5 +1,5 @@
 """`mlflow ui` for a run's MLflow store: the command to type, or (`--mlflow-ui`) the UI started on loopback and left up,
-and links that open its pages in the model-training view."""
+and links that open its pages (a run's too) in the model-training view."""
 from __future__ import annotations
 
 import os
@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.config import MilesConfig
 from miles.config.secrets import child_env
 from miles.mlflow_ui.app import APP_NAME, MODEL_TRAINING, WORKFLOW_TYPE_PARAM
 from miles.record.layout import RunLayout
@@ -55,6 +56,39 @@ def page_url(base: str, experiment_id: str, run_id: str | None = None) -> str:
     a tracking server's or a plain `mlflow ui`'s, whatever the browser chose before."""
     path = f"/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
     return f"{base.rstrip('/')}{path}?{WORKFLOW_TYPE_PARAM}={MODEL_TRAINING}"
+
+
+def mlflow_link(config: MilesConfig, run_dir: Path, ui_url: str | None = None) -> str | None:
+    """The MLflow run's page of a run, in the model-training view: on the tracking server, or in
+    `mlflow ui` over the run's SQLite store (`ui_url`, default the address `mlflow ui` takes unless
+    told otherwise). None: no MLflow, or no run of it yet."""
+    tracking = config.tracking
+    if not tracking.use_mlflow:
+        return None
+    import mlflow
+
+    uri = tracking.mlflow_tracking_uri
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(tracking.mlflow_experiment_name)
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"],
+                              max_results=50)
+    names = (tracking.mlflow_run_name, run_dir.name)
+    mine = [r for r in runs if r.info.run_name in names] or runs[:1]
+    if not mine:
+        return None
+    base = uri if is_server_uri(uri) else ui_url or f"http://127.0.0.1:{DEFAULT_PORT}"
+    return page_url(base, experiment.experiment_id, mine[0].info.run_id)
+
+
+def mlflow_link_description(config: MilesConfig) -> str:
+    """The caption of a link to the MLflow run: a local store (SQLite or files) has no UI until one
+    serves it, so the caption says how, with the command whose address the link points at."""
+    uri = config.tracking.mlflow_tracking_uri
+    if is_server_uri(uri) or config.tracking.mlflow_ui:  # a tracking server, or `--mlflow-ui`'s UI
+        return f"the MLflow run of {config.train.run_dir}"
+    return f"the MLflow run of {config.train.run_dir}; serve its store first: {ui_command(uri)}"
 
 
 def check_app_installed() -> None:

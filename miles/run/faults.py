@@ -85,6 +85,18 @@ def parse_faults(spec: str | None) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
+def require_healable(spec: str | None, supervised: bool) -> None:
+    """`miles train` without --use-fault-tolerance (`supervised`): a dead engine fails its chunk's
+    task, which the flow resubmits from the chunk's last checkpoint after relaunching the engine; a
+    stopped engine or a killed router would only hang or fail that chunk. So those faults need the
+    supervisor: said before anything starts."""
+    for fault in parse_faults(spec):
+        if not supervised and fault.kind in ("stop-engine", "kill-router"):
+            raise ConfigError("--inject-fault",
+                              f"{fault.name!r} needs --use-fault-tolerance in `miles train` "
+                              f"(without it only kill-engine[:N]@ITER, healed by a chunk retry)")
+
+
 class FaultInjector(Observer):
     """Fires each fault at its rollout, once per run: a marker in the run dir, written first, keeps
     the retried chunk from failing again (a killed process cannot write it after)."""

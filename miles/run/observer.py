@@ -37,7 +37,8 @@ class IterationResult:
 
 @dataclass
 class LoopOutcome:
-    """What one loop did: where it resumed, what it ran, what it saved, why it stopped early."""
+    """What one loop did (a plain run, or one chunk of the flow's): where it resumed, what it ran,
+    what it saved, why it stopped early."""
 
     resumed_at: int  # the first rollout id not already checkpointed
     base_eval: dict[str, float] = field(default_factory=dict)  # the eval before training (fresh runs)
@@ -45,6 +46,13 @@ class LoopOutcome:
     last_metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: Path | None = None  # the last checkpoint saved
     stop_reason: str | None = None  # an observer stopped the run
+    # the plain driver, --use-fault-tolerance: each engine's weight version at the end (None: down)
+    engine_versions: list[str | None] = field(default_factory=list)
+
+    @property
+    def last_rollout_id(self) -> int:
+        """The last rollout trained here, else the last one checkpointed before (-1: none)."""
+        return self.rollout_ids[-1] if self.rollout_ids else self.resumed_at - 1
 
 
 class Observer:

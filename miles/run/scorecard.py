@@ -9,6 +9,7 @@ was resumed; what a file does not hold is said to be missing, never filled in.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from miles.health import RED, Verdict, read_health_log
 from miles.health.signals import PREFIX
 from miles.record.journal import JournalLine, read_journal
 from miles.record.layout import RunLayout
-from miles.record.names import map_metrics
+from miles.record.names import STEP_KEYS, map_metrics
 from miles.run.checkpoint import candidates
 
 REWARD_KEY = "rollout/raw_reward"
@@ -59,6 +60,14 @@ class Scorecard:
     flags: RedFlags = field(default_factory=lambda: RedFlags(False))
     checkpoint: Path | None = None
     next_steps: list[tuple[str, str]] = field(default_factory=list)
+    final_metrics: dict[str, float] = field(default_factory=dict)  # the journal's last line
+    final_rollout: int | None = None  # that line's rollout id (-1: the base eval's only)
+    base_metrics: dict[str, float] = field(default_factory=dict)  # the eval of the starting weights
+    links: dict[str, str] = field(default_factory=dict)  # what the run left elsewhere (name -> URL)
+
+    @property
+    def iterations(self) -> int:
+        return len(self.rollouts)
 
     # ---- what is printed --------------------------------------------------------------------
     def rows(self) -> list[tuple[str, str]]:
@@ -162,15 +171,19 @@ def read_base_eval(run_dir: Path) -> dict[str, float]:
 def scorecard(run_dir: str | Path, save_dir: str | Path | None = None, seconds: float | None = None,
               next_steps: list[tuple[str, str]] = ()) -> Scorecard:
     """The scorecard of `run_dir` (its checkpoints in `save_dir`, default RUN_DIR/checkpoints); `seconds`:
-    the wall time its driver measured; `next_steps`: (label, command) rows of where to look next."""
+    the wall time its driver measured; `next_steps`: (label, command) rows of where to look next.
+    The one reader of a run's end: the journal and the health log are read here once, for every view
+    of it (the terminal, the flow's artifacts, MLflow's description, the dashboard)."""
     run_dir = Path(run_dir)
     journal = read_journal(RunLayout(run_dir).journal)
     trained = [ln for ln in journal if ln.rollout_id >= 0]
+    base = base_metrics(run_dir, journal)
     card = Scorecard(run_dir, sorted({ln.rollout_id for ln in trained}), seconds=seconds,
-                     next_steps=list(next_steps))
+                     next_steps=list(next_steps), base_metrics=base)
+    if journal:
+        card.final_metrics, card.final_rollout = dict(journal[-1].metrics), journal[-1].rollout_id
     if len(journal) > 1:
         card.journal_seconds = journal[-1].time - journal[0].time
-    base = base_metrics(run_dir, journal)
     card.eval_key = eval_key_of({k for ln in journal for k in ln.metrics} | set(base))
     if card.eval_key is not None:
         card.base_eval = base.get(card.eval_key)
@@ -184,3 +197,37 @@ def scorecard(run_dir: str | Path, save_dir: str | Path | None = None, seconds: 
     saved = candidates(Path(save_dir) if save_dir else RunLayout(run_dir).checkpoints)
     card.checkpoint = saved[0] if saved else None
     return card
+
+
+# ---- the scorecard's parts as the flow publishes them (Prefect artifacts) ------------------------
+FINAL_ORDER = ("eval", "rollout", "passrate", "train", "multi_turn", "perf")  # then health/* last
+
+
+def _rounded(value: float) -> float | str:
+    """Four significant digits (a table of 0.908854166666667 reads badly); not finite: its name."""
+    return float(f"{value:.4g}") if math.isfinite(value) else str(value)
+
+
+def final_metrics_table(final: dict[str, float],
+                        base: dict[str, float]) -> list[dict[str, float | str]]:
+    """The `grpo-final-metrics` rows: the headline namespaces first (eval, reward, pass rates,
+    train), perf and the health watch's per-signal values last, each value rounded; an eval key
+    measured on the starting weights too has that `base` value beside it. The step axes are left
+    out (the description names the rollout)."""
+    def order(key: str) -> tuple[int, str]:
+        namespace = key.split("/", 1)[0]
+        rank = FINAL_ORDER.index(namespace) if namespace in FINAL_ORDER else \
+            len(FINAL_ORDER) + (namespace == "health")
+        return rank, key
+
+    return [{"metric": key, "final": _rounded(final[key]),
+             "base": _rounded(base[key]) if key in base else ""}
+            for key in sorted((k for k in final if k not in STEP_KEYS), key=order)]
+
+
+def red_flags_markdown(flags: list[str], warnings: list[str] = ()) -> str:
+    text = "## Health: red flags\n\n" + "\n".join(f"- {flag}" for flag in flags) if flags else \
+        "## Health\n\nNo red flags."
+    if warnings:
+        text += "\n\nWarnings: " + ", ".join(f"`{w}`" for w in warnings)
+    return text

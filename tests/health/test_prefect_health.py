@@ -12,8 +12,7 @@ from prefect.runtime import flow_run
 
 from flows.automations import RED_FLAG_AUTOMATION, STALL_AUTOMATION, ensure_automations
 from miles.health import RED, HealthReport, Verdict
-from miles.run.scorecard import red_flag_lines
-from tasks.finish import red_flags_markdown
+from miles.run.scorecard import red_flag_lines, red_flags_markdown
 from tasks.health import ITERATION_EVENT, RED_FLAG_EVENT, emit_health
 from tests.support.prefect import read_events
 

@@ -124,14 +124,18 @@ def test_the_library_never_imports_prefect_or_the_drivers():
 
 
 def test_the_train_command_runs_the_flows_which_never_reach_back():
-    """`miles train` (flows/train_command.py: prepare, server, the flow, the summary) and the flows it runs
-    (flows/grpo.py: the flows, the retry layer, the flow run's name) are two modules with one job each; the
-    flows module has no command in it and never imports the command."""
+    """`miles train` (flows/train_command.py: prepare, server, the flow, the summary), the flows it
+    runs (flows/grpo.py: the flows and the retry layer, nothing else) and the flow run around them
+    (flows/flow_run.py: its name, tags, description, what the command hands over) are modules with
+    one job each; neither flows module has a command in it or imports the command."""
     from flows.cli import SUBCOMMANDS
 
+    assert SUBCOMMANDS["train"][0] == "flows.train_command:main"
+    for name in ("grpo.py", "flow_run.py"):
+        tree = ast.parse((ROOT / "flows" / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "flows.train_command" not in imported and "main" not in {
+            n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, name
     tree = ast.parse((ROOT / "flows" / "grpo.py").read_text())
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert SUBCOMMANDS["train"][0] == "flows.train_command:main"
-    assert "main" not in defined and {"grpo", "train_on_ray", "run_chunk_to_end"} <= defined
-    assert "flows.train_command" not in imported
+    assert defined == {"grpo", "train_on_ray", "run_chunk_to_end", "mark_crashed"}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from miles.config import parse_config
 from miles.prepare import resolve_run
-from tasks.finish import final_metrics_table, mlflow_link_description
+from miles.mlflow_ui.launch import mlflow_link_description
+from miles.run.scorecard import final_metrics_table
 
 FINAL = {"health/entropy_loss": 0.0, "perf/step_time": 3.81234, "train/loss": 4.7e-09, "rollout/step": 59.0,
          "train/step": 59.0, "eval/step": 59.0, "rollout/raw_reward": 0.908854166666667,

@@ -7,7 +7,8 @@ import asyncio
 from prefect import flow
 
 from flows.flow_args import config_source
-from flows.grpo import describe_flow_run, flow_run_name_from_run_dir, grpo
+from flows.flow_run import describe_flow_run, flow_run_name_from_run_dir
+from flows.grpo import grpo
 from miles.prepare import resolve_run
 from miles.config import parse_config
 
@@ -81,7 +82,7 @@ def training_tag_probe(flags: list[str]) -> str:
     """The training subflow's first steps: its tags, as train_on_ray sets them."""
     from prefect.context import get_run_context
 
-    from flows.grpo import tag_training_run
+    from flows.flow_run import tag_training_run
 
     tag_training_run(resolve_run(parse_config(flags)))
     return str(get_run_context().flow_run.id)

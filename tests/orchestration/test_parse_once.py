@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+import flows.flow_run as flow_run_module
 import flows.grpo as grpo_module
 import flows.train_command as train_command
 import miles.config
 from flows.flow_args import build_argv, flow_parameters
-from flows.grpo import flow_config, given_run_dir, handing_over
+from flows.flow_run import flow_config, given_run_dir, handing_over
 
 
 class StopAfterPrepare(Exception):
@@ -36,7 +37,8 @@ def test_miles_train_parses_once(prefect_api, tmp_path, monkeypatch):
 
 def test_the_flow_takes_the_handed_over_config_only_for_the_same_flags(monkeypatch):
     prepared = []
-    monkeypatch.setattr(grpo_module, "prepare", lambda argv, **_: prepared.append(argv) or "prepared now")
+    monkeypatch.setattr(flow_run_module, "prepare",
+                        lambda argv, **_: prepared.append(argv) or "prepared now")
     argv = ["--num-rollout", "2", "--config", "run.yaml", "--run-dir", "/r"]
     with handing_over("handed over", argv):
         assert flow_config(**flow_parameters(argv)) == "handed over"

@@ -9,7 +9,7 @@ from miles.config import parse_config
 from miles.config.commands import runnable
 from miles.prepare import resolve_run
 from miles.mlflow_ui.launch import MlflowUi
-from tasks.finish import RunReport
+from miles.run.scorecard import scorecard
 
 
 def test_the_link_to_a_local_store_comes_with_the_command_that_serves_it(tmp_path, capsys):
@@ -19,15 +19,16 @@ def test_the_link_to_a_local_store_comes_with_the_command_that_serves_it(tmp_pat
                " --workers 1 --app-name miles")
     assert ("MLflow", command) in where_to_look(config, server)
     link = "http://127.0.0.1:5000/#/experiments/1/runs/abc"
-    report = RunReport(run_dir=str(tmp_path / "r"), iterations=1, links={"mlflow-run": link})
-    print_finished(report, server, config)
+    card = scorecard(tmp_path / "r")
+    card.links["mlflow-run"] = link
+    print_finished(card, server, config)
     out = capsys.readouterr().out
     assert f" MLflow  " in out and f" {link}  (serve it first: {command})\n" in out
 
     ui = MlflowUi(url="http://127.0.0.1:5001", pid=4242, log_path=tmp_path / "ui.log")
     assert ("MLflow", "http://127.0.0.1:5001  (mlflow ui, pid 4242; stop it with `kill 4242`)") in where_to_look(
         config, server, ui)
-    print_finished(report, server, config, ui)
+    print_finished(card, server, config, ui)
     assert "serve it first" not in capsys.readouterr().out
 
 
@@ -36,8 +37,9 @@ def test_a_tracking_server_is_linked_as_it_is(tmp_path, capsys):
                                    "--run-dir", str(tmp_path)]))
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
     assert ("MLflow", "open http://mlflow:5000") in where_to_look(config, server)
-    print_finished(RunReport(run_dir=str(tmp_path), iterations=1, links={"mlflow-run": "http://mlflow:5000/#/x"}),
-                   server, config)
+    card = scorecard(tmp_path)
+    card.links["mlflow-run"] = "http://mlflow:5000/#/x"
+    print_finished(card, server, config)
     assert "serve it first" not in capsys.readouterr().out
 
 
@@ -62,7 +64,7 @@ def test_no_traces_line_for_a_run_that_did_not_profile(tmp_path, capsys):
     config = resolve_run(parse_config(["--run-dir", str(tmp_path / "r")]))
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
     (tmp_path / "r").mkdir()
-    print_finished(RunReport(run_dir=str(tmp_path / "r"), iterations=0), server, config)
+    print_finished(scorecard(tmp_path / "r"), server, config)
     out = capsys.readouterr().out
     assert "\n  traces" not in out and "scorecard of" in out
 
@@ -89,23 +91,19 @@ def test_where_to_look_says_how_deployments_appear(tmp_path, capsys):
 
 def test_the_terminal_prints_the_wall_time_of_the_flows_scorecard(tmp_path, capsys):
     """First-hour N8: the terminal's scorecard said 3m12s (measured after the teardown) where the Prefect
-    artifact and MLflow's description, made by finish_run, said 2m54s; now all print finish_run's figure."""
-    from flows.grpo import STARTED_AT_ENV, command_started_at
-    from flows.train_command import wall_time
+    artifact and MLflow's description, made by finish_run, said 2m54s; now the terminal prints the
+    card finish_run made (the flow's return value), its wall time from the command's start."""
+    from flows.flow_run import STARTED_AT_ENV, command_started_at
 
     config = resolve_run(parse_config(["--run-dir", str(tmp_path / "r")]))
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "metrics.jsonl").write_text('{"rollout_id": 0, "time": 1.0, "metrics": {}}\n')
     server = PrefectServer(api_url="http://127.0.0.1:4200/api")
-    report = RunReport(run_dir=str(tmp_path / "r"), iterations=1, seconds=174.0)
+    print_finished(scorecard(tmp_path / "r", seconds=174.0), server, config)  # finish_run's: 2m54s
+    assert "1 (0..0) in 2m54s wall time" in capsys.readouterr().out
+
     import os
     import time
-
-    started = time.time() - 192.0  # the command began 3m12s ago; finish_run's scorecard said 2m54s
-    print_finished(report, server, config, seconds=wall_time(report, started))
-    assert "1 (0..0) in 2m54s wall time" in capsys.readouterr().out
-    stopped = RunReport(run_dir=str(tmp_path / "r"), iterations=0)  # no finish_run: measured now
-    assert 191 < wall_time(stopped, started) < 250
 
     os.environ[STARTED_AT_ENV] = repr(time.time() - 30)  # `miles train` started 30 s before its flow
     try:
@@ -114,3 +112,17 @@ def test_the_terminal_prints_the_wall_time_of_the_flows_scorecard(tmp_path, caps
         assert time.time() - command_started_at() < 5
     finally:
         os.environ.pop(STARTED_AT_ENV, None)
+
+
+def test_both_drivers_print_the_same_next_steps_but_the_flows_prefect_row(tmp_path, capsys):
+    """One writer of the "where to look next" rows: the flow's card adds only its Prefect row."""
+    from miles.train import next_steps
+
+    config = resolve_run(parse_config(["--use-mlflow", "--run-dir", str(tmp_path / "r")]))
+    server = PrefectServer(api_url="http://127.0.0.1:4200/api")
+    card = scorecard(tmp_path / "r")
+    card.links["prefect-training-run"] = "http://127.0.0.1:4200/runs/flow-run/abc"
+    print_finished(card, server, config)
+    prefect = ("Prefect", "http://127.0.0.1:4200/runs/flow-run/abc  (the run that trains)")
+    assert card.next_steps == [*next_steps(config)[:2], prefect, *next_steps(config)[2:]]
+    assert dict(card.next_steps)["MLflow"].startswith(f"{runnable('mlflow')} ui --backend-store")

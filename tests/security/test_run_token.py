@@ -73,7 +73,7 @@ def test_a_whole_plain_run_passes_its_own_token(plain_run):
     from miles.record.journal import read_journal
 
     summary = plain_run.summary
-    assert summary.first_rollout_id == 0 and summary.last_rollout_id == 1 and summary.checkpoint is not None
+    assert summary.resumed_at == 0 and summary.last_rollout_id == 1 and summary.checkpoint is not None
     # each rollout's weights reached the engines (a push without the run's token is refused: HTTP 401, above)
     lines = [ln for ln in read_journal(plain_run.run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
     assert [ln.rollout_id for ln in lines] == [0, 1]

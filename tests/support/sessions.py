@@ -130,7 +130,7 @@ class StopAfter(Observer):
 class PlainRun:
     """What the session's plain run left: its summary, run dir, the stopping observer and the phases seen."""
 
-    summary: object  # miles.train's RunSummary
+    summary: object  # what miles.train's train() returned: the loop's LoopOutcome
     run_dir: Path
     stopper: StopAfter
     phases: list[str]

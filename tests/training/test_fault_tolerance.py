@@ -102,7 +102,7 @@ def engine_spans(run_dir, name: str):
 def assert_every_rollout_once(summary, run_dir, num_rollout: int, engines: int) -> None:
     # every rollout exactly once, none redone, the run finished, every engine serves the final weights
     assert [ln.rollout_id for ln in journal_lines(run_dir)] == list(range(num_rollout))
-    assert summary.last_rollout_id == num_rollout - 1 and summary.first_rollout_id == 0
+    assert summary.last_rollout_id == num_rollout - 1 and summary.resumed_at == 0
     assert summary.engine_versions == [str(num_rollout)] * engines
 
 

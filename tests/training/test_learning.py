@@ -16,7 +16,7 @@ MIN_GAIN = 0.20
 def test_default_config_raises_eval_pass_at_1(tmp_path, ray_cluster):
     config = parse_config(["--run-dir", str(tmp_path / "run"), "--actor-num-gpus-per-node", "2"])
     summary = train(prepare_config(config))
-    base, final = summary.base_eval["eval/arithmetic"], summary.final_metrics["eval/arithmetic"]
+    base, final = summary.base_eval["eval/arithmetic"], summary.last_metrics["eval/arithmetic"]
     assert final >= base + MIN_GAIN, f"eval pass@1 {base:.3f} -> {final:.3f}"
     assert summary.checkpoint is not None and (summary.checkpoint / "manifest.json").exists()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

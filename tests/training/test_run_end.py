@@ -1,5 +1,5 @@
-"""One reader of a run's end: the scorecard's `red_flags_of` and `base_metrics` feed the scorecard and the
-flow's `finish_run` alike (finish_run read the health log and the base eval again, with its own code)."""
+"""One reader of a run's end: `scorecard()` reads the journal and the health log once, and the
+flow's `finish_run` publishes its parts (finish_run read them again, with its own code)."""
 from __future__ import annotations
 
 import json
@@ -44,3 +44,14 @@ def test_the_base_eval_is_the_file_with_the_journals_base_line_over_it(tmp_path)
 def test_finish_run_reads_nothing_of_the_run_end_itself():
     source = (ROOT / "tasks" / "finish.py").read_text()
     assert "read_health_log" not in source and "read_base_eval" not in source and "severity" not in source
+    assert "read_journal" not in source and "red_flags_of" not in source  # scorecard() reads them
+
+
+def test_the_card_holds_what_the_flow_publishes(tmp_path):
+    """finish_run publishes the final-metrics table, the health artifact and the card from one
+    scorecard(): its final row, the base eval and the red flags are parts of the card."""
+    write_run(tmp_path)
+    card = scorecard(tmp_path)
+    assert card.final_rollout == 2 and card.final_metrics == {"health/grad_norm": 1.0}
+    assert card.base_metrics["eval/arithmetic-pass_at_1"] == 0.229 and card.iterations == 3
+    assert card.flags.watched and card.flags.lines == []

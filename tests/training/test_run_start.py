@@ -18,13 +18,13 @@ class Stop(Exception):
 
 @pytest.fixture
 def driver(monkeypatch, tmp_path, base_model):
-    """`_train_services` with stand-ins for Ray, the ranks, the engines and the trainer; `events` is their log."""
+    """`train` with stand-ins for Ray, ranks, engines and trainer; `events` is their log."""
     import ray
 
     import miles.backends.group
     import miles.cluster.local
     import miles.trainer
-    from miles.train import _train_services
+    from miles.train import train
 
     events: list[str] = []
 
@@ -60,7 +60,7 @@ def driver(monkeypatch, tmp_path, base_model):
 
     def driver(*flags):
         config = prepare_config(parse_config(["--run-dir", str(tmp_path / "run"), *flags]))
-        _train_services(config, True, ())
+        train(config)
     driver.events, driver.engines_fail = events, False
     return driver
 
