@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from miles.compare.curves import UnreadableRun, read_run, require_judged
+from miles.compare.curves import read_run, require_judged
+from miles.record.journal import UnreadableRun
 from miles.compare.comparison import EXIT_REGRESSION, EXIT_UNREADABLE, EXIT_WITHIN, compare, format_table
 from miles.compare.mlflow_tags import tag_mlflow_run
 from miles.compare.rules import DEFAULT_RULES, load_rules

@@ -13,7 +13,7 @@ from pathlib import Path
 from miles.compare.rules import DEFAULT_RULES, Rule, rule_for
 from miles.config import ConfigError
 from miles.record.eval_prompts import read_eval_prompts
-from miles.record.journal import JOURNAL_NAME, JournalLine, read_journal
+from miles.record.journal import JOURNAL_NAME, JournalLine, UnreadableRun, read_journal
 from miles.record.names import STEP_KEYS, step_key
 
 
@@ -22,10 +22,6 @@ EVAL_AXIS = "eval/step"
 
 def _int(value: float) -> int:
     return int(value) if value == value and abs(value) < 2**53 else -1  # a NaN or huge counter: no step
-
-
-class UnreadableRun(Exception):
-    """A run (or trusted-run record) whose files cannot be read as one: exit 3, as `miles doctor`."""
 
 
 @dataclass(frozen=True)

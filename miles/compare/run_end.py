@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from miles.compare.comparison import Comparison, compare, format_table
-from miles.compare.curves import UnreadableRun, read_run, require_judged
+from miles.compare.curves import read_run, require_judged
+from miles.record.journal import UnreadableRun
 from miles.compare.mlflow_tags import tag_mlflow_run
 from miles.compare.rules import DEFAULT_RULES
 from miles.config import ConfigError

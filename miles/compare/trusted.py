@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
-from miles.compare.curves import RunCurves, UnreadableRun, require_judged
+from miles.compare.curves import RunCurves, require_judged
 from miles.compare.rules import DEFAULT_RULES, Rule, load_rules
 from miles.config import ConfigError
+from miles.record.files import write_atomic
+from miles.record.journal import UnreadableRun
 
 FORMAT = "miles-trusted-run/1"
 RULES_NAME = "rules.json"
@@ -66,18 +66,9 @@ def add_trusted(directory: Path, run: RunCurves) -> Path:
         raise UnreadableRun(f"{path} is a symbolic link: not replaced (a record is a regular file)")
     if not all(math.isfinite(v) for points in run.curves.values() for v in points.values()):
         raise ValueError(f"{run.source} has a value that is not finite: not a trusted run")
-    # a fresh temporary name, created exclusively (O_EXCL: never through a planted `<run>.tmp` link, probe
-    # N37), then renamed over the record: the rename replaces a directory entry, never writes through one
-    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=directory)
-    try:
-        os.fchmod(fd, 0o644)  # a record to commit, readable as any other file in the history
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(record_of(run), indent=None, separators=(",", ":"), allow_nan=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    # never through a planted `<run>.tmp` link (probe N37): write_atomic's temporary name is fresh
+    text = json.dumps(record_of(run), indent=None, separators=(",", ":"), allow_nan=False) + "\n"
+    return write_atomic(path, text, mode=0o644)  # a record to commit, readable as any other in git
 
 
 def _source_of(path: Path) -> str | None:

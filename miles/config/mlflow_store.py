@@ -10,10 +10,10 @@ together: MLflow creates its tables and miles the experiment under a file lock b
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from pathlib import Path
 
 from miles.record import layout
+from miles.record.files import file_lock
 
 SQLITE = "sqlite:///"
 
@@ -47,10 +47,5 @@ def store_lock(uri: str):
     if db is None:
         yield
         return
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with file_lock(db.with_name(db.name + ".lock")):
+        yield

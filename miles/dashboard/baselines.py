@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.compare.comparison import compare
-from miles.compare.curves import RunCurves, UnreadableRun, read_run, require_judged
+from miles.compare.curves import RunCurves, read_run, require_judged
 from miles.compare.rules import DEFAULT_RULES, Rule
 from miles.config import ConfigError
-from miles.record.journal import JOURNAL_NAME
+from miles.record.journal import JOURNAL_NAME, UnreadableRun
 
 MAX_SIBLINGS = 200  # a parent folder with thousands of runs lists its newest only
 

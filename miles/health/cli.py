@@ -157,11 +157,11 @@ def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = 
     trusted runs of its directory, and added to them when it passed both."""
     from pathlib import Path
 
-    from miles.compare.curves import UnreadableRun as UnreadableCurves
     from miles.compare.text import terminal_safe_lines
     from miles.config import ConfigError
-    from miles.health.history import UnreadableRun, from_mlflow, from_run_dir
+    from miles.health.history import from_mlflow, from_run_dir
     from miles.health.verdicts import format_table, summarize
+    from miles.record.journal import UnreadableRun
 
     try:
         if Path(target).is_dir():
@@ -175,7 +175,7 @@ def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = 
                                          f"--mlflow-tracking-uri)")
         rows = summarize(run_history, overrides)
         gate = history.run(Path(target)) if history else None
-    except (UnreadableRun, UnreadableCurves) as exc:
+    except UnreadableRun as exc:
         print(f"miles doctor: cannot read the run: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
     print(terminal_safe_lines(format_table(run_history, rows)))  # the run dir's name is anyone's text (N33)
@@ -183,7 +183,7 @@ def health_report(target: str, mlflow_uri: str | None, overrides: dict | None = 
     if gate is not None:
         try:
             print(history.report(gate, red))
-        except (UnreadableRun, UnreadableCurves) as exc:  # --history-add refused to write (a planted link)
+        except UnreadableRun as exc:  # --history-add refused to write (a planted link)
             print(f"miles doctor: not added to the history: {exc}", file=sys.stderr)
             return EXIT_UNREADABLE
     return EXIT_RED_FLAG if red or (gate is not None and gate.fails) else 0

@@ -16,15 +16,10 @@ from miles.config.health import HealthConfig
 from miles.config.parse import build_section
 from miles.health.detectors import Rollout, RunFacts
 from miles.health.watch import rollouts_of
-from miles.record.journal import JOURNAL_NAME, JournalLine, read_journal
+from miles.record.journal import JOURNAL_NAME, JournalLine, UnreadableRun, read_journal
 from miles.record.journal_check import journal_problems
 from miles.record.names import step_key
 from miles.record.layout import TRACKING_CONFIG as CONFIG_ARTIFACT
-
-
-class UnreadableRun(Exception):
-    """A run directory whose files cannot be read as a run's (`miles doctor` exits 3, not 1: a red
-    flag is a finding about a run, this is none)."""
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from miles.profiling.window import PHASES, SUMMARIES, profiler_dir
+from miles.record.files import write_gzip_atomic
 
 TOP_OPS = 10
 OP_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")  # what "operators" means in a summary
@@ -39,11 +39,7 @@ def read_trace(path: Path) -> dict:
 
 
 def write_trace(trace: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt") as f:
-        json.dump(trace, f)
-    os.replace(tmp, path)
+    write_gzip_atomic(path, json.dumps(trace))
 
 
 def slice_trace(trace: dict, intervals: list[tuple[float, float]], drop_names: set[str]) -> dict:

@@ -112,6 +112,11 @@ def count_rollouts(run_dir: Path) -> int:
         return sum(1 for line in f if not line.startswith(b'{"rollout_id": -1'))
 
 
+class UnreadableRun(Exception):
+    """A run (or a trusted-run record) whose files cannot be read as a run's: `miles doctor` and
+    `miles compare` exit 3, not 1 (a red flag is a finding about a run, this is none)."""
+
+
 def read_journal(path: Path) -> list[JournalLine]:
     """Every complete line of a journal (a torn last line from a killed writer, and any other line that
     is not a journal line, is skipped). `path` must be a regular file when it exists (ValueError else:
