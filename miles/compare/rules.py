@@ -78,6 +78,10 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     # perf/: a phase 50% (and a second) slower than the baselines
     Rule("perf/*_time", UP, rel=0.5, abs=1.0),
 )
+# Rules a file may hold: each key a comparison meets is matched against the rules in order, on every line,
+# so time grows with their number (50,000 rules stalled compare and the history gate for minutes, CR3);
+# a real file has a few dozen
+MAX_RULES = 1000
 FIELDS = {"pattern": str, "worse": str, "rel": float, "abs": float, "k_sigma": float, "min": float, "max": float,
           "sustain": int, "timing": bool}
 
@@ -95,6 +99,9 @@ def parse_rules(raw: object, where: str) -> tuple[Rule, ...]:
     """Rules from their JSON form; ConfigError naming `where` and the field when one is wrong."""
     if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list) or not raw["rules"]:
         raise ConfigError(where, 'not a JSON object {"rules": [...]} with at least one rule')
+    if len(raw["rules"]) > MAX_RULES:
+        raise ConfigError(where, f"{len(raw['rules'])} rules; at most {MAX_RULES} (a pattern like `perf/*_time` "
+                                 f"covers many keys in one rule)")
     rules = []
     for i, item in enumerate(raw["rules"]):
         if not isinstance(item, dict):

@@ -24,7 +24,7 @@ from miles.config.fields import is_secret_name
 from miles.config.health import HealthConfig
 from miles.config.secrets import Scrubber, env_scrubber
 from miles.diagnose import probes
-from miles.diagnose.confine import MARKERS, confined_view, escaping, inside, is_run
+from miles.diagnose.confine import MARKERS, confined_view, escaping, inside, is_run, not_regular
 from miles.diagnose.local_services import gcs_problem, local_url_problem
 from miles.diagnose.ray_view import RayView, ray_auth_env
 from miles.diagnose.run_state import read_run_state, tail
@@ -150,7 +150,10 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
     escaped = escaping(run_dir)
     notes += [f"left out RUN_DIR/{rel}: it resolves outside the run dir (a link out of it); diagnose reads and "
               f"packs only the run's own files" for rel in escaped]
-    view = confined_view(run_dir, staging / "view", escaped) if escaped else run_dir
+    odd = [rel for rel in not_regular(run_dir) if rel not in escaped]
+    notes += [f"left out RUN_DIR/{rel}: not a regular file (a FIFO, socket, device or folder); diagnose reads "
+              f"only regular files" for rel in odd]
+    view = confined_view(run_dir, staging / "view", escaped + odd) if escaped or odd else run_dir
     try:
         listed = read_processes(view)
     except FileNotFoundError:

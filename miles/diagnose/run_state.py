@@ -2,12 +2,14 @@
 ended, the tracker delivery (behind or spooled), and the last lines of every log it wrote."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from miles.diagnose.confine import open_regular
 from miles.record import layout
 from miles.record.journal import read_journal
 from miles.tracking.state import DeliveryState, StateError, TrainerFile, pending
@@ -56,11 +58,13 @@ class RunState:
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    """The last lines of a regular file (none of a FIFO or a folder: reading one could block)."""
+    f = open_regular(path)
+    if f is None:
+        return []
     try:
-        if not path.is_file():
-            return []
-        with path.open("rb") as f:
-            f.seek(max(path.stat().st_size - TAIL_BYTES, 0))
+        with f:
+            f.seek(max(os.fstat(f.fileno()).st_size - TAIL_BYTES, 0))
             data = f.read()
     except OSError:
         return []
