@@ -30,6 +30,7 @@ from miles.backends.flops import rank_peak_flops
 from miles.backends.logprobs import TokenStats
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
+from miles.backends.weight_broadcast import RankSender, SendTarget
 from miles.run.phases import add_phase_hook, timed
 from miles.profiling.rank import RankProfiler
 from miles.profiling.summary import WindowSummary
@@ -283,6 +284,20 @@ class PPORank:
             return self.profiler.close(end), error
         except Exception as exc:  # disk full, export error: reported by the trainer, training goes on
             return [], f"rank {self.rank}: {type(exc).__name__}: {exc}"
+
+    def stage_weights(self) -> None:
+        """Collective (FSDP gathers on every rank): the source rank keeps its HF export for `send_weights`
+        (--update-weight-transfer-mode broadcast)."""
+        self._sender().stage(self.export_weights(None))
+
+    def send_weights(self, target: SendTarget, version: int) -> dict[str, float]:
+        """The source rank: stream the staged weights to `target`'s engines in buckets; the push's metrics."""
+        return self._sender().send(target, version)
+
+    def _sender(self) -> RankSender:
+        if getattr(self, "weight_sender", None) is None:
+            self.weight_sender = RankSender()
+        return self.weight_sender
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version

@@ -1,7 +1,9 @@
 """Weight sync from the training ranks to every engine, with a new weight version (Miles' "p2p").
 
 Across processes the ranks write an HF checkpoint directory and each engine loads it
-(`/update_weights_from_disk`); co-located, rank 0's full state dict is pushed in memory.
+(`/update_weights_from_disk`), or with `--update-weight-transfer-mode broadcast` rank 0 streams the
+HF tensors in buckets over SGLang's `/update_weights_from_distributed` (weight_broadcast.py);
+co-located, rank 0's full state dict is pushed in memory.
 The router is told the new version so it can report which weights serve traffic.
 
 In async training requests are in flight during a push: each engine is paused first (SGLang's
@@ -20,6 +22,7 @@ from typing import Iterator
 import httpx
 
 from miles.backends.group import ActorGroup
+from miles.backends.weight_broadcast import DEFAULT_BUFFER_BYTES, SendTarget
 from miles.serving.auth import bearer
 from miles.serving.router_client import RouterClient
 from miles.serving.control_http import control_client
@@ -113,6 +116,10 @@ class WeightSync:
         self.router = RouterClient(router_url, admin_token) if router_url is not None else None
         self.export_root, self.in_memory = export_root, in_memory
         self.supervisor = supervisor
+        # --update-weight-transfer-mode and its bucket size, from the ranks' config (disk without one)
+        train = getattr(getattr(group, "config", None), "train", None)
+        self.transfer_mode = getattr(train, "update_weight_transfer_mode", "disk")
+        self.buffer_bytes = getattr(train, "update_weight_buffer_size", DEFAULT_BUFFER_BYTES)
         self.lock = threading.Lock()
         self._current: tuple[Path, int] | None = None
         # the last push's seconds per rank (export) and per engine (load), as journal keys
@@ -142,7 +149,9 @@ class WeightSync:
             with self.lock:
                 self._push_supervised(version, pause_mode)
             return
-        if self.in_memory:
+        if self.transfer_mode == "broadcast" and not self.in_memory:
+            self._push_broadcast(version, pause_mode)
+        elif self.in_memory:
             states = self._export(None)
             weights = _engine_weights()
             seconds = {}
@@ -162,6 +171,31 @@ class WeightSync:
             self._keep_only(target)
         self._set_version(version)
         self.announce(version)
+
+    def _push_broadcast(self, version: int, pause_mode: str | None) -> None:
+        """Every rank exports (FSDP gathers), then rank 0 streams the HF tensors to every engine in buckets
+        over their weight update group (weight_broadcast.py); the engines apply them with the last bucket.
+        Only the transfer runs paused."""
+        self.last_times = {}
+        _, seconds = self.group.call_timed("stage_weights")
+        self.last_times.update({f"perf/update_weights_rank_{r}_time": s for r, s in enumerate(seconds)})
+        target = SendTarget(tuple(self.engine_urls), self.admin_token, self.buffer_bytes)
+        start = time.perf_counter()
+        with paused(self.engine_urls, pause_mode, self.admin_token):
+            try:
+                metrics = self._on_rank0("send_weights", target, version)
+            except Exception as exc:  # a Ray task error wraps the rank's WeightBroadcastError
+                lines = [line for line in str(exc).splitlines() if "WeightBroadcastError" in line]
+                raise WeightSyncError(f"the broadcast of weight version {version} failed: "
+                                      f"{(lines or [str(exc)])[-1].strip()}") from exc
+        sent = time.perf_counter() - start
+        self.last_times.update(metrics)
+        self._engine_times({url: sent for url in self.engine_urls})  # they receive together
+
+    def _on_rank0(self, method: str, *args):
+        import ray
+
+        return ray.get(getattr(self.group.actors[0], method).remote(*args))
 
     def _export_to_disk(self, version: int) -> Path:
         """Every rank exports `version`'s weights to their directory under export_root, which is returned."""

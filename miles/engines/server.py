@@ -21,8 +21,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
 from miles.serving import auth
+from miles.serving.weight_group import DEFAULT_GROUP, WeightGroupError, state_digest
 from miles.config.engine import EngineConfig
 from miles.engines import weight_update
+from miles.engines.weight_receiver import WeightReceiver, parse_bucket, parse_join
 from miles.engines.detokenize import final_text
 from miles.engines.http import read_json, sse
 from miles.engines.frontend import EngineFrontend
@@ -49,6 +51,7 @@ class EngineServer:
         self.frontend = EngineFrontend(runner, self.scheduler)
         self.started_at = self.frontend.started_at
         self.profiler = EngineProfiler()
+        self.receiver = WeightReceiver(runner.model)  # the groups of /init_weights_update_group
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
         self.app.add_exception_handler(RequestError, self._request_error)
         self._add_routes()
@@ -113,6 +116,10 @@ class EngineServer:
         app.post("/continue_generation", **admin)(self.continue_generation)
         app.post("/update_weights_from_disk", **admin)(self.update_weights_from_disk)
         app.post("/update_weights_from_tensor", **admin)(self.update_weights_from_tensor)
+        app.post("/init_weights_update_group", **admin)(self.init_weights_update_group)
+        app.post("/update_weights_from_distributed", **admin)(self.update_weights_from_distributed)
+        app.post("/destroy_weights_update_group", **admin)(self.destroy_weights_update_group)
+        app.get("/weights_digest", **admin)(self.weights_digest)  # ours: hashes every weight, so admin
         app.get("/metrics")(self.prometheus_metrics)
         for method in (app.get, app.post):
             method("/start_profile", **admin)(self.start_profile)  # writes files: an admin endpoint
@@ -276,6 +283,52 @@ class EngineServer:
         self.metrics.weight_update_seconds.labels("tensor").observe(time.perf_counter() - started)
         return {"success": True, "message": f"Succeeded to update {len(named)} tensors in memory.",
                 "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
+
+    async def init_weights_update_group(self, request: Request):
+        """SGLang's: join the sender's gloo group (blocks until every member has, within its timeout)."""
+        try:
+            message = await run_in_threadpool(self.receiver.join, parse_join(await read_json(request)))
+        except (weight_update.WeightUpdateError, WeightGroupError) as exc:
+            return weight_failure(str(exc))
+        return {"success": True, "message": message}
+
+    async def update_weights_from_distributed(self, request: Request):
+        """SGLang's: one bucket by broadcast; staged, or applied with all staged ones when it is the last
+        (`flush_cache` true; see weight_receiver)."""
+        started = time.perf_counter()
+        try:
+            req = parse_bucket(await read_json(request))
+            ready = await run_in_threadpool(self.receiver.receive_bucket, req)
+        except weight_update.WeightUpdateError as exc:
+            self.metrics.weight_update_failures.labels("distributed").inc()
+            return weight_failure(str(exc))
+        if ready is None:
+            staged = self.receiver.staged_buckets(req.group_name)
+            return {"success": True, "message": f"Staged bucket {staged} ({len(req.names)} tensors).",
+                    "weight_version": self.scheduler.weight_version}
+        if req.abort_all_requests:
+            self.scheduler.abort(None)
+        await self._swap(ready, req.weight_version)
+        self.metrics.weight_update_seconds.labels("distributed").observe(time.perf_counter() - started)
+        return {"success": True, "message": f"Succeeded to update {len(ready)} tensors from the group.",
+                "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
+
+    async def destroy_weights_update_group(self, request: Request):
+        body = await read_json(request) if (await request.body()).strip() else {}
+        name = body.get("group_name", DEFAULT_GROUP) if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            return weight_failure("group_name must be a string")
+        if not self.receiver.leave(name):
+            return weight_failure(f"no weight update group {name!r}")
+        return {"success": True, "message": f"Left weight update group {name!r}."}
+
+    async def weights_digest(self):
+        """sha256 over the served weights' names and bytes (`state_digest`), with their version."""
+        def read():
+            return state_digest(self.runner.model.state_dict()), self.scheduler.weight_version
+
+        digest, version = await asyncio.wrap_future(self.scheduler.call_between_batches(read))
+        return {"digest": digest, "weight_version": version}
 
     def _read_checked_dir(self, path: str):
         named = weight_update.read_checkpoint_dir(path, self.runner.config)

@@ -91,3 +91,27 @@ def test_a_supervised_push_reports_the_failed_engine_and_moves_on(tmp_path, engi
     assert supervisor.failed == [DEAD] and engines.loaded == [("http://127.0.0.1:1", "v000002", "2")]
     assert exported(tmp_path) == ["v000002"] and ranks.version == 2
     assert weight_sync.current() == (tmp_path / "v000002", 2)
+
+
+def test_the_transfer_flags_validate_naming_the_flag():
+    from miles.config import parse_config
+    from miles.config.fields import ConfigError
+
+    base = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4"]
+    config = parse_config(base)
+    assert config.train.update_weight_transfer_mode == "disk"  # the default until broadcast is proven in runs
+    assert config.train.update_weight_buffer_size == 512 * 2**20  # Miles' default
+    assert parse_config(base + ["--update-weight-buffer-size", "1024"]).train.update_weight_buffer_size == 1024
+    refused = {("--update-weight-buffer-size", "0"): ">= 1",
+               ("--update-weight-transfer-mode", "p2p"): "disk, broadcast",
+               ("--update-weight-transfer-mode", "broadcast", "--colocate"): "--colocate",
+               ("--update-weight-transfer-mode", "broadcast", "--engine", "sglang"): "NCCL",
+               ("--update-weight-transfer-mode", "broadcast", "--use-fault-tolerance"): "--use-fault-tolerance"}
+    for argv, why in refused.items():
+        with pytest.raises(ConfigError, match=why) as caught:
+            parse_config(base + list(argv))
+        assert caught.value.flag == argv[0], argv
+
+
+def test_a_config_less_group_pushes_through_disk(tmp_path):
+    assert WeightSync(Ranks(), ["http://127.0.0.1:1"], None, tmp_path, in_memory=False).transfer_mode == "disk"

@@ -1,0 +1,159 @@
+"""The engine's side of SGLang's distributed weight update: join a named group, receive buckets, stage them.
+
+`/init_weights_update_group` joins (gloo only: the embedded engine receives on the CPU),
+`/update_weights_from_distributed` receives one bucket (names, dtypes and shapes in the request; the
+tensors by broadcast from the group's rank 0) and `/destroy_weights_update_group` leaves.
+
+Where this differs from SGLang: SGLang loads every bucket into the live model as it arrives. Here a
+bucket whose request carries `flush_cache: false` is checked and staged only; the bucket with
+`flush_cache: true` (SGLang's default, so a lone call behaves as in SGLang) applies everything staged
+with it in one swap between two batches, and sets `weight_version` if given. The engine therefore
+serves the old weights, whole, until the last bucket of a push, at the cost of holding one staged copy
+of what was sent. A refused bucket drops what was staged; the served weights stay as they were.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from miles.engines import weight_update
+from miles.engines.weight_update import WeightUpdateError
+from miles.serving.weight_group import (DEFAULT_GROUP, DEFAULT_TIMEOUT_S, WeightGroup, WeightGroupError, parse_dtype,
+                                        receive)
+
+
+@dataclass
+class JoinRequest:
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = DEFAULT_GROUP
+    backend: str = "nccl"  # SGLang's default; refused here with a message saying to send gloo
+    timeout_s: float = DEFAULT_TIMEOUT_S  # ours, beyond SGLang: the bound on every wait of the group
+
+
+@dataclass
+class BucketRequest:
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = DEFAULT_GROUP
+    flush_cache: bool = True  # true: the last bucket of a push (apply what is staged)
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+
+
+@dataclass
+class _Member:
+    group: WeightGroup
+    staged: dict[str, torch.Tensor] = field(default_factory=dict)
+    buckets: int = 0  # buckets staged since the last apply (a refused one is named by its number)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one bucket at a time
+
+
+def _typed(body, cls, checks: dict[str, tuple]):
+    """The dataclass `cls` from a JSON object, refusing a known field of the wrong type by name."""
+    if not isinstance(body, dict):
+        raise WeightUpdateError("the request body must be a JSON object")
+    for name, types in checks.items():
+        value = body.get(name)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
+            raise WeightUpdateError(f"{name} has the wrong type: {value!r:.100}")
+    known = {k: body[k] for k in cls.__dataclass_fields__ if k in body and body[k] is not None}
+    try:
+        return cls(**known)
+    except TypeError as exc:  # a required field is missing
+        raise WeightUpdateError(f"incomplete request: {exc}") from None
+
+
+def parse_join(body) -> JoinRequest:
+    req = _typed(body, JoinRequest, {"master_address": (str,), "master_port": (int,), "rank_offset": (int,),
+                                     "world_size": (int,), "group_name": (str,), "backend": (str,),
+                                     "timeout_s": (int, float)})
+    if req.backend != "gloo":
+        raise WeightUpdateError(f"backend {req.backend!r}: the embedded engine joins gloo groups only (it "
+                                "receives on the CPU); send \"backend\": \"gloo\"")
+    if not 0 < req.rank_offset < req.world_size:
+        raise WeightUpdateError(f"rank_offset {req.rank_offset} must be in 1..world_size-1 "
+                                f"(world_size {req.world_size}; rank 0 is the sender)")
+    if not req.timeout_s > 0:
+        raise WeightUpdateError(f"timeout_s must be > 0, got {req.timeout_s}")
+    return req
+
+
+def parse_bucket(body) -> BucketRequest:
+    req = _typed(body, BucketRequest, {"names": (list,), "dtypes": (list,), "shapes": (list,),
+                                       "group_name": (str,), "flush_cache": (bool,), "weight_version": (str,),
+                                       "abort_all_requests": (bool,)})
+    if not len(req.names) == len(req.dtypes) == len(req.shapes):
+        raise WeightUpdateError(f"names, dtypes and shapes differ in length ({len(req.names)}, "
+                                f"{len(req.dtypes)}, {len(req.shapes)})")
+    for name, dtype, shape in zip(req.names, req.dtypes, req.shapes):
+        if not isinstance(name, str) or not isinstance(shape, list) or \
+                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise WeightUpdateError(f"tensor {name!r:.100}: give a name and a shape of non-negative integers")
+        try:
+            parse_dtype(dtype)
+        except WeightGroupError as exc:
+            raise WeightUpdateError(f"tensor {name!r}: {exc}") from None
+    return req
+
+
+class WeightReceiver:
+    """The weight update groups this engine is a member of, by name, each with its staged buckets."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self._members: dict[str, _Member] = {}
+        self._lock = threading.Lock()
+
+    def join(self, req: JoinRequest) -> str:
+        """Join (blocking until every member has, or the timeout); a group of that name is replaced."""
+        self.leave(req.group_name)
+        group = WeightGroup.join(req.group_name, req.master_address, req.master_port, req.rank_offset,
+                                 req.world_size, req.timeout_s)
+        with self._lock:
+            self._members[req.group_name] = _Member(group)
+        return f"Joined weight update group {req.group_name!r} as rank {req.rank_offset} of {req.world_size}."
+
+    def leave(self, name: str) -> bool:
+        with self._lock:
+            member = self._members.pop(name, None)
+        if member is not None:
+            member.group.close()
+        return member is not None
+
+    def receive_bucket(self, req: BucketRequest) -> dict[str, torch.Tensor] | None:
+        """Receive and check one bucket; stage it, or (the last bucket) return everything staged to apply.
+        A timeout leaves the group (it is out of step); a refused bucket drops what was staged."""
+        member = self._members.get(req.group_name)
+        if member is None:
+            raise WeightUpdateError(f"no weight update group {req.group_name!r}; call "
+                                    "/init_weights_update_group first")
+        with member.lock:
+            number = member.buckets + 1
+            what = f"bucket {number} ({len(req.names)} tensors)"
+            try:
+                named = receive(member.group, req.names, req.dtypes, req.shapes, what)
+            except WeightGroupError as exc:
+                self.leave(req.group_name)
+                raise WeightUpdateError(f"{exc}; the engine left the group, the served weights are kept") from None
+            try:
+                weight_update.check_tensors(named, self.model, require_all=False)
+            except WeightUpdateError as exc:
+                member.staged, member.buckets = {}, 0
+                raise WeightUpdateError(f"group {req.group_name!r}, {what}: {exc}; the buckets staged so "
+                                        "far are dropped and the served weights are kept") from None
+            member.staged.update(named)
+            member.buckets = number
+            if not req.flush_cache:
+                return None
+            ready, member.staged, member.buckets = member.staged, {}, 0
+            return ready
+
+    def staged_buckets(self, name: str) -> int:
+        member = self._members.get(name)
+        return member.buckets if member is not None else 0

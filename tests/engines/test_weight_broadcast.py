@@ -1,0 +1,147 @@
+"""SGLang's distributed weight update on a live embedded engine: a push in buckets over a gloo group is
+served only once its last bucket is in, and then digest-equal to what was sent; a bad bucket is refused by
+number and the old weights stay; a side that never comes fails the other within the group's timeout."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from miles.backends.weight_broadcast import WeightBroadcaster, WeightBroadcastError, plan_buckets
+from miles.config import EngineConfig
+from miles.engines.launch import launch_engine
+from miles.serving.weight_group import WeightGroup, WeightGroupError, host_store, state_digest
+
+TOKEN = "broadcast-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BUCKET_BYTES = 200_000  # the tiny model (1.6 MB) in about nine buckets
+
+
+@pytest.fixture(scope="module")
+def engine(base_model, tmp_path_factory):
+    # its own engine: these tests change the served weights
+    handle = launch_engine(base_model, EngineConfig(engine_device="cpu", engine_max_batch_size=4),
+                           log_path=tmp_path_factory.mktemp("broadcast-engine") / "engine.log",
+                           env={"MILES_ENGINE_ADMIN_TOKEN": TOKEN})
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def base(base_model):
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    return model.state_dict(), bool(model.config.tie_word_embeddings)
+
+
+def perturbed(base, seed: float) -> tuple[dict, list]:
+    """New weights (the engine's whole state, tied head included) and what a rank sends (no tied head)."""
+    state, tied = base
+    gen = torch.Generator().manual_seed(int(seed))
+    new = {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+    if tied:
+        new["lm_head.weight"] = new["model.embed_tokens.weight"]
+    return new, [(k, v) for k, v in new.items() if not (tied and k == "lm_head.weight")]
+
+
+def served(url: str) -> tuple[str, str]:
+    body = httpx.get(url + "/weights_digest", headers=AUTH, timeout=60).json()
+    return body["digest"], body["weight_version"]
+
+
+def test_the_endpoints_need_the_admin_token(engine):
+    for path in ("/init_weights_update_group", "/update_weights_from_distributed",
+                 "/destroy_weights_update_group"):
+        assert httpx.post(engine.url + path, json={}).status_code == 401, path
+    assert httpx.get(engine.url + "/weights_digest").status_code == 401
+
+
+def test_a_push_in_buckets_is_served_only_after_the_last_one(engine, base):
+    new, named = perturbed(base, 1)
+    assert len(plan_buckets(named, BUCKET_BYTES)) >= 3
+    before = served(engine.url)
+    between = []
+    sender = WeightBroadcaster([engine.url], TOKEN, group_name="miles-pp_0", timeout_s=60)
+    try:
+        stats = sender.push(named, BUCKET_BYTES, "v-bucketed",
+                            on_bucket=lambda n, total: between.append(served(engine.url)) if n < total else None)
+        assert between and all(seen == before for seen in between)  # staged, not served
+        assert served(engine.url) == (state_digest(new), "v-bucketed")
+        assert len(stats.bucket_bytes) == len(plan_buckets(named, BUCKET_BYTES))
+        assert max(stats.bucket_bytes) <= BUCKET_BYTES
+        assert sum(stats.bucket_bytes) == sum(t.numel() * t.element_size() for _, t in named)
+        metrics = stats.metrics()
+        assert metrics["perf/update_weights_bucket_time/min"] <= metrics["perf/update_weights_bucket_time/max"]
+        # the group stays for the next push
+        again, named = perturbed(base, 2)
+        assert sender.push(named, 10**9, "v-again").connect_seconds == 0.0
+        assert served(engine.url) == (state_digest(again), "v-again")
+    finally:
+        sender.close()
+
+
+@pytest.mark.parametrize("bad", ["shape", "name"])
+def test_a_bad_bucket_is_refused_by_number_and_the_old_weights_stay(engine, base, bad):
+    before = served(engine.url)
+    _, named = perturbed(base, 3)
+    buckets = plan_buckets(named, BUCKET_BYTES)
+    index = len(buckets[0])  # the first tensor of bucket 2: bucket 1 was staged already
+    name, tensor = named[index]
+    named[index] = (name, tensor[:-1]) if bad == "shape" else ("model.no_such.weight", tensor)
+    sender = WeightBroadcaster([engine.url], TOKEN, timeout_s=60)
+    with pytest.raises(WeightBroadcastError, match=f"bucket 2 of {len(buckets)}") as refused:
+        sender.push(named, BUCKET_BYTES, "v-bad")
+    assert engine.url in str(refused.value) and "served weights are kept" in str(refused.value)
+    assert served(engine.url) == before
+    # the sender left the group on failure; the next push joins afresh and lands whole
+    new, named = perturbed(base, 4)
+    sender.push(named, BUCKET_BYTES, "v-after-refusal")
+    sender.close()
+    assert served(engine.url) == (state_digest(new), "v-after-refusal")
+
+
+def test_a_sender_that_never_broadcasts_fails_the_engine_within_the_timeout(engine):
+    sender = WeightBroadcaster([engine.url], TOKEN, group_name="silent", timeout_s=2)
+    sender.connect()
+    try:
+        meta = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]], "group_name": "silent"}
+        r = httpx.post(engine.url + "/update_weights_from_distributed", json=meta, headers=AUTH, timeout=120)
+        message = r.json()["message"]
+        assert r.status_code == 400 and "'silent'" in message and "the sender (rank 0)" in message
+        assert "bucket 1" in message
+        # the engine left the group: it is out of step with the sender
+        r = httpx.post(engine.url + "/update_weights_from_distributed", json=meta, headers=AUTH, timeout=120)
+        assert r.status_code == 400 and "no weight update group 'silent'" in r.json()["message"]
+    finally:
+        sender.close()
+
+
+def test_receivers_that_never_take_part_fail_the_sender_within_the_timeout():
+    store = host_store("127.0.0.1", 2, 2.0)
+    joined = threading.Thread(target=lambda: WeightGroup.join("idle", "127.0.0.1", store.port, 1, 2, 2.0),
+                              daemon=True)
+    joined.start()
+    group = WeightGroup("idle", store, 0, 2, 2.0)
+    joined.join()
+    with pytest.raises(WeightGroupError, match="'idle': the receivers .* did not take part in bucket 1"):
+        group.broadcast([torch.ones(8)], "bucket 1")
+
+
+def test_a_sender_that_never_comes_fails_the_join_within_the_timeout(engine):
+    store = host_store("127.0.0.1", 2, 2.0)  # nobody joins as rank 0
+    body = {"master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1, "world_size": 2,
+            "group_name": "nobody", "backend": "gloo", "timeout_s": 2}
+    r = httpx.post(engine.url + "/init_weights_update_group", json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 400 and "'nobody'" in r.json()["message"]
+
+
+@pytest.mark.parametrize("change, why", [({"backend": "nccl"}, "gloo groups only"),
+                                         ({"rank_offset": 0}, "rank 0 is the sender"),
+                                         ({"master_port": "x"}, "master_port has the wrong type")])
+def test_a_bad_join_request_is_refused(engine, change, why):
+    body = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,
+            "backend": "gloo", **change}
+    r = httpx.post(engine.url + "/init_weights_update_group", json=body, headers=AUTH, timeout=60)
+    assert r.status_code == 400 and why in r.json()["message"]
