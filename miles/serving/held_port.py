@@ -13,8 +13,12 @@ its --port as before.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
+import stat
+
+from miles.config import ConfigError
 
 LISTEN_FD_ENV = "MILES_LISTEN_FD"
 
@@ -44,18 +48,63 @@ def handed_env(sock: socket.socket) -> dict[str, str]:
     return {LISTEN_FD_ENV: str(sock.fileno())}
 
 
+class HandedSocketError(ConfigError, RuntimeError):
+    """MILES_LISTEN_FD names no TCP socket bound to the service's --host and --port: one line, exit 2."""
+
+    def __init__(self, value: str, message: str):
+        super().__init__(LISTEN_FD_ENV, f"{value!r:.40} {message}; the variable is set by a miles launcher "
+                                        f"(unset it to bind --host and --port)")
+
+
 def take_handed_socket(host: str, port: int, backlog: int = 2048) -> socket.socket | None:
     """The socket this process was handed for host:port, now listening; None if it was handed none. The
-    variable is removed so that this process's own children do not take it for theirs."""
-    fd = os.environ.pop(LISTEN_FD_ENV, None)
-    if fd is None:
+    variable is removed so that this process's own children do not take it for theirs.
+
+    The socket must be a bound TCP socket whose address is one --host names and whose port is --port:
+    the service announces --host and its token rule judges --host, so a socket bound elsewhere (another
+    loopback address, ::1, 0.0.0.0) would be served past that rule (probe LF2). Any other value is a
+    HandedSocketError naming the variable (LF1: each was a traceback)."""
+    value = os.environ.pop(LISTEN_FD_ENV, None)
+    if value is None:
         return None
-    sock = socket.socket(fileno=int(fd))
-    bound = sock.getsockname()[1]
-    if bound != port:
+    sock = _handed(value)
+    try:
+        bound_host, bound_port = sock.getsockname()[:2]
+        if bound_port != port:
+            raise HandedSocketError(value, f"is bound to port {bound_port}, not {port} (--port)")
+        if not _same_address(bound_host, host, port):
+            raise HandedSocketError(value, f"is bound to {bound_host}, not {host} (--host)")
+    except BaseException:
         sock.close()
-        raise RuntimeError(f"{LISTEN_FD_ENV}={fd} is bound to port {bound}, not {port} ({host})")
+        raise
     return listen_on(sock, backlog)
+
+
+def _handed(value: str) -> socket.socket:
+    """The TCP socket the variable's descriptor holds (HandedSocketError for anything else)."""
+    if not (value.isascii() and value.isdigit()) or int(value) < 3:  # 0-2 are the standard streams, never a handed socket
+        raise HandedSocketError(value, "is not a file descriptor number of 3 or more")
+    fd = int(value)
+    try:
+        mode = os.fstat(fd).st_mode
+    except (OSError, OverflowError):
+        raise HandedSocketError(value, "is not an open file descriptor") from None
+    if not stat.S_ISSOCK(mode):
+        raise HandedSocketError(value, "is not a socket")
+    sock = socket.socket(fileno=fd)
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+        sock.detach()  # not ours to close: the process keeps its descriptor as it was
+        raise HandedSocketError(value, "is not a TCP socket")
+    return sock
+
+
+def _same_address(bound: str, host: str, port: int) -> bool:
+    """Whether the bound address is one of those --host resolves to (as hold_port bound it)."""
+    try:
+        named = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        return ipaddress.ip_address(bound.split("%")[0]) in {ipaddress.ip_address(a.split("%")[0]) for a in named}
+    except (OSError, ValueError):
+        return False
 
 
 def listen_on(sock: socket.socket, backlog: int = 2048) -> socket.socket:
