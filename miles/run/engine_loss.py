@@ -72,3 +72,18 @@ def unsupervised_loss(engine_urls: list[str], dead: list[int], at: str, cause: B
 def supervised_loss(reason: str, at: str) -> str:
     """The one line for a supervised run whose supervisor gave up."""
     return f"the engine supervisor gave up {at}: {reason}; no engine can serve the run any more"
+
+
+def engines_lost(exc: Exception, at: str, trained_through: int | None, supervisor,
+                 engine_urls: list[str]) -> EnginesLost | None:
+    """`EnginesLost` when `exc` comes from engines that are gone: the supervisor gave up, or
+    (unsupervised) an engine no longer answers /health. None: another failure, raised as it is."""
+    if isinstance(exc, NoEngineLeft):
+        return EnginesLost(supervised_loss(str(exc), at), trained_through)
+    if supervisor is not None:
+        reason = supervisor.gave_up()
+        return None if reason is None else EnginesLost(supervised_loss(reason, at), trained_through)
+    dead = silent_engines(engine_urls)
+    if not dead:
+        return None
+    return EnginesLost(unsupervised_loss(engine_urls, dead, at, exc), trained_through)

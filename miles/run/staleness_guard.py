@@ -45,3 +45,14 @@ class StalenessGuard:
         out = {TIGHTENED: float(tightened), "rollout/max_weight_staleness": float(k)}
         out.update({f"rollout/staleness_guard/reason_{r}": 1.0 for r in reasons})
         return out
+
+
+def resumed_bound(train_config, journal, rollout_id: int) -> int:
+    """--max-weight-staleness as the run left it at its checkpoint: the guard only tightens, so the
+    least bound its journal recorded up to `rollout_id` (the flag's own value without the guard)."""
+    bound = train_config.max_weight_staleness
+    if not train_config.staleness_guard:
+        return bound
+    recorded = [ln.metrics.get("rollout/max_weight_staleness") for ln in journal
+                if ln.rollout_id <= rollout_id]
+    return int(min([bound, *[v for v in recorded if isinstance(v, (int, float))]]))

@@ -2,6 +2,7 @@
 run's journal (same seeds), and a run one version stale stays within its bound, pushes weights under
 requests in flight, and reports staleness and the importance-weight metrics."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ ASYNC_ONLY = ("rollout/staleness/", "rollout/mixed_version_ratio", "rollout/buff
 def train(config, engine, rollouts=None):
     trainer = RLTrainer.start(prepare_config(config), engine.url, [engine.url])
     run_loop(trainer, rollouts or range(config.rollout.num_rollout))
-    run_dir = trainer.run_dir
+    run_dir = Path(trainer.config.train.run_dir)
     journal = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     cursors = {}
     for path in sorted((run_dir / "checkpoints").glob("iter_*")):

@@ -3,8 +3,7 @@ mismatch KL, ESS or clip fraction crosses its bound, down to 0 and never back up
 tightened bound (read back from the journal)."""
 from miles.config import parse_config
 from miles.record.journal import JournalLine
-from miles.run.staleness_guard import TIGHTENED, StalenessGuard
-from miles.trainer import resumed_bound
+from miles.run.staleness_guard import TIGHTENED, StalenessGuard, resumed_bound
 
 FLAGS = ["--max-weight-staleness", "2", "--use-tis", "--staleness-guard", "--staleness-guard-max-mismatch-kl",
          "0.01", "--staleness-guard-min-ess", "0.8", "--staleness-guard-max-clipfrac", "0.3"]
