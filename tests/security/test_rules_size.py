@@ -9,7 +9,7 @@ from pathlib import Path
 
 from miles.compare.rules import MAX_RULES
 
-from .test_compare_history_inputs import copy_run, miles
+from tests.compare.compare_helpers import copy_run, miles
 
 HISTORY = Path(__file__).resolve().parents[1] / "compare" / "history" / "default-short"
 

@@ -1,6 +1,6 @@
-"""Requests driven in process through the embedded engine's Scheduler on the real model runner: each
-tracked request records its tokens as they come and can run hooks at its k-th token (on the scheduler
-thread, between two steps), so a test orders arrivals and pauses without depending on timing."""
+"""Requests driven in process through the embedded engine's Scheduler on the real model runner:
+each tracked request records its tokens as they come and can run hooks at its k-th token (on the
+scheduler thread, between two steps), so a test orders arrivals and pauses without timing."""
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -13,14 +13,15 @@ TIMEOUT_S = 120.0
 
 
 class Tracked:
-    """One submitted request: its tokens as they come, its result, and hooks run at its k-th token."""
+    """One submitted request: its tokens as they come, its result, hooks run at its k-th token."""
 
     def __init__(self, scheduler: Scheduler, rid: str, prompt: list[int], params: SamplingParams):
         self.scheduler, self.rid = scheduler, rid
         self.tokens: list[int] = []
         self.done: Future = Future()
         self.at_token: dict[int, list] = {}
-        self.request = EngineRequest(rid=rid, prompt_ids=prompt, params=params, sink=self._sink, stream=True)
+        self.request = EngineRequest(rid=rid, prompt_ids=prompt, params=params, sink=self._sink,
+                                     stream=True)
 
     def on_token(self, k: int, fn) -> "Tracked":
         self.at_token.setdefault(k, []).append(fn)
@@ -44,7 +45,8 @@ class Tracked:
 
 
 def params(max_new_tokens: int, seed: int, temperature: float = 1.0) -> SamplingParams:
-    return SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed)
+    return SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True,
+                          seed=seed)
 
 
 def prompt(runner: ModelRunner, text: str) -> list[int]:

@@ -1,5 +1,5 @@
-"""Reading a live service's /metrics (an engine's or the router's) with prometheus_client's own parser,
-and the journal keys whose values come from an engine's float arithmetic."""
+"""Reading a live service's /metrics (an engine's or the router's) with prometheus_client's own
+parser, and the journal keys whose values come from an engine's float arithmetic."""
 from __future__ import annotations
 
 import httpx
@@ -26,7 +26,8 @@ def histogram(samples, name: str, **labels) -> tuple[list[tuple[float, float]], 
     """(buckets as (le, cumulative count), count, sum) of one histogram series."""
     buckets = sorted((float(dict(key)["le"]), v) for (n, key), v in samples.items()
                      if n == name + "_bucket" and {k: v for k, v in key if k != "le"} == labels)
-    return buckets, value(samples, name + "_count", **labels), value(samples, name + "_sum", **labels)
+    return (buckets, value(samples, name + "_count", **labels),
+            value(samples, name + "_sum", **labels))
 
 
 def check_histogram(buckets, count: float) -> None:
