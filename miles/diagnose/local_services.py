@@ -3,8 +3,8 @@
 `profiler/services.json` is a file in the run dir: anyone who could write there can name any URL. So
 diagnose probes only services on this machine (a loopback address, or one of this machine's own
 addresses: a local Ray cluster records the node's IP), sends the router admin token only to a router
-whose port a live process of the run's own process list listens on (its /health and /metrics are open
-and get no token at all), and sends Ray's auth token only to a GCS on this machine or the one the user
+whose port a live process of the run's own process list listens on and whose command line is a miles
+router's for that port (its /health and /metrics are open and get no token at all), and sends Ray's auth token only to a GCS on this machine or the one the user
 named in RAY_ADDRESS."""
 from __future__ import annotations
 
@@ -95,6 +95,33 @@ def held_by(pids: list[int], port: int) -> int | None:
             except OSError:
                 continue
     return None
+
+
+def process_argv(pid: int) -> list[str]:
+    """A process's command line ([] when it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [word.decode(errors="replace") for word in raw.split(b"\0")[:-1]]
+
+
+ROUTER_MODULE = "miles.router.cli"  # what the run's launcher starts (`python -m miles.router.cli`)
+
+
+def is_miles_router(pid: int, port: int) -> bool:
+    """Whether the process runs a miles router for `port`: `python -m miles.router.cli` (the run's
+    launcher) or `miles router`, with `--port PORT` (or 0) when its command line names one. Listening on the
+    port a run dir names is not enough to be sent the admin token: the run dir also names the pid, and
+    any process can listen (probe DG1: a header-logging listener listed as the router got the token)."""
+    argv = process_argv(pid)
+    module = any(argv[i:i + 2] == ["-m", ROUTER_MODULE] for i in range(len(argv)))
+    script = any(Path(argv[i]).name == "miles" and argv[i + 1] == "router" for i in range(len(argv) - 1))
+    if not (module or script):
+        return False
+    ports = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--port"]
+    ports += [w.split("=", 1)[1] for w in argv if w.startswith("--port=")]
+    return all(p in (str(port), "0") for p in ports)  # 0: the port the OS picked, which it listens on
 
 
 def process_environ(pid: int) -> dict[str, str]:

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 
 from miles.config.secrets import SECRET_ENV
-from miles.diagnose.local_services import held_by, http_host_port, local_url_problem, process_environ
+from miles.diagnose.local_services import (held_by, http_host_port, is_miles_router, local_url_problem,
+                                           process_environ)
 from miles.serving.auth import bearer
 
 PROBE_TIMEOUT_S = 3.0
@@ -83,20 +84,24 @@ def probe_engine(index: int, url: str) -> EngineProbe:
 def probe_router(url: str | None, run_pids: list[int] | None = None) -> dict[str, Any]:
     """The router's /list_workers (an admin endpoint): asked only on this machine, and with this shell's
     admin token only when a live process of the run's own list (`run_pids`) listens on the router's port
-    (a URL a run dir names is not proof that the run's router is there)."""
+    and runs a miles router for it (a URL or pid a run dir names is not proof that the run's router is
+    there)."""
     if not url:
         return {"url": None, "error": "the run has no router"}
     problem = local_url_problem(url)
     if problem is not None:
         return {"url": url, "error": problem}
-    holder = held_by(list(run_pids or []), http_host_port(url)[1])
+    port = http_host_port(url)[1]
+    holder = held_by(list(run_pids or []), port)
+    router = holder if holder is not None and is_miles_router(holder, port) else None
     # the run's router: this shell's token, else the one the router itself was given (its own environment)
-    headers = (admin_headers() or _own_token(holder)) if holder is not None else {}
+    headers = (admin_headers() or _own_token(router)) if router is not None else {}
     try:
         answer = httpx.get(f"{url}/list_workers", headers=headers, timeout=PROBE_TIMEOUT_S)
-        if answer.status_code == 401 and holder is None:
-            return {"url": url, "error": "/list_workers: 401; no admin token sent: no process of the run's "
-                                         "process list listens on this port"}
+        if answer.status_code == 401 and router is None:
+            why = "no process of the run's process list listens on this port" if holder is None else \
+                f"the process listening on it (pid {holder}) is not a miles router"
+            return {"url": url, "error": f"/list_workers: 401; no admin token sent: {why}"}
         answer.raise_for_status()
         return {"url": url, "list_workers": answer.json()}
     except (httpx.HTTPError, ValueError) as exc:

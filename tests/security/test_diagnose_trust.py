@@ -2,7 +2,8 @@
 
 - N19/N20: files that resolve outside the run dir (a `metrics.jsonl` linking to a private file, a
   `tracking/` or `profiler/` linking to another folder) are neither read nor packed; the notes name them.
-- N21: the router admin token goes only to a router whose port a listed process of the run listens on;
+- N21, DG1: the router admin token goes only to a router whose port a listed process of the run listens on
+  and whose command line is a miles router's;
   engine /health and /metrics get no token; a URL off this machine is not probed at all.
 - N22: a GCS that accepts TCP but never answers costs one bounded wait; the bundle is still written, and
   Ray's C++ client prints nothing into the terminal.
@@ -135,7 +136,7 @@ def test_the_admin_token_goes_to_no_url_the_run_dir_merely_names(tmp_path, sleep
     assert "192.0.2.1 is not this machine" in engines[1]["error"]  # off this machine: not asked at all
 
 
-ROUTER = """
+LISTENER = """
 import json, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 class H(BaseHTTPRequestHandler):
@@ -150,21 +151,45 @@ server.serve_forever()
 """
 
 
-def test_the_runs_own_router_gets_the_token(tmp_path, sleeper, monkeypatch):
-    """The rule is not "never": a router listed in the run's process list, listening on the named port."""
+def test_a_listed_listener_that_is_no_router_gets_no_token(tmp_path, sleeper, monkeypatch):
+    """DG1: the run dir names the listener's own pid as the router and its port as the router's URL;
+    listening there is not enough: its command line is no miles router's."""
     monkeypatch.setenv("MILES_ROUTER_ADMIN_TOKEN", TOKEN)
-    log = tmp_path / "router.jsonl"
-    router = subprocess.Popen([sys.executable, "-c", ROUTER, str(log)], stdout=subprocess.PIPE, text=True)
+    log = tmp_path / "listener.jsonl"
+    listener = subprocess.Popen([sys.executable, "-c", LISTENER, str(log)], stdout=subprocess.PIPE, text=True)
     try:
-        port = int(router.stdout.readline())
-        run_dir = run_dir_with(tmp_path, trainer=sleeper.pid, router=router.pid)
+        port = int(listener.stdout.readline())
+        run_dir = run_dir_with(tmp_path, trainer=sleeper.pid, router=listener.pid)
         write_services(run_dir, engine_urls=[], router_url=f"http://127.0.0.1:{port}")
-        collect(run_dir, HealthConfig())
+        diagnosis = collect(run_dir, HealthConfig())
+    finally:
+        listener.kill()
+        listener.wait()
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    assert ["/list_workers", None] in seen and all(auth is None for _, auth in seen), seen
+    assert f"router http://127.0.0.1:{port} lists {{}}" in diagnosis.verdict["details"]  # asked, without a token
+
+
+def test_the_runs_own_router_gets_the_token(tmp_path, sleeper, monkeypatch):
+    """The rule is not "never": a miles router listed in the run's process list, listening on the named
+    port, gets the token (its /list_workers answers 200 only with it)."""
+    monkeypatch.setenv("MILES_ROUTER_ADMIN_TOKEN", TOKEN)
+    router = subprocess.Popen([sys.executable, "-m", "miles.router.cli", "--host", "127.0.0.1", "--port", "0",
+                               "--worker-urls", "http://127.0.0.1:9"], stdout=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    try:
+        url = next(line for line in router.stdout if "listening on" in line).split()[4]
+        run_dir = run_dir_with(tmp_path, trainer=sleeper.pid, router=router.pid)
+        write_services(run_dir, engine_urls=[], router_url=url)
+        diagnosis = collect(run_dir, HealthConfig())
+        monkeypatch.delenv("MILES_ROUTER_ADMIN_TOKEN")  # the router's own token, from its environment
+        again = collect(run_dir, HealthConfig())
     finally:
         router.kill()
         router.wait()
-    seen = [json.loads(line) for line in log.read_text().splitlines()]
-    assert ["/list_workers", f"Bearer {TOKEN}"] in seen, seen
+    for answer in (diagnosis, again):  # /list_workers answered (a 401 would be "router: /list_workers: 401 ...")
+        lines = [d for d in answer.verdict["details"] if d.startswith(("router http", "router:"))]
+        assert len(lines) == 1 and lines[0].startswith(f"router {url} lists") and "127.0.0.1:9" in lines[0], lines
 
 
 def test_a_gcs_that_never_answers_costs_one_bounded_wait(tmp_path, sleeper, monkeypatch, capfd):
