@@ -191,13 +191,9 @@ class RLTrainer:
         start = time.perf_counter()
         with self.phase("rollout", rollout_id, times):  # 1-3. prompts, samples, rewards, advantages
             rollout = self.rollouts.take(rollout_id)  # (async: the wait for the producer's rollout)
-        logged = self._log_rollout(rollout_id, rollout, times["rollout"])  # 4. the rollout logger
+        rollout_logged = self._log_rollout(rollout_id, rollout, times["rollout"])  # 4. log it
         summary, batches, results = self._train(rollout_id, rollout, times)  # 5. train
-        version = self.weight_version + 1  # 6. the weight push (async: pausing the producer)
-        with self.phase("update_weights", rollout_id, times, version=version):
-            self.weight_version = version
-            self.sync.push(version, pause_mode=self.rollouts.pause_mode)
-            self.rollouts.pushed(version)
+        self._push_weights(rollout_id, times)  # 6. weight sync, version bumped
         step_time = time.perf_counter() - start
         metrics = iteration_metrics(self.config, rollout_id, summary, times, step_time,  # 7. log
                                     router=self._router_stats(), supervisor=self.sync.supervisor,
@@ -212,8 +208,8 @@ class RLTrainer:
         health = self.health.observe(rollout_id, self.tracker.line_for(rollout_id, metrics))
         metrics.update(health.metrics)  # health/<signal> joins the iteration's own journal line
         self.tracker.record(rollout_id, metrics)
-        return IterationResult(rollout_id, {**logged, **metrics, **evaluated, **health.metrics},
-                               rollout.samples, health)
+        everything = {**rollout_logged, **metrics, **evaluated, **health.metrics}
+        return IterationResult(rollout_id, everything, rollout.samples, health)
 
     @contextmanager
     def phase(self, name: str, rollout_id: int, times: dict[str, float] | None = None, **span) -> Iterator[None]:
@@ -224,8 +220,7 @@ class RLTrainer:
             yield
 
     def _log_rollout(self, rollout_id: int, rollout: Rollout, rollout_time: float) -> dict:
-        """rollout/ and passrate/ go out through the rollout logger (a custom one may replace
-        them)."""
+        """rollout/ and passrate/ go out by the rollout logger (a custom one may replace them)."""
         r = self.config.rollout
         logged = rollout_metrics(rollout.samples, rollout.advantages, r.n_samples_per_prompt,
                                  binary_reward=r.custom_rm_path is None)
@@ -243,14 +238,26 @@ class RLTrainer:
                                       cfg.world_size, rollout_id, return_token_stats=logged)
             results = self.group.train(batches)
             summary = combine(results)
-        for rank, phases in summary.phases.items():
-            for name, begin, end in phases:
-                self.timeline.add(name, begin, end, rollout_id, lane=f"rank{rank}")
+        self._write_rank_phases(rollout_id, summary)
         if logged:
             with self.phase("log_tokens", rollout_id):
                 write_tokens(Path(cfg.train.run_dir), rollout_id, rollout.samples, self.tokenizer,
                              summary.token_stats)
         return summary, batches, results
+
+    def _write_rank_phases(self, rollout_id: int, summary) -> None:
+        for rank, phases in summary.phases.items():
+            for name, begin, end in phases:
+                self.timeline.add(name, begin, end, rollout_id, lane=f"rank{rank}")
+
+    def _push_weights(self, rollout_id: int, times: dict[str, float]) -> None:
+        """The next weight version to every engine (async: paused as the rollout source says; the
+        producer's requests waiting for this version may start once it returns)."""
+        version = self.weight_version + 1
+        with self.phase("update_weights", rollout_id, times, version=version):
+            self.weight_version = version
+            self.sync.push(version, pause_mode=self.rollouts.pause_mode)
+            self.rollouts.pushed(version)
 
     def _mfu_metrics(self, batches, results) -> dict[str, float]:
         """Each rank's TFLOP/s and MFU in actor_train: FLOPs counted from the model's config, peaks asked
