@@ -83,3 +83,17 @@ def check_context(config) -> None:
         flag = "--context-length" if given else "--rollout-max-response-len"
         raise ConfigError(flag, f"the longest prompt of --prompt-data ({longest} tokens) plus "
                                 f"--rollout-max-response-len {r.rollout_max_response_len} exceeds {where}")
+
+
+def check_parallel_layout(config) -> None:
+    """The model divides as --tensor-model-parallel-size and --pipeline-model-parallel-size split
+    it (heads, KV heads and the MLP by TP, layers by PP): else every rank fails building its shard.
+    Needs the model's files or the tiny model's shape, like `check_context`."""
+    from miles.config.parallel import check_model_divides, rank_layout
+
+    layout, shape = rank_layout(config.train), _model_shape(config)
+    if shape is None or (layout.tp == 1 and layout.pp == 1):
+        return
+    model = shape[1]
+    check_model_divides(layout, model.num_attention_heads, model.num_key_value_heads,
+                        model.intermediate_size, model.num_hidden_layers)

@@ -2,8 +2,9 @@
 
     parse the flags -> resolve every default (paths only, nothing made) -> write the tiny task's
     data if the run uses it (milliseconds) -> preflight (every check that needs no cluster) -> the
-    context check (from the model's files, or the tiny model's shape before it is made) -> make the
-    base model if the run uses the tiny one or a catalog one (`--hf-checkpoint smollm2-135m-instruct`)
+    context and parallel layout checks (from the model's files, or the tiny model's shape before
+    it is made) -> make the base model if the run uses the tiny one or a catalog one
+    (`--hf-checkpoint smollm2-135m-instruct`)
     and it is missing (minutes, once per machine)
 
 A bad flag, hook or data path fails before anything starts. The flow makes the model in a task
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from miles.config import MilesConfig, parse_config
 from miles.config.resolve import resolve
-from miles.preflight import check_context, preflight
+from miles.preflight import check_context, check_parallel_layout, preflight
 from miles.pretrained import fallback as pretrained
 from miles.tiny import defaults as tiny
 
@@ -43,9 +44,11 @@ def prepare_config(config: MilesConfig, make_model: bool = True) -> MilesConfig:
     preflight(config)
     missing = base_model_missing(config)
     check_context(config)  # the tiny model's shape is known before it is made: a bad flag fails before the wait
+    check_parallel_layout(config)
     if make_model and missing is not None:
         make_base_model(config)
         check_context(config)  # from the files just made (a catalog checkpoint's context is only known then)
+        check_parallel_layout(config)
     return config
 
 

@@ -16,6 +16,7 @@ from miles.config.generate import GenerateConfig
 from miles.config.fields import ConfigError, flag_name, is_secret_name
 from miles.config.health import HealthConfig
 from miles.config.orchestration import OrchestrationConfig
+from miles.config.parallel import rank_layout
 from miles.config.parse import parse_sections
 from miles.config.profiling import ProfilingConfig
 from miles.config.rollout import RolloutConfig
@@ -62,6 +63,11 @@ class MilesConfig:
     def world_size(self) -> int:
         return self.train.actor_num_nodes * self.train.actor_num_gpus_per_node
 
+    @property
+    def data_parallel_size(self) -> int:
+        """Model replicas: the training ranks / (TP x PP); each takes a share of a step's batch."""
+        return rank_layout(self.train).dp
+
     def _fits_the_engine_queue(self) -> None:
         """The samples of one prompt go to one engine as one batched /generate, and up to
         --sglang-server-concurrency samples may be in flight to one engine: the embedded engine answers 503
@@ -94,14 +100,16 @@ class MilesConfig:
                 and self.train.num_steps_per_rollout != 1:
             raise ConfigError("--num-steps-per-rollout", f"{self.train.num_steps_per_rollout} disagrees with "
                               f"--global-batch-size {gbs} ({samples // gbs} steps per rollout)")
-        per_rank = gbs // self.world_size if gbs % self.world_size == 0 else None
+        dp = self.data_parallel_size  # TP and PP ranks of one replica train the same samples
+        per_rank = gbs // dp if gbs % dp == 0 else None
         if per_rank is None:
-            raise ConfigError("--global-batch-size", f"{gbs} must be divisible by the number of training ranks "
-                              f"({self.world_size} = --actor-num-nodes x --actor-num-gpus-per-node)")
+            raise ConfigError("--global-batch-size",
+                              f"{gbs} must be divisible by the data parallel size ({dp} = "
+                              f"--actor-num-nodes x --actor-num-gpus-per-node / (TP x PP))")
         micro = min(self.train.micro_batch_size, per_rank)
         if per_rank % micro:
             raise ConfigError("--micro-batch-size", f"{self.train.micro_batch_size} must divide the per-rank "
-                              f"global batch ({gbs} / {self.world_size} ranks = {per_rank})")
+                              f"global batch ({gbs} / {dp} data parallel ranks = {per_rank})")
         if self.train.use_kl_loss and self.train.kl_loss_coef == 0.0:
             raise ConfigError("--kl-loss-coef", "must be > 0 with --use-kl-loss")
         gpus = self.rollout.rollout_num_gpus_per_engine
@@ -182,6 +190,7 @@ def redacted_flat_dict(config: MilesConfig) -> dict[str, Any]:
             if value is not None and (f.metadata.get("secret") or is_secret_name(f.name)):
                 value = REDACTED
             out[f.name] = value
+    out["data_parallel_size"] = config.data_parallel_size  # derived: the layout is TP x PP x this
     return out
 
 

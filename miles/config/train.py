@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from miles.config.fields import ConfigError, flag
+from miles.config.parallel import check_parallel_flags
 
 
 @dataclass(frozen=True)
@@ -13,6 +14,15 @@ class TrainConfig:
     train_backend: str = flag("fsdp", "training backend", choices=("fsdp", "megatron"))
     actor_num_nodes: int = flag(1, "training nodes", minimum=1)
     actor_num_gpus_per_node: int = flag(1, "training ranks per node (on CPU: training processes)", minimum=1)
+    # The ranks' layout: TP x PP x DP = the training ranks (miles/config/parallel.py checks them).
+    tensor_model_parallel_size: int = flag(
+        1, "tensor parallel ranks per model replica (Megatron only; TP > 1 is refused until the "
+           "parallel step is wired into runs)", minimum=1)
+    pipeline_model_parallel_size: int = flag(
+        1, "pipeline stages per model replica (Megatron only; PP > 1 is refused until the "
+           "parallel step is wired into runs)", minimum=1)
+    sequence_parallel: bool = flag(False, "split activations along the sequence within a TP group "
+                                          "(not supported on this build yet: refused)")
     colocate: bool = flag(False, "engines and trainer share devices; weights sync in memory")
     global_batch_size: int | None = flag(None, "samples per optimizer step (default: rollout batch / steps)",
                                          minimum=1)
@@ -80,6 +90,7 @@ class TrainConfig:
         return self.min_lr if self.min_lr is not None else self.lr / 10
 
     def validate(self) -> None:
+        check_parallel_flags(self)
         if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
             raise ConfigError("--eps-clip-high", f"must be >= --eps-clip ({self.eps_clip}), got {self.eps_clip_high}")
         if self.min_lr is not None and self.min_lr > self.lr:

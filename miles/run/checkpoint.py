@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from miles.config.parallel import RankLayout
 from miles.record.files import file_sha256
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,17 @@ class TrainerState:
     data_cursor: dict[str, int]
     world_size: int
     extra: dict[str, Any] = field(default_factory=dict)
+    # the ranks' layout {"tp", "pp", "dp"} the checkpoint was saved with (its optimizer state is
+    # per rank); unset: TP = PP = 1 over `world_size` ranks, the only layout before it was recorded
+    parallel: dict[str, int] | None = None
+
+    def __post_init__(self):
+        if self.parallel is None:
+            self.parallel = {"tp": 1, "pp": 1, "dp": self.world_size}
+
+    @property
+    def layout(self) -> RankLayout:
+        return RankLayout(**self.parallel)
 
 
 @dataclass
@@ -120,6 +132,15 @@ def verify(path: Path) -> str | None:
 
 def read_state(path: Path) -> TrainerState:
     return TrainerState(**json.loads((path / STATE).read_text()))
+
+
+def layout_change(saved: TrainerState, current: RankLayout) -> str | None:
+    """None when a checkpoint was saved with the ranks' `current` layout, else why resuming it is a
+    reshard, naming both layouts (the backend decides whether it can reshard or must refuse)."""
+    if saved.layout == current:
+        return None
+    return (f"the checkpoint was saved with {saved.layout.describe()} training ranks, this run has "
+            f"{current.describe()}")
 
 
 def candidates(save_dir: Path) -> list[Path]:

@@ -40,7 +40,7 @@ def test_a_default_rollout_is_in_flight_and_decoded_at_once():
     (["--advantage-estimator", "ppo"], "--advantage-estimator", "not allowed"),
     (["--use-kl-loss"], "--kl-loss-coef", "must be > 0"),
     (["--num-steps-per-rollout", "3"], "--num-steps-per-rollout", "must divide"),
-    (["--actor-num-gpus-per-node", "3"], "--global-batch-size", "divisible by the number of training ranks"),
+    (["--actor-num-gpus-per-node", "3"], "--global-batch-size", "divisible by the data parallel size"),
     (["--n-samples-per-prompt", "1"], "--n-samples-per-prompt", "groups of at least 2"),
     (["--lr", "-1"], "--lr", ">= 0"),
     (["--lr", "1e-5", "--min-lr", "1e-4"], "--min-lr", "must be <= --lr"),

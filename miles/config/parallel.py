@@ -1,0 +1,76 @@
+"""The training ranks' layout: tensor x pipeline x data parallel, and what the flags may ask for.
+
+World = --actor-num-nodes x --actor-num-gpus-per-node training ranks = TP x PP x DP. Only the
+Megatron backend shards a model over TP and PP (FSDP shards by data parallel only). What the
+model must divide (heads and KV heads by TP, layers by PP) is checked against its HF config in
+`miles.preflight.check_parallel_layout`, before anything starts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles.config.fields import ConfigError
+
+TP_FLAG, PP_FLAG, SP_FLAG = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                             "--sequence-parallel")
+
+# Whether a run may ask for TP > 1 or PP > 1: the layout, the flags and the conversion exist, but
+# the Megatron actor's parallel training step is not wired into runs yet (issue 50). The one switch
+# to lift that refusal when it is.
+PARALLEL_STEP_WIRED = False
+# Megatron's sequence parallel (activations split along the sequence within a TP group): not built.
+SEQUENCE_PARALLEL_BUILT = False
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """How many ways the model and the data are split; tp x pp x dp = the training ranks."""
+
+    tp: int
+    pp: int
+    dp: int
+
+    def describe(self) -> str:
+        return f"TP={self.tp} x PP={self.pp} x DP={self.dp}"
+
+
+def rank_layout(train) -> RankLayout:
+    """The layout of a TrainConfig's ranks (checked: `check_parallel_flags`)."""
+    world = train.actor_num_nodes * train.actor_num_gpus_per_node
+    tp, pp = train.tensor_model_parallel_size, train.pipeline_model_parallel_size
+    return RankLayout(tp, pp, world // (tp * pp))
+
+
+def check_parallel_flags(train) -> None:
+    """The parallel flags of a TrainConfig, on their own: ConfigError naming the flag."""
+    tp, pp = train.tensor_model_parallel_size, train.pipeline_model_parallel_size
+    world = train.actor_num_nodes * train.actor_num_gpus_per_node
+    flag = TP_FLAG if tp > 1 else PP_FLAG
+    if train.train_backend == "fsdp" and (tp > 1 or pp > 1):
+        raise ConfigError(flag, f"FSDP shards by data parallel only; use --train-backend megatron "
+                                f"for tensor or pipeline parallel (got TP={tp}, PP={pp})")
+    if world % (tp * pp):
+        raise ConfigError(flag, f"the {world} training ranks (--actor-num-nodes x "
+                                f"--actor-num-gpus-per-node) must divide by TP x PP = {tp} x {pp}; "
+                                "DP = ranks / (TP x PP)")
+    if (tp > 1 or pp > 1) and not PARALLEL_STEP_WIRED:
+        raise ConfigError(flag, f"TP={tp}, PP={pp}: the Megatron parallel training step is not "
+                                "wired into runs yet; only TP = PP = 1 (data parallel) trains on "
+                                "this build")
+    if train.sequence_parallel and not (tp > 1 and SEQUENCE_PARALLEL_BUILT):
+        needs = "" if tp > 1 else " (and it needs --tensor-model-parallel-size > 1)"
+        raise ConfigError(SP_FLAG, "sequence parallel is not supported on this build yet" + needs)
+
+
+def check_model_divides(layout: RankLayout, heads: int, kv_heads: int, ffn: int,
+                        layers: int) -> None:
+    """The model's shape against the layout (what megatron-core's parallel layers split evenly):
+    ConfigError naming the flag whose size does not fit."""
+    for count, what in ((heads, "attention heads"), (kv_heads, "KV heads (query groups)"),
+                        (ffn, "MLP intermediate size")):
+        if count % layout.tp:
+            raise ConfigError(TP_FLAG, f"the model's {what} ({count}) must divide by the tensor "
+                                       f"parallel size {layout.tp}")
+    if layers % layout.pp:
+        raise ConfigError(PP_FLAG, f"the model's {layers} layers must divide by the pipeline "
+                                   f"parallel size {layout.pp} (megatron-core's even split)")
