@@ -104,3 +104,12 @@ def test_the_layout_survives_a_sealed_checkpoint(tmp_path):
     state = checkpoint.TrainerState(1, 1, {}, 4, parallel={"tp": 2, "pp": 2, "dp": 1})
     sealed = checkpoint.seal(checkpoint.staging_dir(tmp_path, 1), tmp_path, state, keep=2)
     assert checkpoint.read_state(sealed).layout == RankLayout(2, 2, 1)
+
+
+def test_an_fsdp_rank_refuses_a_parallel_layout_the_flags_did_not_check():
+    from miles.backends.fsdp.actor import FSDPTrainActor
+
+    train = TrainConfig(actor_num_gpus_per_node=2, tensor_model_parallel_size=2)  # not validated
+    rank = FSDPTrainActor(MilesConfig(train=train), rank=0, world_size=2)
+    with pytest.raises(ConfigError, match="FSDP shards by data parallel only"):
+        rank._init_parallel()

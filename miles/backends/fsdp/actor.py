@@ -27,6 +27,10 @@ class FSDPTrainActor(PPORank):
     def _init_parallel(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
+        from miles.config.parallel import check_parallel_flags
+
+        # the flags refuse TP/PP here already; a config built without parsing meets the same refusal
+        check_parallel_flags(self.config.train)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
 
     def _sharded(self, model_path: str, trainable: bool):
