@@ -16,9 +16,8 @@ import typing
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
 from miles.config.fields import ConfigError, flag_name
+from miles.config.yaml_file import flag_keys, read_config_file
 
 CONFIG_FLAG = "--config"
 
@@ -166,12 +165,12 @@ def load_yaml(path: str) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(CONFIG_FLAG, f"YAML file does not exist: {path}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(CONFIG_FLAG, f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(CONFIG_FLAG, f"{path} must hold a mapping of flag names to values")
-    return {str(k).lstrip("-").replace("-", "_"): v for k, v in data.items()}
+        data = read_config_file(p) or {}
+        if not isinstance(data, dict):
+            raise ValueError("must hold a mapping of flag names to values")
+        return flag_keys(data)
+    except ValueError as exc:
+        raise ConfigError(CONFIG_FLAG, f"{path} {exc}") from None
 
 
 def parse_sections(sections: list[type], argv: list[str] | None, prog: str | None = None,
