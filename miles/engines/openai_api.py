@@ -38,6 +38,7 @@ PASSTHROUGH = ("temperature", "top_p", "top_k", "stop", "seed", "ignore_eos", "s
 # it was honoured. tool_choice "none" is honoured only without tools (with them, calls are still parsed).
 DEFAULT_ONLY = {"top_logprobs": (0,), "response_format": ({"type": "text"},), "tool_choice": ("auto",),
                 "parallel_tool_calls": (True,), "echo": (False,), "best_of": (1,), "suffix": ("",)}
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # the roles the chat templates render
 MAX_N = 128  # choices of one request: more would hold a share of the queue and batch for one client
 
 
@@ -172,6 +173,9 @@ class OpenAIRoutes:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise RequestError(f"messages[{i}] must be an object with a string `role`", param="messages")
+            if m["role"] not in CHAT_ROLES:  # the template would render any other as it is (N44)
+                raise RequestError(f"messages[{i}].role is {m['role']!r:.40}; it must be one of "
+                                   f"{', '.join(CHAT_ROLES)}", param="messages")
             content = m.get("content")
             if isinstance(content, list):  # OpenAI content parts: keep the text ones
                 content = _text_parts(content, i)

@@ -1,5 +1,5 @@
 """Probe B1: malformed `tools`, `tool_calls`, content parts and `stream_options` on /v1/chat/completions
-are a 400 naming the field, never a bare 500; a malformed tool spec is refused when the request arrives,
+are a 400 naming the field, never a bare 500 (N44: so is a role other than system, user, assistant, tool); a malformed tool spec is refused when the request arrives,
 not when the model later calls that tool."""
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ CASES = [
     ("text part an int", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages"),
     ("text part null", {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages"),
     ("part a string", {"messages": [{"role": "user", "content": ["hi"]}]}, "messages"),
+    ("role bogus (N44)", {"messages": [{"role": "bogus", "content": "hi"}]}, "messages"),
+    ("role empty (N44)", {"messages": [USER, {"role": "", "content": "hi"}]}, "messages"),
+    ("role upper case (N44)", {"messages": [{"role": "USER", "content": "hi"}]}, "messages"),
     ("stream_options a string", {"messages": [USER], "stream": True, "stream_options": "x"}, "stream_options"),
     ("stream_options a list", {"messages": [USER], "stream": True, "stream_options": [1]}, "stream_options"),
     ("parameters a string", {"messages": [USER], "tools": [
