@@ -9,7 +9,7 @@ from miles.config.argv import print_settings
 from miles.serving.held_port import take_handed_socket
 from miles.serving.parent_watch import watch_parent
 from miles.config.secrets import resolve_admin_token
-from miles.router.app import Router, check_bind
+from miles.router.app import Router, check_bind, is_own_address
 from miles.router.server import bind_socket, serve_forever
 from miles.router.workers import WorkerError
 
@@ -33,12 +33,23 @@ def main(argv: list[str] | None = None) -> int:
     sock = take_handed_socket(serve.host, serve.port) or bind_socket(serve.host, serve.port)
     port = sock.getsockname()[1]
     router.listening.append((serve.host, port))
+    check_not_itself(serve.worker_urls, router.listening)
     host = f"[{serve.host}]" if ":" in serve.host else serve.host
     # The one line a parent process reads to learn the port (with --port 0); the token is never printed.
     print(f"miles router listening on http://{host}:{port} (policy {config.router_policy}, "
           f"{len(serve.worker_urls)} workers)", flush=True)
     serve_forever(router, sock)
     return 0
+
+
+def check_not_itself(worker_urls: list[str], listening: list[tuple[str, int]]) -> None:
+    """The /add_worker rule at start-up: a worker URL that is this router's own address would send every
+    request round in a loop (N10: it was taken, and quarantined only after three failed health checks)."""
+    for url in worker_urls:
+        if is_own_address(url, listening):
+            raise ConfigError("--worker-urls", f"{url} is this router's own address (it listens on "
+                                               f"{listening[0][0]}:{listening[0][1]}); it would send every "
+                                               f"request round in a loop")
 
 
 if __name__ == "__main__":

@@ -70,3 +70,25 @@ def test_bad_worker_urls_on_the_command_line_are_one_line(url):
     done = subprocess.run([sys.executable, "-m", "miles.router.cli", "--port", "0", "--worker-urls", url],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--worker-urls" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_router_refuses_itself_on_the_command_line():
+    """N10: `--worker-urls` naming the router's own address was taken at start-up (and quarantined only
+    after three failed checks); now the /add_worker rule holds there too: one line, exit 2."""
+    import os
+
+    from miles.serving.held_port import LISTEN_FD_ENV, hold_port
+
+    held = hold_port("127.0.0.1", None)  # the port is known before the router starts, and kept for it
+    port = held.getsockname()[1]
+    try:
+        for url in (f"http://127.0.0.1:{port}", f"http://localhost:{port}/", f"http://0.0.0.0:{port}"):
+            done = subprocess.run([sys.executable, "-m", "miles.router.cli", "--host", "127.0.0.1", "--port",
+                                   str(port), "--worker-urls", "http://127.0.0.1:9", url], capture_output=True,
+                                  text=True, timeout=120, env={**os.environ, LISTEN_FD_ENV: str(held.fileno())},
+                                  pass_fds=(held.fileno(),), stdin=subprocess.DEVNULL)
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+            assert f"--worker-urls: {url} is this router's own address" in done.stderr
+            assert "listening on" not in done.stdout
+    finally:
+        held.close()
