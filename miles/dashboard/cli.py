@@ -16,7 +16,8 @@ HEAD_TIMEOUT_S = 10.0  # a request's head must arrive within this (408 after); a
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="miles dashboard", description=(
         "Serve a web view of a run directory: the What-to-watch panels and every metric, the phase timeline, "
-        "the sampled rollouts and their tokens. Reads the run, never writes it."))
+        "the sampled rollouts and their tokens. Reads the run and never changes it; only the Diagnose button "
+        "writes, a bundle into RUN_DIR/diagnose/ as `miles diagnose` does."))
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (--run-dir of the run)")
     parser.add_argument("--baseline", action="append", default=[], metavar="DIR",
                         help="a run dir to compare the run with (repeat for several; the Compare view "
