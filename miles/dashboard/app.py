@@ -35,8 +35,24 @@ def check_bind(host: str, token: str | None) -> None:
 def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
               baselines: list[Path] | None = None) -> FastAPI:
     files = RunFiles(run_dir)
-    given = list(baselines or [])
     app = FastAPI(title="miles dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    _require_token(app, token)
+    _run_routes(app, files, follow)
+    _timing_routes(app, files)
+    _rollout_routes(app, files)
+    _compare_routes(app, run_dir, list(baselines or []))
+    _diagnose_route(app, files)
+
+    @app.get("/")
+    def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-store"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def _require_token(app: FastAPI, token: str | None) -> None:
+    """With a token, every `/api` request must carry it (the static files hold no run data)."""
 
     @app.middleware("http")
     async def require_token(request: Request, call_next):
@@ -46,6 +62,10 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
             if not hmac.compare_digest(given.encode(), token.encode()):
                 return JSONResponse({"error": "token missing or wrong (send Authorization: Bearer <token>)"}, 401)
         return await call_next(request)
+
+
+def _run_routes(app: FastAPI, files: RunFiles, follow: bool) -> None:
+    """The run's own views: its state, summary, evals, metrics and live watch."""
 
     @app.get("/api/run")
     def run() -> dict:
@@ -70,6 +90,10 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
     def watch() -> dict:
         return views.watch(files)
 
+
+def _timing_routes(app: FastAPI, files: RunFiles) -> None:
+    """Where the run's time went: its timeline (also as a Chrome trace), health, profiler."""
+
     @app.get("/api/timeline")
     def timeline(rollout_id: int | None = None) -> dict:
         return views.timeline(files, rollout_id)
@@ -86,6 +110,10 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
     @app.get("/api/profiler")
     def profiler() -> dict:
         return views.profiler(files)
+
+
+def _rollout_routes(app: FastAPI, files: RunFiles) -> None:
+    """The rollouts, one rollout's samples (filtered), and one sample."""
 
     @app.get("/api/rollouts")
     def rollouts() -> dict:
@@ -110,6 +138,10 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
         except views.NotFound as exc:
             raise HTTPException(404, str(exc)) from None
 
+
+def _compare_routes(app: FastAPI, run_dir: Path, given: list[Path]) -> None:
+    """The baselines the run may be compared with (`given`: its `--baseline`s), the comparison."""
+
     @app.get("/api/baselines")
     def baseline_candidates() -> dict:
         return {"candidates": [c.as_json() for c in compare_view.candidates(run_dir, given)]}
@@ -123,6 +155,8 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
         except compare_view.BadBaseline as exc:
             raise HTTPException(400, str(exc)) from None
 
+
+def _diagnose_route(app: FastAPI, files: RunFiles) -> None:
     @app.post("/api/diagnose")
     def diagnose(request: Request) -> dict:
         """Write a diagnose bundle of the run now; the verdict and the bundle's path (a sync endpoint: it
@@ -135,10 +169,3 @@ def build_app(run_dir: Path, follow: bool = False, token: str | None = None,
             raise HTTPException(409, str(exc)) from None
         except Failed as exc:
             raise HTTPException(500, str(exc)) from None
-
-    @app.get("/")
-    def index() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-store"})
-
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    return app

@@ -241,6 +241,16 @@ class Router:
         async def admin_error(_request: Request, exc: AdminError):
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
+        self._worker_routes(app)
+        for path in FANNED_OUT:
+            app.post(path)(self.fan_out)
+        self._read_routes(app)
+        return app
+
+    def _worker_routes(self, app: FastAPI) -> None:
+        """The admin calls that change the pool: add, set the state of, and remove a worker; set the
+        weight version."""
+
         @app.post("/add_worker")
         async def add_worker(request: Request):
             self.check_admin(request.headers)
@@ -268,34 +278,38 @@ class Router:
                 raise AdminError(400, 'body must be {"weight_version": "..."}')
             return self.update_weight_version(payload["weight_version"])
 
-        async def fan_out(request: Request):
-            """Pause or continue every worker (SGLang's body, e.g. {"mode": "in_place"}, passed through with
-            the caller's Authorization); 502 naming the workers that did not accept it."""
-            self.check_admin(request.headers)
-            body = await request.body()
-            headers = {"content-type": "application/json"}
-            if "authorization" in request.headers:
-                headers["authorization"] = request.headers["authorization"]
-            urls = [w.url for w in self.pool.workers]
+    async def fan_out(self, request: Request):
+        """Pause or continue every worker (SGLang's body, e.g. {"mode": "in_place"}, passed through
+        with the caller's Authorization); 502 naming the workers that did not accept it."""
+        self.check_admin(request.headers)
+        body = await request.body()
+        headers = {"content-type": "application/json"}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        urls = [w.url for w in self.pool.workers]
 
-            async def one(client: httpx.AsyncClient, url: str) -> tuple[str, int, str]:
-                try:
-                    answer = await client.post(url + request.url.path, content=body or b"{}", headers=headers)
-                    return url, answer.status_code, answer.text[:300]
-                except httpx.HTTPError as exc:
-                    return url, 502, repr(exc)[:300]
+        async def one(client: httpx.AsyncClient, url: str) -> tuple[str, int, str]:
+            try:
+                answer = await client.post(url + request.url.path, content=body or b"{}",
+                                           headers=headers)
+                return url, answer.status_code, answer.text[:300]
+            except httpx.HTTPError as exc:
+                return url, 502, repr(exc)[:300]
 
-            async with httpx.AsyncClient(timeout=self.config.router_request_timeout) as client:
-                results = await asyncio.gather(*(one(client, u) for u in urls))
-            failed = {u: f"{code} {text}" for u, code, text in results if code != 200}
-            codes = {code for _, code, _ in results}
-            # every worker refused the caller alike (401/403: the engines keep their own token): that answer
-            # is the caller's, as a proxied request's would be; a mixed or transport failure is the router's 502
-            status = 200 if not failed else codes.pop() if len(codes) == 1 and codes <= {401, 403} else 502
-            return JSONResponse({"success": not failed, "workers": urls, "failed": failed}, status_code=status)
+        async with httpx.AsyncClient(timeout=self.config.router_request_timeout) as client:
+            results = await asyncio.gather(*(one(client, u) for u in urls))
+        failed = {u: f"{code} {text}" for u, code, text in results if code != 200}
+        codes = {code for _, code, _ in results}
+        # every worker refused the caller alike (401/403: the engines keep their own token): that
+        # answer is the caller's, as a proxied request's would be; a mixed or transport failure is
+        # the router's 502
+        refused_alike = len(codes) == 1 and codes <= {401, 403}
+        status = 200 if not failed else codes.pop() if refused_alike else 502
+        return JSONResponse({"success": not failed, "workers": urls, "failed": failed},
+                            status_code=status)
 
-        for path in FANNED_OUT:
-            app.post(path)(fan_out)
+    def _read_routes(self, app: FastAPI) -> None:
+        """The pool, the router's health, its figures (reading stats with `reset`: admin only)."""
 
         # async on purpose: sync endpoints would run in a thread pool, racing the event loop on the pool state
         @app.get("/list_workers")
@@ -319,8 +333,6 @@ class Router:
         @app.get("/metrics")
         async def prometheus_metrics():
             return Response(metrics.render(self.pool, self.stats), media_type=metrics.CONTENT_TYPE)
-
-        return app
 
 
 MAX_VERSION_CHARS = 256  # a version is a counter or a short tag; it is stored, logged and echoed

@@ -27,130 +27,147 @@ def _response(status: int, reason: str, message: str) -> bytes:
             % (status, reason.encode(), len(body)) + body)
 
 
-def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpToolsProtocol]:
-    """A uvicorn `http=` protocol class enforcing the two limits."""
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of the module's docstring; `guarded_protocol`
+    makes a subclass with the two numbers set."""
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        # One timer per connection, not per request: it fires every `head_timeout` seconds and refuses
-        # the connection if a request head has been arriving for longer than that (cheap on the hot path).
-        # The same timer ends a kept-alive connection idle past `timeout_keep_alive` (within one period):
-        # uvicorn made and cancelled a timer per request for it, ~6% of the router's CPU under uvloop.
-        _idle_since: float | None = None
+    max_head_bytes: int
+    head_timeout: float
 
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self.transport = CoalescingTransport(transport, self.loop)  # a response's head and body in one send
-            self._head_bytes = 0
-            self._tail = b""
-            self._head_started: float | None = self.loop.time()  # a connection that sends nothing counts too
-            self._refused = False
-            self._body_window: tuple[float, int] = (self.loop.time(), 0)  # (start, bytes) of the body's window
-            self._head_timer = self.loop.call_later(head_timeout, self._check_head_time)
+    # One timer per connection, not per request: it fires every `head_timeout` seconds and refuses
+    # the connection if a request head has been arriving for longer than that (cheap on the hot
+    # path). The same timer ends a kept-alive connection idle past `timeout_keep_alive` (within one
+    # period): uvicorn made and cancelled a timer per request for it, ~6% of the router's CPU under
+    # uvloop.
+    _idle_since: float | None = None
 
-        def data_received(self, data: bytes) -> None:
-            # Counted before parsing: a whole oversized head can arrive in one read, and parsed it
-            # would already have started the request. One override, no per-callback hooks: a head may
-            # be arriving unless a request's body is (uvicorn's cycle, until its message completes).
-            if self._refused:
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        # a response's head and body in one send
+        self.transport = CoalescingTransport(transport, self.loop)
+        self._head_bytes = 0
+        self._tail = b""
+        # a connection that sends nothing counts too
+        self._head_started: float | None = self.loop.time()
+        self._refused = False
+        # (start, bytes) of the body's window
+        self._body_window: tuple[float, int] = (self.loop.time(), 0)
+        self._head_timer = self.loop.call_later(self.head_timeout, self._check_head_time)
+
+    def data_received(self, data: bytes) -> None:
+        # Counted before parsing: a whole oversized head can arrive in one read, and parsed it
+        # would already have started the request. One override, no per-callback hooks: a head may
+        # be arriving unless a request's body is (uvicorn's cycle, until its message completes).
+        if self._refused:
+            return
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or cycle.response_complete:
+            # the first byte of the next request on a kept-alive connection
+            if self._head_started is None:
+                self._head_started = self.loop.time()
+            end = (self._tail + data if self._tail else data).find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end + 4 - len(self._tail)
+            self._tail = data[-3:]  # the blank line that ends the head may straddle two reads
+            if self._head_bytes > self.max_head_bytes:
+                self._refuse(431, "Request Header Fields Too Large",
+                             f"the request line and headers exceed {self.max_head_bytes} bytes")
                 return
-            cycle = self.cycle
-            if cycle is None or not cycle.more_body or cycle.response_complete:
-                if self._head_started is None:  # the first byte of the next request on a kept-alive connection
-                    self._head_started = self.loop.time()
-                end = (self._tail + data if self._tail else data).find(b"\r\n\r\n")
-                self._head_bytes += len(data) if end < 0 else end + 4 - len(self._tail)
-                self._tail = data[-3:]  # the blank line that ends the head may straddle two reads
-                if self._head_bytes > max_head_bytes:
-                    self._refuse(431, "Request Header Fields Too Large",
-                                 f"the request line and headers exceed {max_head_bytes} bytes")
-                    return
-            else:  # the body of the current request: counted towards its window
-                self._body_window = (self._body_window[0], self._body_window[1] + len(data))
-            super().data_received(data)
-            if self.cycle is not cycle:  # a head completed: the next one starts from zero, its body's window now
-                self._head_bytes, self._tail, self._head_started = 0, b"", None
-                self._body_window = (self.loop.time(), 0)
+        else:  # the body of the current request: counted towards its window
+            self._body_window = (self._body_window[0], self._body_window[1] + len(data))
+        super().data_received(data)
+        # a head completed: the next one starts from zero, its body's window now
+        if self.cycle is not cycle:
+            self._head_bytes, self._tail, self._head_started = 0, b"", None
+            self._body_window = (self.loop.time(), 0)
 
-        def connection_lost(self, exc) -> None:
-            self._cancel_timer()
-            super().connection_lost(exc)
+    def connection_lost(self, exc) -> None:
+        self._cancel_timer()
+        super().connection_lost(exc)
 
-        def _unset_keepalive_if_required(self) -> None:
-            self._idle_since = None
-            super()._unset_keepalive_if_required()  # a timer only uvicorn's own paths may still have set
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None
+        # a timer only uvicorn's own paths may still have set
+        super()._unset_keepalive_if_required()
 
-        def on_response_complete(self) -> None:
-            # uvicorn's, with the keep-alive deadline kept as a time the head timer checks, not a timer
-            self.server_state.total_requests += 1
-            if self.transport.is_closing():
-                return
-            self._unset_keepalive_if_required()
-            self.flow.resume_reading()
-            if self.pipeline:
-                cycle, app = self.pipeline.pop()
-                self._start_asgi_task(cycle, app)
-            else:
-                self._idle_since = self.loop.time()
+    def on_response_complete(self) -> None:
+        # uvicorn's, with the keep-alive deadline kept as a time the head timer checks, not a timer
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._idle_since = self.loop.time()
 
-        def _cancel_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _check_head_time(self) -> None:
+    def _cancel_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
             self._head_timer = None
-            if self._refused or self.transport.is_closing():
-                return
-            started = self._head_started
-            now = self.loop.time()
-            if started is not None and now - started >= head_timeout:
-                self._refuse(408, "Request Timeout", f"the request headers did not arrive within {head_timeout}s")
-                return
-            idle = self._idle_since
-            if idle is not None and now - idle >= self.timeout_keep_alive:
-                self._cancel_timer()
-                self.transport.close()  # uvicorn's keep-alive timeout: idle since its last answer
-                return
-            wait = head_timeout if started is None else head_timeout - (now - started)
-            if idle is not None:
-                wait = min(wait, self.timeout_keep_alive - (now - idle))
-            if self._body_arriving():
-                if self._check_body_rate(now):
-                    return
-                wait = min(wait, head_timeout - (now - self._body_window[0]))
-            self._head_timer = self.loop.call_later(max(wait, 0.01), self._check_head_time)
 
-        def _body_arriving(self) -> bool:
-            cycle = self.cycle
-            return cycle is not None and cycle.more_body and not cycle.response_complete
+    def _check_head_time(self) -> None:
+        self._head_timer = None
+        if self._refused or self.transport.is_closing():
+            return
+        started = self._head_started
+        now = self.loop.time()
+        if started is not None and now - started >= self.head_timeout:
+            self._refuse(408, "Request Timeout",
+                         f"the request headers did not arrive within {self.head_timeout}s")
+            return
+        idle = self._idle_since
+        if idle is not None and now - idle >= self.timeout_keep_alive:
+            self._cancel_timer()
+            self.transport.close()  # uvicorn's keep-alive timeout: idle since its last answer
+            return
+        wait = self.head_timeout if started is None else self.head_timeout - (now - started)
+        if idle is not None:
+            wait = min(wait, self.timeout_keep_alive - (now - idle))
+        if self._body_arriving():
+            if self._check_body_rate(now):
+                return
+            wait = min(wait, self.head_timeout - (now - self._body_window[0]))
+        self._head_timer = self.loop.call_later(max(wait, 0.01), self._check_head_time)
 
-        def _check_body_rate(self, now: float) -> bool:
-            """Refuse a body that fell under MIN_BODY_RATE over a whole window; True when refused. While the
-            app does not take the body (reading paused: it is not the client's fault) the window restarts."""
-            start, received = self._body_window
-            if self.flow.read_paused:
-                self._body_window = (now, 0)
-                return False
-            if now - start < head_timeout:
-                return False
-            if received < MIN_BODY_RATE * (now - start):
-                self._refuse(408, "Request Timeout", f"the request body arrived at {received / (now - start):.0f} "
-                                                     f"bytes/s over {now - start:.1f}s; at least {MIN_BODY_RATE} "
-                                                     f"bytes/s are needed")
-                return True
+    def _body_arriving(self) -> bool:
+        cycle = self.cycle
+        return cycle is not None and cycle.more_body and not cycle.response_complete
+
+    def _check_body_rate(self, now: float) -> bool:
+        """Refuse a body that fell under MIN_BODY_RATE over a whole window; True when refused. While
+        the app does not take the body (reading paused: it is not the client's fault) the window
+        restarts."""
+        start, received = self._body_window
+        if self.flow.read_paused:
             self._body_window = (now, 0)
             return False
+        if now - start < self.head_timeout:
+            return False
+        if received < MIN_BODY_RATE * (now - start):
+            self._refuse(408, "Request Timeout",
+                         f"the request body arrived at {received / (now - start):.0f} bytes/s over "
+                         f"{now - start:.1f}s; at least {MIN_BODY_RATE} bytes/s are needed")
+            return True
+        self._body_window = (now, 0)
+        return False
 
-        def _refuse(self, status: int, reason: str, message: str) -> None:
-            self._refused = True
-            self._cancel_timer()
-            if not self.transport.is_closing():
-                cycle = self.cycle
-                if cycle is None or not cycle.response_started:  # else the answer has begun: only close
-                    self.transport.write(_response(status, reason, message))
-                self.transport.close()
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        self._refused = True
+        self._cancel_timer()
+        if not self.transport.is_closing():
+            cycle = self.cycle
+            if cycle is None or not cycle.response_started:  # else the answer has begun: only close
+                self.transport.write(_response(status, reason, message))
+            self.transport.close()
 
-    return GuardedHttpToolsProtocol
+
+
+def guarded_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpToolsProtocol]:
+    """A uvicorn `http=` protocol class enforcing the two limits."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
+                {"max_head_bytes": max_head_bytes, "head_timeout": head_timeout})
 
 
 class BodyLimit:
