@@ -200,7 +200,8 @@ def scorecard(run_dir: str | Path, save_dir: str | Path | None = None, seconds: 
 
 
 # ---- the scorecard's parts as the flow publishes them (Prefect artifacts) ------------------------
-FINAL_ORDER = ("eval", "rollout", "passrate", "train", "multi_turn", "perf")  # then health/* last
+# the final-metrics table's namespaces in this order, then the rest, health/* last
+FINAL_ORDER = ("eval", "rollout", "passrate", "train", "multi_turn", "perf")
 
 
 def _rounded(value: float) -> float | str:
