@@ -6,8 +6,10 @@ average gradients over ranks in the backward pass, that reduction (`reduce_gradi
 normalisation, the metrics) is here once, so the backends take the same step on the same batch.
 
 Loss normalisation: each sample's loss is the mean over its response tokens; a step's loss
-is the sum over samples divided by the global step batch, times the world size, because
-gradients are averaged over ranks. One rank or two therefore take the same step.
+is the sum over samples divided by the global step batch, times the data-parallel size, because
+gradients are averaged over the data-parallel ranks. One rank or two therefore take the same step.
+A backend with its own forward/backward schedule (Megatron's pipeline) runs a step's micro-batches
+itself (`_step_backward`) and takes each one's loss from `micro_batch_loss`.
 """
 from __future__ import annotations
 
@@ -103,6 +105,17 @@ def load_state_file(path: Path) -> dict:
                          f"torch.load(weights_only=True)); miles never writes such a file") from None
 
 
+def squared_norm(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's squared L2 norm as a float64 CPU scalar; a float32 sum of squares that overflows (weights
+    of 1e30) is redone scaled by the largest entry, so the result is a number, not inf."""
+    t = tensor.detach()
+    norm = torch.linalg.vector_norm(t, dtype=torch.float32)
+    if not torch.isfinite(norm):
+        peak = t.abs().max().double()
+        norm = torch.linalg.vector_norm(t.double() / peak) * peak if peak > 0 else norm
+    return norm.double().cpu() ** 2
+
+
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
@@ -157,6 +170,7 @@ class PPORank:
 
     def __init__(self, config, rank: int, world_size: int, num_threads: int = 1):
         self.config, self.rank, self.world_size = config, rank, world_size
+        self.data_parallel_size = world_size  # model replicas; a backend with model parallelism sets it
         self.num_threads = num_threads
         self.weight_version = 0
         self.optimizer_steps = 0
@@ -225,11 +239,7 @@ class PPORank:
         for p in self.model.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p  # FSDP: this rank's shard of a DTensor
             sharded = sharded or local is not p
-            norm = torch.linalg.vector_norm(local.detach(), dtype=torch.float32)
-            if not torch.isfinite(norm):  # the float32 sum of squares overflowed: scale by the largest entry
-                peak = local.detach().abs().max().double()
-                norm = torch.linalg.vector_norm(local.detach().double() / peak) * peak if peak > 0 else norm
-            total += norm.double().cpu() ** 2
+            total += squared_norm(local)
         if sharded and dist.is_initialized():
             dist.all_reduce(total)
         return float(total.sqrt())
@@ -237,9 +247,7 @@ class PPORank:
     def clip_and_step(self) -> float:
         """Reduce and clip this step's gradients, step optimizer and schedule; return the grad norm."""
         self.reduce_gradients()
-        limit = self.config.train.clip_grad or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        norm = self.clip_gradients(self.config.train.clip_grad or float("inf"))
         # The norm is of the world's averaged gradients, so every rank refuses the same step together.
         if not math.isfinite(float(norm)):
             self.optimizer.zero_grad(set_to_none=True)
@@ -249,6 +257,11 @@ class PPORank:
         self.scheduler.step()
         self.optimizer_steps += 1
         return float(norm)
+
+    def clip_gradients(self, limit: float) -> float:
+        """The global norm of the reduced gradients (identical on every rank), scaled down to `limit`."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
 
     def shutdown(self) -> None:
         """Leave the process group cleanly so the process exits without an abort."""
@@ -341,10 +354,8 @@ class PPORank:
             norm_before = self.param_norm()
             for step in range(len(batch.step_sizes)):
                 self.optimizer.zero_grad(set_to_none=True)
-                for i, mb in enumerate(mbs):
-                    if mb.step == step:
-                        self._backward(mb, old[i].log_probs, None if ref is None else ref[i].log_probs,
-                                       batch.global_step_sizes[step], sums)
+                rows = [i for i, mb in enumerate(mbs) if mb.step == step]
+                self._step_backward(rows, mbs, old, ref, batch.global_step_sizes[step], sums)
                 step_values["train/lr"].append(self.optimizer.param_groups[0]["lr"])
                 step_values["train/grad_norm"].append(self.clip_and_step())
                 norm_after = self.param_norm()
@@ -377,9 +388,18 @@ class PPORank:
                 peak = max(peak, float(w.raw[m > 0].max()))
         return {"train/is_weight_max": peak}
 
-    def _backward(self, mb: MicroBatch, old_log_probs, ref_log_probs, global_step_size: int, sums) -> None:
-        terms = sample_losses(self.token_stats(self.model, mb), old_log_probs, ref_log_probs, mb, self.config.train)
-        (terms.loss.sum() * (self.world_size / global_step_size)).backward()
+    def _step_backward(self, rows: list[int], mbs: list[MicroBatch], old: list[TokenStats],
+                       ref: list[TokenStats] | None, global_step_size: int, sums) -> None:
+        """One optimizer step's forward and backward passes over micro-batches `rows` of `mbs`."""
+        for i in rows:
+            stats = self.token_stats(self.model, mbs[i])
+            self.micro_batch_loss(stats, mbs[i], old[i].log_probs, None if ref is None else ref[i].log_probs,
+                                  global_step_size, sums).backward()
+
+    def micro_batch_loss(self, stats: TokenStats, mb: MicroBatch, old_log_probs, ref_log_probs,
+                         global_step_size: int, sums) -> torch.Tensor:
+        """The micro-batch's share of the step's loss (what its backward pass takes); adds its terms to `sums`."""
+        terms = sample_losses(stats, old_log_probs, ref_log_probs, mb, self.config.train)
         if terms.kl is not None:
             sums["train/kl_loss"] += terms.kl.sum().item()
         sums["train/loss"] += terms.loss.sum().item()
@@ -387,6 +407,7 @@ class PPORank:
         sums["train/entropy_loss"] += terms.entropy.sum().item()
         sums["train/pg_clipfrac"] += terms.clipfrac.sum().item()
         sums["train/ppo_kl"] += terms.ppo_kl.sum().item()
+        return terms.loss.sum() * (self.data_parallel_size / global_step_size)
 
     # ---- checkpoint files, the same for every backend -----------------------------------
     def save_files(self, out: Path, model_state: dict, optim_state: dict) -> list[str]:

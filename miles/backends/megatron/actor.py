@@ -1,51 +1,78 @@
-"""One Megatron-core training rank (wrapped as a Ray actor by the trainer): GPTModel, data parallel only.
+"""One Megatron-core training rank (wrapped as a Ray actor by the trainer): a TP x PP x DP layout.
 
 The PPO pass and its loss normalisation are `miles.backends.ppo.PPORank`, shared with FSDP.
-Here: the model is megatron-core's GPTModel (TP = PP = 1, every rank holds all weights), its
-forward, and the gradient reduction: after a step's backward passes the gradients are averaged
-over the world with one all-reduce (gloo on CPU, NCCL on GPU) before the shared clip and step.
-Everything that leaves the rank is in HF names and layout (`convert`): checkpoints, the
-optimizer state, exported weights and their digest, so the engines, the trainer's checkpoints
-and the FSDP backend read them unchanged.
+Here: megatron-core's GPTModel, this rank's pipeline stage and tensor-parallel slice
+(`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`; the rest of the world is data
+parallel), run through megatron-core's own schedule (`pipeline`), its log-probs and entropy taken
+vocab-parallel (`vocab_parallel`), and the gradient reduction, norms and clipping of a split model
+(`grads`). The ranks of one model-parallel group pool the samples the trainer gave them
+(`replica_batch`) and one of them (TP rank 0 of the last stage, where the loss is) reports them.
+Everything that leaves the rank is in HF names and layout (`gather`): checkpoints, the optimizer
+state, exported weights and their digest, so the engines, the trainer's checkpoints and the FSDP
+backend read them unchanged, and a checkpoint resumes with any layout.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from miles.backends import hf_weights as W
-from miles.backends.base import ActorInfo
+from miles.backends.base import ActorInfo, RankBatch, RankTrainResult
 from miles.backends.batch import MicroBatch
-from miles.backends.logprobs import TokenStats, stats_from_logits
-from miles.backends.megatron import convert
-from miles.backends.megatron.model import build_gpt, destroy_parallel, init_parallel
+from miles.backends.logprobs import TokenStats
+from miles.backends.megatron import convert, gather, grads, pipeline, replica_batch
+from miles.backends.megatron.model import _megatron, build_gpt, destroy_parallel, init_parallel
+from miles.backends.megatron.vocab_parallel import stats_from_vocab_shard
 from miles.backends.ppo import PPORank, load_state_file
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors, shaped like the parameter
 
 
+def parallel_sizes(config) -> tuple[int, int]:
+    """(TP, PP) from the config (1, 1 where the flags are absent)."""
+    train = config.train
+    return (getattr(train, "tensor_model_parallel_size", 1) or 1,
+            getattr(train, "pipeline_model_parallel_size", 1) or 1)
+
+
 class MegatronTrainActor(PPORank):
     # ---- set-up -------------------------------------------------------------------------
     def _init_parallel(self) -> None:
-        init_parallel(self.config.train.seed)
+        tp, pp = parallel_sizes(self.config)
+        if self.world_size % (tp * pp):
+            raise ValueError(f"{self.world_size} training ranks do not split into --tensor-model-parallel-size "
+                             f"{tp} x --pipeline-model-parallel-size {pp} groups")
+        init_parallel(self.config.train.seed, tp, pp)
+        self.ps = _megatron()[0]
+        self.par = convert.Parallel(tp, self.ps.get_tensor_model_parallel_rank(), pp,
+                                    self.ps.get_pipeline_model_parallel_rank())
+        self.data_parallel_size = self.ps.get_data_parallel_world_size()
+        self.first_replica = self.ps.get_data_parallel_rank() == 0
+        self.reports = self.par.tp_rank == 0 and self.par.last_stage  # where the loss is computed
+
+    def layout_name(self) -> str:
+        return f"TP={self.par.tp_size} x PP={self.par.pp_size} x DP={self.data_parallel_size}"
 
     def _build_models(self, model_path: str) -> None:
         from transformers import AutoConfig
 
         hf_config = AutoConfig.from_pretrained(model_path)
         self.layout = convert.Layout.of(hf_config)
+        convert.check_tp_divides(self.layout, self.par.tp_size, hf_config.intermediate_size)
+        convert.stage_layers(self.layout.num_layers, self.par.pp_size, self.par.pp_rank)  # layers split evenly
         self.tied = self.layout.tied
         self.pad_id = hf_config.pad_token_id or 0
+        self.padded_vocab = convert.padded_vocab(hf_config.vocab_size, self.par.tp_size)
         base = W.read_hf_weights(self.model_path, self.tied)
         self.model = self._build(hf_config, base, trainable=True)
         self.ref_model = self._build(hf_config, base, trainable=False) if self.config.train.use_kl_loss else None
         self.param_names = [name for name, _ in self.model.named_parameters()]  # the optimizer's order
 
     def _build(self, hf_config, hf_state: dict[str, torch.Tensor], trainable: bool):
-        model = build_gpt(hf_config, self.device)
+        model = build_gpt(hf_config, self.device, self.padded_vocab)
         self._load_hf(model, hf_state)
         model.train(trainable)
         model.requires_grad_(trainable)
@@ -53,7 +80,7 @@ class MegatronTrainActor(PPORank):
 
     @torch.no_grad()
     def _load_hf(self, model, hf_state: dict[str, torch.Tensor]) -> None:
-        state = convert.hf_to_megatron(hf_state, self.layout)
+        state = convert.hf_to_megatron_shard(hf_state, self.layout, self.par)
         params = dict(model.named_parameters())
         if params.keys() != state.keys():
             raise ValueError(f"HF -> Megatron names disagree: model only {sorted(params.keys() - state.keys())}, "
@@ -62,86 +89,141 @@ class MegatronTrainActor(PPORank):
             param.copy_(state[name])
 
     # ---- training -----------------------------------------------------------------------
+    def train(self, batch: RankBatch) -> RankTrainResult:
+        """Train on the model-parallel group's pooled samples; only the reporting member returns metric sums."""
+        pooled = replica_batch.merge(gather.gather_objects(batch, self.ps.get_model_parallel_group()))
+        result = super().train(pooled)
+        if self.reports:
+            return result
+        return dataclasses.replace(result, sums={}, num_samples=0, num_tokens=0, token_stats={}, maxes={})
+
+    def _stats(self, logits: torch.Tensor, mb: MicroBatch) -> TokenStats:
+        """Log-probs and entropy from this rank's vocabulary slice of the logits."""
+        local = logits.shape[-1]
+        group = self.ps.get_tensor_model_parallel_group() if self.par.tp_size > 1 else None
+        return stats_from_vocab_shard(logits, mb.input_ids, self.config.rollout.rollout_temperature,
+                                      self.par.tp_rank * local, self.layout.vocab_size, group)
+
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
-        b, t = mb.input_ids.shape
-        positions = torch.arange(t, device=mb.input_ids.device).expand(b, t)
-        # Right-padded rows: the causal mask alone is exact for the real tokens (pads come after them).
-        logits = model(mb.input_ids, positions, attention_mask=None)  # (B, T, V)
-        return stats_from_logits(logits, mb.input_ids, self.config.rollout.rollout_temperature)
+        """One micro-batch straight through the model (a single pipeline stage only)."""
+        if self.par.pp_size > 1:
+            raise RuntimeError("token_stats needs the whole model on one rank; with PP > 1 use the schedule")
+        return self._stats(pipeline.forward(model, mb), mb)
+
+    @torch.no_grad()
+    def _score(self, model, mbs: list[MicroBatch]) -> list[TokenStats]:
+        """Forward-only through the schedule; the last stage's stats reach every stage of the pipeline."""
+        model.eval()
+        stats: list[TokenStats | None] = [None] * len(mbs)
+
+        def keep(k: int, logits: torch.Tensor) -> torch.Tensor:
+            stats[k] = self._stats(logits, mbs[k])
+            return logits.new_zeros(())
+
+        pipeline.run(model, mbs, keep, forward_only=True)
+        if self.par.pp_size == 1:
+            return stats
+        return pipeline.broadcast_stats(stats, mbs, self.ps.get_pipeline_model_parallel_last_rank(),
+                                        self.ps.get_pipeline_model_parallel_group())
+
+    def _step_backward(self, rows: list[int], mbs: list[MicroBatch], old: list[TokenStats],
+                       ref: list[TokenStats] | None, global_step_size: int, sums) -> None:
+        def loss(k: int, logits: torch.Tensor) -> torch.Tensor:
+            i = rows[k]
+            return self.micro_batch_loss(self._stats(logits, mbs[i]), mbs[i], old[i].log_probs,
+                                         None if ref is None else ref[i].log_probs, global_step_size, sums)
+
+        pipeline.run(self.model, [mbs[i] for i in rows], loss, forward_only=False)
 
     def reduce_gradients(self) -> None:
-        """One all-reduce of all gradients (flattened), divided by the world size: gloo has no AVG."""
-        if self.world_size == 1:
-            return
-        params = list(self.model.parameters())
-        for p in params:
-            if p.grad is None:  # a rank whose micro-batches never reached a parameter still takes part
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat)
-        flat.div_(self.world_size)
-        for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            grad.copy_(averaged)
+        grads.reduce_gradients(self.model, self.ps)
+
+    def clip_gradients(self, limit: float) -> float:
+        return grads.clip(self.model, limit, self.ps)
+
+    @torch.no_grad()
+    def param_norm(self) -> float:
+        return grads.model_norm([(p, p) for p in self.model.parameters()], self.ps)
 
     # ---- weights, checkpoints -----------------------------------------------------------
+    def _gather_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return gather.gather_hf(local, self.layout, self.par, self.ps.get_model_parallel_group())
+
     def hf_state(self) -> dict[str, torch.Tensor]:
-        """The full model in HF names (every rank holds all of it), on the CPU."""
-        return convert.megatron_to_hf({n: p.detach().cpu() for n, p in self.model.named_parameters()}, self.layout)
+        """Collective over the model-parallel group: the replica's whole model in HF names, on the CPU."""
+        return self._gather_hf({n: p.detach().cpu() for n, p in self.model.named_parameters()})
 
     def export_weights(self, directory: str | None) -> dict | None:
+        if not self.first_replica:
+            return None
+        state = self.hf_state()
         if self.rank != 0:
             return None
         if directory is None:
-            return W.drop_tied(self.hf_state(), self.tied)
-        W.write_hf_checkpoint(self.hf_state(), Path(directory), self.model_path, self.tied)
+            return W.drop_tied(state, self.tied)
+        W.write_hf_checkpoint(state, Path(directory), self.model_path, self.tied)
         return None
 
     def weights_digest(self) -> str:
+        """Each replica's own digest (its group gathers its shards): equal replicas, equal digests."""
         return W.digest(self.hf_state())
 
     def save(self, directory: str) -> list[str]:
         """Collective: rank 0 writes model (HF layout), optimizer (HF names) and scheduler; each rank its RNG."""
-        if self.rank == 0:
-            return self.save_files(Path(directory), self.hf_state(), self._hf_optimizer_state())
+        if self.first_replica:
+            model, optim = self.hf_state(), self._hf_optimizer_state()
+            if self.rank == 0:
+                return self.save_files(Path(directory), model, optim)
         return self.save_files(Path(directory), {}, {})
 
     def load(self, directory: str) -> ActorInfo:
-        """Collective: every rank reads the full files (shared storage)."""
+        """Collective: every rank reads the full files (shared storage) and cuts its own shards from them."""
         src = Path(directory)
         self._load_hf(self.model, W.read_hf_weights(src, self.tied))
-        self.optimizer.load_state_dict(self._megatron_optimizer_state(
-            load_state_file(src / "optimizer.pt")))
+        self.optimizer.load_state_dict(self._megatron_optimizer_state(load_state_file(src / "optimizer.pt")))
         self.load_schedule_and_rng(src)
         dist.barrier()  # the reference model stays the base model: it is never checkpointed
         return self.info()
 
     def _hf_optimizer_state(self) -> dict:
-        """torch's AdamW state keyed by HF parameter name, as FSDP's full optimizer state dict is:
-        {"state": {hf_name: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [{..., "params": [hf_name]}]}."""
+        """Collective over the model-parallel group. torch's AdamW state keyed by HF parameter name, as FSDP's
+        full optimizer state dict is: {"state": {hf_name: {"step", "exp_avg", "exp_avg_sq"}},
+        "param_groups": [{..., "params": [hf_name]}]}."""
         saved = self.optimizer.state_dict()
         by_name = {self.param_names[i]: s for i, s in saved["state"].items()}
-        hf_names = [n for n in convert.megatron_to_hf(dict(self.model.named_parameters()), self.layout)
-                    if not (self.tied and n == convert.OUTPUT[1])]  # HF's parameters(): one tied tensor
+        hf_names = self._hf_param_names()
+        steps = {}
+        for part in gather.gather_objects({gather.global_name(n, self.layout, self.par): s["step"]
+                                           for n, s in by_name.items()}, self.ps.get_model_parallel_group()):
+            steps.update(part)
         state = {}
         if by_name:
-            moments = {key: convert.megatron_to_hf({n: s[key].cpu() for n, s in by_name.items()}, self.layout)
-                       for key in MOMENTS}
+            moments = {key: self._gather_hf({n: s[key].cpu() for n, s in by_name.items()}) for key in MOMENTS}
             for name in hf_names:
-                step = by_name[convert.megatron_source(name, self.layout)]["step"]
+                step = steps[convert.megatron_source(name, self.layout)]
                 state[name] = {"step": step.clone(), **{key: moments[key][name].contiguous() for key in MOMENTS}}
         (group,) = saved["param_groups"]
         return {"state": state, "param_groups": [{**group, "params": hf_names}]}
 
+    def _hf_param_names(self) -> list[str]:
+        """HF's `parameters()` names in `convert.megatron_to_hf`'s order (one tied tensor: no lm_head)."""
+        names = [convert.EMBED[1], convert.FINAL_NORM[1]] + ([] if self.tied else [convert.OUTPUT[1]])
+        per_layer = (*self.layout.renames().values(), *convert.QKV_PARTS, *convert.FC1_PARTS)
+        return names + [f"model.layers.{i}.{n}" for i in range(self.layout.num_layers) for n in per_layer]
+
     def _megatron_optimizer_state(self, hf: dict) -> dict:
-        """The inverse of `_hf_optimizer_state`: torch's index-keyed state in this model's parameter order."""
+        """The inverse of `_hf_optimizer_state`: torch's index-keyed state in this rank's parameter order, its
+        moments cut from the HF-named ones for this rank's layout (whatever layout saved them)."""
         state = {}
         if hf["state"]:
-            moments = {key: convert.hf_to_megatron({n: s[key] for n, s in hf["state"].items()}, self.layout)
-                       for key in MOMENTS}
+            moments = {key: convert.hf_to_megatron_shard({n: s[key] for n, s in hf["state"].items()},
+                                                         self.layout, self.par) for key in MOMENTS}
             steps = {convert.megatron_source(n, self.layout): s["step"] for n, s in hf["state"].items()}
-            state = {i: {"step": steps[name], **{key: moments[key][name] for key in MOMENTS}}
-                     for i, name in enumerate(self.param_names)}
+            for i, name in enumerate(self.param_names):
+                source = gather.global_name(name, self.layout, self.par)
+                if self.tied and source == convert.OUTPUT[0]:  # the last stage's copy of the embedding
+                    source = convert.EMBED[0]
+                state[i] = {"step": steps[source], **{key: moments[key][name] for key in MOMENTS}}
         (group,) = hf["param_groups"]
         return {"state": state, "param_groups": [{**group, "params": list(range(len(self.param_names)))}]}
 

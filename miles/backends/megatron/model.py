@@ -2,7 +2,9 @@
 
 Local (torch) layer spec, so neither Transformer Engine nor Apex is needed: RMSNorm everywhere
 (including per-head q/k norms), SwiGLU MLP, no biases, RoPE, grouped-query attention, fp32,
-no dropout. Tensor and pipeline parallel size 1: the whole world is data parallel.
+no dropout. Tensor and pipeline parallel ranks over megatron-core's own groups: each rank builds
+its stage's layers (first stage: the embedding; last: the final norm and the output layer), with
+its vocabulary slice of the logits left vocab-parallel (`parallel_output=True`).
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def check_supported(hf_config) -> None:
                          f"({hf_config.model_type}) has {', '.join(problems)}")
 
 
-def transformer_config(hf_config):
+def transformer_config(hf_config, tp: int = 1, pp: int = 1):
     check_supported(hf_config)
     _, _, _, TransformerConfig = _megatron()
     heads = hf_config.num_attention_heads
@@ -88,34 +90,66 @@ def transformer_config(hf_config):
         use_cpu_initialization=shim.needed(),
         perform_initialization=False,  # every weight is loaded from the HF checkpoint next
         cuda_graph_scope=[],  # the default ("full") is deprecated and warns; [] means the same
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        # what keeps megatron-core off its CUDA-only paths on CPU (shim.py), the same on GPU:
+        sequence_parallel=False,
+        gradient_accumulation_fusion=False,
+        pipeline_dtype=torch.float32,  # the activations sent between stages
+        variable_seq_lengths=True,  # RL micro-batches differ in length: stages exchange shapes first
+        moe_token_dispatcher_type="alltoall",  # no experts; the default (allgather) refuses variable lengths
+        batch_p2p_sync=False,
+        enable_autocast=False,
     )
 
 
-def build_gpt(hf_config, device: torch.device):
-    """An uninitialised GPTModel on `device` (weights come from `convert.hf_to_megatron`)."""
-    _, GPTModel, local_spec, _ = _megatron()
-    config = transformer_config(hf_config)
+def build_gpt(hf_config, device: torch.device, vocab_size: int):
+    """This rank's pipeline stage of an uninitialised GPTModel on `device` (weights come from
+    `convert.hf_to_megatron_shard`), its vocabulary padded to `vocab_size` (a multiple of TP)."""
+    parallel_state, GPTModel, local_spec, _ = _megatron()
+    config = transformer_config(hf_config, parallel_state.get_tensor_model_parallel_world_size(),
+                                parallel_state.get_pipeline_model_parallel_world_size())
     with _quiet():
         spec = local_spec(qk_layernorm=qk_norm(hf_config), normalization="RMSNorm")
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=spec,
-        vocab_size=hf_config.vocab_size,
-        max_sequence_length=hf_config.max_position_embeddings,
-        position_embedding_type="rope",
-        rotary_base=rope_theta(hf_config),
-        share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
-    )
+    with shim.cuda_to_cpu():  # the last stage's tied output layer is copied with `.cuda()` (shim 5)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=vocab_size,
+            max_sequence_length=hf_config.max_position_embeddings,
+            position_embedding_type="rope",
+            rotary_base=rope_theta(hf_config),
+            share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            parallel_output=True,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+        )
+    _mark_tensor_parallel(model)
     return model.to(device)
 
 
-def init_parallel(seed: int) -> None:
-    """TP = PP = 1 over the default process group (gloo on CPU, NCCL on GPU), seeded RNG tracker."""
+def _mark_tensor_parallel(model) -> None:
+    """Megatron's parallel layers set `tensor_model_parallel` on their weights only while initialising
+    them, and ours are loaded instead (`perform_initialization=False`): set it here, as they would, so
+    norms can tell a TP shard (counted on every TP rank) from a replicated weight (counted once)."""
+    from megatron.core import tensor_parallel as tpl
+
+    split_dim = {tpl.ColumnParallelLinear: 0, tpl.VocabParallelEmbedding: 0, tpl.RowParallelLinear: 1}
+    for module in model.modules():
+        dim = next((d for cls, d in split_dim.items() if isinstance(module, cls)), None)
+        weight = getattr(module, "weight", None)
+        if dim is not None and weight is not None and not hasattr(weight, "tensor_model_parallel"):
+            tpl.set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=dim, stride=1)
+
+
+def init_parallel(seed: int, tp: int = 1, pp: int = 1) -> None:
+    """TP x PP (x DP, the rest of the world) over the default process group (gloo on CPU, NCCL on GPU),
+    seeded RNG tracker."""
     parallel_state = _megatron()[0]
     shim.install()
-    # No extra gloo groups: gradients are all-reduced on the default group by the actor.
-    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
-    shim.seed_model_parallel_rng(seed)
+    # No extra gloo groups: the actor's own reductions use megatron's groups of the default backend.
+    parallel_state.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
+    shim.seed_model_parallel_rng(seed, parallel_state.get_tensor_model_parallel_rank())
 
 
 def destroy_parallel() -> None:

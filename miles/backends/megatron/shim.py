@@ -1,56 +1,49 @@
 """What megatron-core needs to run on a CPU-only torch with gloo; with a GPU it changes nothing.
 
 Megatron-core assumes CUDA in a few places on the path this backend uses (GPTModel, local
-layer spec, TP = PP = 1, no dropout). Each piece below was found by running that path on a
-CPU-only torch and is the smallest change that lets it through; the math is untouched.
+layer spec, tensor and pipeline parallel ranks, megatron-core's own pipeline schedule, no
+dropout). Each piece below was found by running that path on a CPU-only torch and is the
+smallest change that lets it through; the math is untouched.
 
-1. `RotaryEmbedding.get_emb` moves `inv_freq` to `torch.cuda.current_device()` on the first
-   forward ("Torch not compiled with CUDA enabled").
-2. `GlobalMemoryBuffer.get_tensor` allocates the attention-score buffer of
-   `DotProductAttention` on `torch.cuda.current_device()`.
-   For 1 and 2 the call runs with `torch.cuda.current_device` answering "cpu", only for its duration
-   (a rank's actor runs one call at a time, so nothing else sees the swap).
+1. `torch.cuda.current_device()` is where megatron-core puts new tensors: RoPE's `inv_freq`,
+   the attention-score buffer (`GlobalMemoryBuffer`), the tensor-parallel gathers
+   (`tensor_parallel.mappings`), the pipeline's receive buffers and the shapes it exchanges
+   (`pipeline_parallel.p2p_communication`). On a CPU-only torch it answers "cpu", process-wide
+   (a valid `device=` everywhere megatron passes it; a CPU-only torch has no device to name).
+2. `torch.cuda.synchronize()` is called after every exchange of tensor shapes between pipeline
+   stages (variable sequence lengths): a no-op, as there is no device stream to wait for.
 3. The torch softmax fallback builds its default causal mask with `device="cuda"`
    (`megatron.core.transformer.utils.get_default_causal_mask`): replaced, in the module that
    calls it, by the same mask built on the CPU.
 4. The RNG tracker: `DotProductAttention` always enters `get_cuda_rng_tracker().fork()` around
    attention dropout (even at p = 0), which needs registered states, and
    `model_parallel_cuda_manual_seed` registers them with `torch.cuda.get_rng_state()`. A tracker
-   with the same names and seeds that keeps CPU generator states stands in for it.
+   with the same names and seeds (per tensor-parallel rank) that keeps CPU generator states
+   stands in for it.
+5. Two sites name the device as the literal "cuda", so no answer of `current_device` reaches
+   them: the schedules' token counter (`torch.zeros(..., device="cuda")`, in every schedule, PP = 1
+   too) and the last pipeline stage's copy of tied embeddings (`weight.data.cuda()` while the
+   model is built). `cuda_to_cpu()` is a TorchFunctionMode entered only around those two calls:
+   it rewrites `device="cuda"` to the CPU and makes `Tensor.cuda()` the identity.
 
-Not needed, tried: `parallel_state.initialize_model_parallel` works on a gloo world as it is,
-and building the model with `use_cpu_initialization=True` touches no CUDA.
+The configuration keeps megatron-core off its other CUDA-only paths (see `model.transformer_config`):
+CPU initialisation, no sequence parallelism, no gradient-accumulation fusion, no recompute, no
+autocast, `batch_p2p_sync=False`, float32 between stages.
+
+Not needed, tried: `parallel_state.initialize_model_parallel` works on a gloo world as it is.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _installed = False
 
 
 def needed() -> bool:
     return not torch.cuda.is_available()
-
-
-@contextlib.contextmanager
-def _current_device_is_cpu():
-    saved = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"  # a valid `device=` everywhere megatron passes it
-    try:
-        yield
-    finally:
-        torch.cuda.current_device = saved
-
-
-def _on_cpu(method):
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        with _current_device_is_cpu():
-            return method(*args, **kwargs)
-    return wrapper
 
 
 def _cpu_causal_mask(sq: int) -> torch.Tensor:
@@ -88,22 +81,42 @@ def _cpu_rng_tracker_class():
     return CPURNGStatesTracker
 
 
+class _CudaToCpu(TorchFunctionMode):
+    """`device="cuda"` becomes the CPU and `Tensor.cuda()` the identity, while entered (5)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        device = kwargs.get("device")
+        if device is not None and "cuda" in str(device):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def cuda_to_cpu():
+    """Around megatron-core's schedule calls and model construction: a no-op with CUDA."""
+    return _CudaToCpu() if needed() else contextlib.nullcontext()
+
+
 def install() -> None:
     """Patch megatron-core's CUDA-only spots (1-3); idempotent; nothing on a GPU."""
     global _installed
     if _installed or not needed():
         return
     from megatron.core.fusions import fused_softmax
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-    from megatron.core.utils import GlobalMemoryBuffer
+    from megatron.core.tensor_parallel import layers
 
-    RotaryEmbedding.get_emb = _on_cpu(RotaryEmbedding.get_emb)
-    GlobalMemoryBuffer.get_tensor = _on_cpu(GlobalMemoryBuffer.get_tensor)
+    # its advice to set CUDA_DEVICE_MAX_CONNECTIONS (for overlapping TP all-reduces on a GPU) means
+    # nothing on the CPU: counted as given
+    layers.linear_with_grad_accumulation_and_async_allreduce.warned = True
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *args, **kwargs: None
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
     _installed = True
 
 
-def seed_model_parallel_rng(seed: int) -> None:
+def seed_model_parallel_rng(seed: int, tp_rank: int = 0) -> None:
     """`model_parallel_cuda_manual_seed` on a GPU; on CPU the same named states, seeded alike (4)."""
     from megatron.core.tensor_parallel import random as mrandom
 
@@ -111,9 +124,10 @@ def seed_model_parallel_rng(seed: int) -> None:
         mrandom.model_parallel_cuda_manual_seed(seed)
         return
     tracker = _cpu_rng_tracker_class()()
-    # The same names and seeds as model_parallel_cuda_manual_seed with TP = EP = 1 (rank 0 of each).
+    # The names and seeds of model_parallel_cuda_manual_seed: the model-parallel state differs per TP
+    # rank (dropout inside a TP region draws different masks on each shard); no expert parallelism here.
     tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
-    tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718)
+    tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
     tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024)
     mrandom._CUDA_RNG_STATE_TRACKER = tracker
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True

@@ -1,0 +1,88 @@
+"""Gradient reduction, norms and clipping for a model split over tensor and pipeline parallel ranks.
+
+- Data parallel: every replica's gradients are averaged over the data-parallel group only (the
+  other ranks of the world hold other shards).
+- Per-head q/k norms under TP: each TP rank applies the replicated weight to its own heads only, so
+  its gradient is a partial sum; the partials are summed over the TP group (megatron's
+  `finalize_model_grads` does the same for `q_layernorm` / `k_layernorm`).
+- Tied embeddings at PP > 1: the first stage's embedding and the last stage's output layer are one
+  HF tensor held twice; their gradients are summed over megatron's embedding group (first and last
+  stage), as megatron's `finalize_model_grads` does, so both copies take the same step.
+- Norms: a TP-sharded parameter (`tensor_model_parallel`) contributes its shard on every TP rank, a
+  replicated one (norms) only on TP rank 0, the last stage's copy of a tied embedding (`shared`)
+  never; the squares are summed over the model-parallel group (TP x PP), so every rank gets the norm
+  of the whole model, the number TP = PP = 1 gives.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from miles.backends.ppo import squared_norm
+
+
+def _all_reduce_mean(tensors: list[torch.Tensor], group, size: int) -> None:
+    """One all-reduce of the flattened tensors, divided by `size` (gloo has no AVG)."""
+    flat = _flatten_dense_tensors(tensors)
+    dist.all_reduce(flat, group=group)
+    flat.div_(size)
+    for tensor, averaged in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+        tensor.copy_(averaged)
+
+
+QK_NORMS = ("q_layernorm", "k_layernorm")
+
+
+def reduce_gradients(model, parallel_state) -> None:
+    """Sum the q/k norms' partial gradients over TP, average over the data-parallel group, then sum the
+    tied embedding's two copies."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    for p in params:
+        if p.grad is None:  # a rank whose micro-batches never reached a parameter still takes part
+            p.grad = torch.zeros_like(p)
+    qk = [p.grad for n, p in named if any(part in n for part in QK_NORMS)]
+    if qk and parallel_state.get_tensor_model_parallel_world_size() > 1:
+        _all_reduce_mean(qk, parallel_state.get_tensor_model_parallel_group(), 1)
+    dp = parallel_state.get_data_parallel_world_size()
+    if dp > 1:
+        _all_reduce_mean([p.grad for p in params], parallel_state.get_data_parallel_group(), dp)
+    if tied_across_stages(model, parallel_state) and parallel_state.is_rank_in_embedding_group():
+        dist.all_reduce(model.shared_embedding_or_output_weight().grad,
+                        group=parallel_state.get_embedding_group())
+
+
+def tied_across_stages(model, parallel_state) -> bool:
+    return bool(model.share_embeddings_and_output_weights) and \
+        parallel_state.get_pipeline_model_parallel_world_size() > 1
+
+
+def counted(param, tp_rank: int) -> bool:
+    """Whether this rank's copy of `param` is part of the model exactly once in the world's norms."""
+    if getattr(param, "shared", False):  # the last stage's copy of the tied embedding
+        return False
+    return bool(getattr(param, "tensor_model_parallel", False)) or tp_rank == 0
+
+
+def model_norm(tensors: list[tuple[torch.nn.Parameter, torch.Tensor]], parallel_state) -> float:
+    """The L2 norm over the whole model of per-parameter tensors (weights or gradients), float64 sums."""
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    total = torch.zeros((), dtype=torch.float64)
+    for param, tensor in tensors:
+        if counted(param, tp_rank):
+            total += squared_norm(tensor)
+    if dist.get_world_size(parallel_state.get_model_parallel_group()) > 1:
+        dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
+    return float(total.sqrt())
+
+
+@torch.no_grad()
+def clip(model, limit: float, parallel_state) -> float:
+    """The global grad norm; gradients scaled by limit / norm when it is larger (as torch's clip_grad_norm_)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = model_norm([(p, p.grad) for p in params], parallel_state)
+    scale = limit / (norm + 1e-6)
+    if scale < 1.0:
+        torch._foreach_mul_([p.grad for p in params], scale)
+    return norm
