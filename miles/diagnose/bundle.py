@@ -9,7 +9,6 @@ environment, values of secret-named flags in their command lines) are blanked.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import tarfile
@@ -35,6 +34,7 @@ from miles.health.open_phase import open_phases
 from miles.profiling.pyspy import read_processes
 from miles.profiling.run_services import read_services
 from miles.record import layout
+from miles.record.files import replacing
 
 COPIED = ("timeline", "timeline_open", "health", "tracking_config", "trainer_state", "delivery_state",
           "profiler_processes", "services", "profiler_summaries")  # small files of the run, copied whole
@@ -260,12 +260,6 @@ def _scrub_tree(root: Path, scrub: Scrubber) -> None:
 
 def _pack(root: Path, out: Path) -> None:
     """The bundle through a temporary file of its own in the target folder (created exclusively, removed on
-    failure), then renamed into place."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-            tar.add(root, arcname=root.name)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    failure), then renamed into place; readable by its owner only, as mkstemp makes it."""
+    with replacing(out, mode=0o600) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        tar.add(root, arcname=root.name)
