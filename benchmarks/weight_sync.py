@@ -1,15 +1,17 @@
-"""Weight sync to a live engine, side by side: broadcast in buckets (--update-weight-transfer-mode broadcast)
-at several bucket sizes, the disk path (write an HF checkpoint, /update_weights_from_disk), and a plain
-in-process copy of the same bytes (the floor any transfer is measured against).
+"""Weight sync to a live engine, side by side: broadcast in buckets (--update-weight-transfer-mode
+broadcast) at several bucket sizes, the disk path (write an HF checkpoint,
+/update_weights_from_disk), and a plain in-process copy of the same bytes (the floor any transfer
+is measured against).
 
     .venv/bin/python benchmarks/weight_sync.py [--model smollm2-135m-instruct|tiny] [--rounds 3]
                                                [--buckets-mib 16,64,512]
 
-The sender is this process (as rank 0 is in a run): it holds the model's HF state in float32 and pushes
-it, perturbed each round, to an embedded engine on loopback serving the same model on the CPU. Each case
-runs `--rounds` times, interleaved, and is reported by its median seconds and GB/s (bytes sent over
-seconds, the engine's swap included); every broadcast push is checked digest-equal on the engine. Prints a
-table, then one JSON line: the figures and, per bucket size, broadcast GB/s over the copy's and over disk.
+The sender is this process (as rank 0 is in a run): it holds the model's HF state in float32 and
+pushes it, perturbed each round, to an embedded engine on loopback serving the same model on the
+CPU. Each case runs `--rounds` times, interleaved, and is reported by its median seconds and GB/s
+(bytes sent over seconds, the engine's swap included); every broadcast push is checked digest-equal
+on the engine. Prints a table, then one JSON line: the figures and, per bucket size, broadcast GB/s
+over the copy's and over disk.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def model_dir(name: str) -> Path:
 
 
 def sent_state(state: dict, tied: bool, round_: int) -> tuple[list, dict]:
-    """What a rank sends (no tied head) and the engine's whole state after it, perturbed per round."""
+    """What a rank sends (no tied head) and the engine's whole state after it, per round."""
     new = {k: v + 1e-3 * (round_ + 1) for k, v in state.items()}
     if tied:
         new[W.TIED_HEAD] = new[W.TIED_EMBED]
@@ -80,7 +82,8 @@ def broadcast_seconds(sender: WeightBroadcaster, url: str, named: list, whole: d
     seconds = time.perf_counter() - start
     served = httpx.get(url + "/weights_digest", timeout=600).json()
     if served != {"digest": state_digest(whole), "weight_version": version}:
-        raise SystemExit(f"the engine's weights after the {bucket}-byte push differ from what was sent")
+        raise SystemExit(f"the engine's weights after the {bucket}-byte push differ from what "
+                         "was sent")
     return seconds, len(stats.bucket_bytes)
 
 
@@ -97,9 +100,10 @@ def main() -> None:
     del model
     buckets = [int(float(b) * 2**20) for b in args.buckets_mib.split(",")]
     engine = launch_engine(base, EngineConfig(engine_device="cpu", engine_max_batch_size=4),
-                           log_path=Path(tempfile.mkdtemp(prefix="miles-bench-engine-")) / "engine.log")
+                           log_path=Path(tempfile.mkdtemp(prefix="miles-bench-")) / "engine.log")
     sender = WeightBroadcaster([engine.url], group_name="bench", timeout_s=600)
-    seconds: dict[str, list[float]] = {"copy": [], "disk": [], **{f"broadcast_{b}": [] for b in buckets}}
+    seconds: dict[str, list[float]] = {"copy": [], "disk": []}
+    seconds.update({f"broadcast_{b}": [] for b in buckets})
     counts: dict[int, int] = {}
     try:
         sender.connect()  # once, as a run keeps its group: not in any push's time
@@ -127,9 +131,11 @@ def report(args, nbytes: int, seconds: dict, counts: dict, buckets: list[int]) -
         n = counts.get(int(key.split("_")[1]), "") if key.startswith("broadcast_") else ""
         print(f"{key:<22} {n!s:>8} {median[key]:>9.3f} {gbps[key]:>8.3f}")
     ratios = {f"broadcast_{b}_over_copy": gbps[f"broadcast_{b}"] / gbps["copy"] for b in buckets}
-    ratios.update({f"broadcast_{b}_over_disk": gbps[f"broadcast_{b}"] / gbps["disk"] for b in buckets})
-    print(json.dumps({"model": args.model, "bytes": nbytes, "rounds": args.rounds, "seconds": median,
-                      "gb_per_s": gbps, "buckets": {str(b): counts[b] for b in buckets}, **ratios}))
+    ratios.update({f"broadcast_{b}_over_disk": gbps[f"broadcast_{b}"] / gbps["disk"]
+                   for b in buckets})
+    print(json.dumps({"model": args.model, "bytes": nbytes, "rounds": args.rounds,
+                      "seconds": median, "gb_per_s": gbps,
+                      "buckets": {str(b): counts[b] for b in buckets}, **ratios}))
 
 
 if __name__ == "__main__":

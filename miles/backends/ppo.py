@@ -299,12 +299,13 @@ class PPORank:
             return [], f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
     def stage_weights(self) -> None:
-        """Collective (FSDP gathers on every rank): the source rank keeps its HF export for `send_weights`
-        (--update-weight-transfer-mode broadcast)."""
+        """Collective (FSDP gathers on every rank): the source rank keeps its HF export for
+        `send_weights` (--update-weight-transfer-mode broadcast)."""
         self._sender().stage(self.export_weights(None))
 
     def send_weights(self, target: SendTarget, version: int) -> dict[str, float]:
-        """The source rank: stream the staged weights to `target`'s engines in buckets; the push's metrics."""
+        """The source rank: stream the staged weights to `target`'s engines in buckets; the
+        push's metrics."""
         return self._sender().send(target, version)
 
     def _sender(self) -> RankSender:

@@ -116,7 +116,7 @@ class WeightSync:
         self.router = RouterClient(router_url, admin_token) if router_url is not None else None
         self.export_root, self.in_memory = export_root, in_memory
         self.supervisor = supervisor
-        # --update-weight-transfer-mode and its bucket size, from the ranks' config (disk without one)
+        # --update-weight-transfer-mode and its bucket size, from the ranks' config (else disk)
         train = getattr(getattr(group, "config", None), "train", None)
         self.transfer_mode = getattr(train, "update_weight_transfer_mode", "disk")
         self.buffer_bytes = getattr(train, "update_weight_buffer_size", DEFAULT_BUFFER_BYTES)
@@ -173,12 +173,13 @@ class WeightSync:
         self.announce(version)
 
     def _push_broadcast(self, version: int, pause_mode: str | None) -> None:
-        """Every rank exports (FSDP gathers), then rank 0 streams the HF tensors to every engine in buckets
-        over their weight update group (weight_broadcast.py); the engines apply them with the last bucket.
-        Only the transfer runs paused."""
+        """Every rank exports (FSDP gathers), then rank 0 streams the HF tensors to every engine
+        in buckets over their weight update group (weight_broadcast.py); the engines apply them
+        with the last bucket. Only the transfer runs paused."""
         self.last_times = {}
         _, seconds = self.group.call_timed("stage_weights")
-        self.last_times.update({f"perf/update_weights_rank_{r}_time": s for r, s in enumerate(seconds)})
+        self.last_times.update({f"perf/update_weights_rank_{r}_time": s
+                                for r, s in enumerate(seconds)})
         target = SendTarget(tuple(self.engine_urls), self.admin_token, self.buffer_bytes)
         start = time.perf_counter()
         with paused(self.engine_urls, pause_mode, self.admin_token):

@@ -1,15 +1,16 @@
-"""Weight sync over SGLang's distributed protocol: a training rank streams HF tensors to engines in buckets.
+"""Weight sync over SGLang's distributed protocol: a rank streams HF tensors to engines in buckets.
 
-`--update-weight-transfer-mode broadcast`. The sending rank hosts a gloo group (`miles-pp_<stage>`, as
-Miles names one per pipeline stage) of itself (rank 0) and every engine (ranks 1..N, which join through
-`/init_weights_update_group`); it keeps the group from push to push. Per bucket of at most
+`--update-weight-transfer-mode broadcast`. The sending rank hosts a gloo group (`miles-pp_<stage>`,
+as Miles names one per pipeline stage) of itself (rank 0) and every engine (ranks 1..N, which join
+through `/init_weights_update_group`); it keeps the group from push to push. Per bucket of at most
 `--update-weight-buffer-size` bytes it posts the names, dtypes and shapes to every engine's
-`/update_weights_from_distributed` and broadcasts the tensors, one per name in that order. Only the last
-bucket carries `flush_cache: true` and the weight version: the embedded engine stages the others and
-swaps everything in with the last (see miles/engines/weight_receiver.py); SGLang applies each as it comes.
+`/update_weights_from_distributed` and broadcasts the tensors, one per name in that order. Only the
+last bucket carries `flush_cache: true` and the weight version: the embedded engine stages the
+others and swaps everything in with the last (see miles/engines/weight_receiver.py); SGLang applies
+each as it comes.
 
-The sender takes any `(name, tensor)` list in HF names, so a pipeline stage's source rank sends its own
-layers through its own group. A failure leaves the group: the next push builds it again.
+The sender takes any `(name, tensor)` list in HF names, so a pipeline stage's source rank sends its
+own layers through its own group. A failure leaves the group: the next push builds it again.
 """
 from __future__ import annotations
 
@@ -35,11 +36,14 @@ class WeightBroadcastError(RuntimeError):
     """A broadcast push failed; the message names the group, the bucket and the engine."""
 
 
-def plan_buckets(named: list[tuple[str, torch.Tensor]], buffer_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """Consecutive tensors in buckets of at most `buffer_bytes`; a tensor larger than that goes alone."""
+Named = list[tuple[str, torch.Tensor]]
+
+
+def plan_buckets(named: Named, buffer_bytes: int) -> list[Named]:
+    """Consecutive tensors in buckets of at most `buffer_bytes`; a larger tensor goes alone."""
     if buffer_bytes <= 0:
         raise ValueError(f"--update-weight-buffer-size must be > 0 bytes, got {buffer_bytes}")
-    buckets: list[list[tuple[str, torch.Tensor]]] = []
+    buckets: list[Named] = []
     size = 0
     for name, tensor in named:
         nbytes = tensor.numel() * tensor.element_size()
@@ -58,15 +62,17 @@ class PushStats:
     bucket_seconds: list[float] = field(default_factory=list)
     bucket_bytes: list[int] = field(default_factory=list)
     seconds: float = 0.0
-    connect_seconds: float = 0.0  # building the group (the first push, or after a failure); 0 otherwise
+    connect_seconds: float = 0.0  # building the group (first push, or after a failure); else 0
 
     def metrics(self) -> dict[str, float]:
         """Journal keys: per-bucket {min,p50,max} seconds and bytes, the total bytes and GB/s."""
         total = float(sum(self.bucket_bytes))
-        out = {"perf/update_weights_buckets": float(len(self.bucket_bytes)), "perf/update_weights_bytes": total,
-               "perf/update_weights_gb_per_s": total / self.seconds / 1e9 if self.seconds > 0 else 0.0,
+        out = {"perf/update_weights_buckets": float(len(self.bucket_bytes)),
+               "perf/update_weights_bytes": total,
+               "perf/update_weights_gb_per_s": total / self.seconds / 1e9 if self.seconds else 0.0,
                "perf/update_weights_connect_time": self.connect_seconds}
-        for key, values in (("bucket_time", self.bucket_seconds), ("bucket_bytes", self.bucket_bytes)):
+        for key, values in (("bucket_time", self.bucket_seconds),
+                            ("bucket_bytes", self.bucket_bytes)):
             if values:
                 out.update({f"perf/update_weights_{key}/min": float(min(values)),
                             f"perf/update_weights_{key}/p50": float(statistics.median(values)),
@@ -75,7 +81,7 @@ class PushStats:
 
 
 def sender_address(engine_urls: list[str]) -> str:
-    """The address engines reach the sender's store at: loopback when they all run here, else this node's."""
+    """Where engines reach the sender's store: loopback when they all run here, else this node."""
     if all(urlparse(url).hostname in LOOPBACK for url in engine_urls):
         return "127.0.0.1"
     import ray
@@ -84,18 +90,20 @@ def sender_address(engine_urls: list[str]) -> str:
 
 
 class WeightBroadcaster:
-    """Rank 0 of one weight update group with `engine_urls` (one receiving rank each); kept between pushes."""
+    """Rank 0 of one weight update group with `engine_urls` (one receiving rank each); the group
+    is kept between pushes."""
 
-    def __init__(self, engine_urls: list[str], token: str | None = None, group_name: str = "miles-pp_0",
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, engine_urls: list[str], token: str | None = None,
+                 group_name: str = "miles-pp_0", timeout_s: float = DEFAULT_TIMEOUT_S):
         self.engine_urls, self.token = list(engine_urls), token
         self.group_name, self.timeout_s = group_name, timeout_s
         self.group: WeightGroup | None = None
 
-    def push(self, named: list[tuple[str, torch.Tensor]], buffer_bytes: int, version: str,
+    def push(self, named: Named, buffer_bytes: int, version: str,
              on_bucket: Callable[[int, int], None] | None = None) -> PushStats:
-        """Send `named` in buckets; the engines serve `version` once the last bucket is in. `on_bucket(n,
-        total)` runs after each bucket is in (progress; a test looks at the engine between buckets)."""
+        """Send `named` in buckets; the engines serve `version` once the last bucket is in.
+        `on_bucket(n, total)` runs after each bucket is in (progress; a test looks at the engine
+        between buckets)."""
         stats = PushStats()
         if self.group is None:
             start = time.perf_counter()
@@ -125,27 +133,29 @@ class WeightBroadcaster:
         body = {"master_address": address, "master_port": store.port, "world_size": world,
                 "group_name": self.group_name, "backend": "gloo", "timeout_s": self.timeout_s}
         joined: list[WeightGroup] = []
-        self._together("init_weights_update_group",
-                       [{**body, "rank_offset": 1 + i} for i in range(len(self.engine_urls))],
-                       lambda: joined.append(WeightGroup(self.group_name, store, 0, world, self.timeout_s)),
-                       "joining")
+
+        def join() -> None:
+            joined.append(WeightGroup(self.group_name, store, 0, world, self.timeout_s))
+
+        bodies = [{**body, "rank_offset": 1 + i} for i in range(len(self.engine_urls))]
+        self._together("init_weights_update_group", bodies, join, "joining")
         self.group = joined[0]
 
     def close(self) -> None:
-        """Leave the group; each engine is asked to leave it too (one that cannot answer is left alone)."""
+        """Leave the group; each engine is asked to leave it too (one that cannot answer is
+        left alone)."""
         if self.group is None:
             return
         self.group.close()
         self.group = None
-        calls = [_Call(url, "destroy_weights_update_group", {"group_name": self.group_name}, self.token, 10.0)
-                 for url in self.engine_urls]
+        calls = [_Call.post(url, "destroy_weights_update_group", {"group_name": self.group_name},
+                            self.token, 10.0) for url in self.engine_urls]
         for call in calls:
-            call.start()
+            call.thread.start()
         for call in calls:
             call.thread.join()
 
-    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], number: int, total: int,
-                     version: str | None) -> None:
+    def _send_bucket(self, bucket: Named, number: int, total: int, version: str | None) -> None:
         tensors = [t.detach().to("cpu").contiguous() for _, t in bucket]
         meta = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for t in tensors],
                 "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name,
@@ -156,73 +166,68 @@ class WeightBroadcaster:
         self._together("update_weights_from_distributed", [meta] * len(self.engine_urls),
                        lambda: self.group.broadcast(tensors, what), what)
 
-    def _together(self, path: str, bodies: list[dict], work, what: str) -> None:
-        """Post each engine its body (its answer waits for the collective) while `work` runs this side of
-        it; done when all succeeded, failed as soon as either side failed (the other side's wait is
-        bounded by the group's timeout)."""
+    def _together(self, path: str, bodies: list[dict], work: Callable[[], None], what: str) -> None:
+        """Post each engine its body (its answer waits for the collective) while `work` runs this
+        side of it; done when all succeeded, failed as soon as either side failed (the other
+        side's wait is bounded by the group's timeout)."""
         changed = threading.Event()
-        calls = [_Call(url, path, body, self.token, self.timeout_s + 30.0, changed)
+        calls = [_Call.post(url, path, body, self.token, self.timeout_s + 30.0, changed)
                  for url, body in zip(self.engine_urls, bodies)]
-        own = _Call.local(work, changed)
+        own = _Call(work, changed, "miles-weight-send")
         for call in [*calls, own]:
-            call.start()
+            call.thread.start()
         while True:
             changed.wait()
             changed.clear()
             failed = [c for c in calls if c.done and c.error is not None]
             if failed or own.error is not None or own.done and all(c.done for c in calls):
                 break
-        reasons = ([own.error] if own.error is not None else []) + \
-            [f"engine {c.url} /{c.path} failed: {c.error}" for c in failed]
+        reasons = [own.error] if own.error is not None else []
+        reasons += [f"engine {c.url} /{c.path} failed: {c.error}" for c in failed]
         if reasons:
-            raise WeightBroadcastError(f"weight update group {self.group_name!r}, {what}: " + "; ".join(reasons))
+            raise WeightBroadcastError(f"weight update group {self.group_name!r}, {what}: "
+                                       + "; ".join(reasons))
 
 
 class _Call:
-    """A POST (or this side's own part of the collective, `local`) on its own daemon thread; `error` is
-    None once it succeeded; `changed` is set when it ends."""
+    """`work` on its own daemon thread: `error` says why it failed (None: it succeeded), `done`
+    that it ended, and `changed` (when given) is set then."""
 
-    def __init__(self, url: str, path: str, body: dict, token: str | None, timeout: float,
-                 changed: threading.Event | None = None):
-        self.url, self.path, self.error, self.done = url, path, None, False
-        self.changed = changed
-        self.thread = threading.Thread(target=self._ends, args=(lambda: self._post(body, token, timeout),),
-                                       daemon=True, name=f"miles-weight-{path}")
+    def __init__(self, work: Callable[[], None], changed: threading.Event | None, name: str):
+        self.url = self.path = ""
+        self.error: str | None = None
+        self.done = False
+        self.thread = threading.Thread(target=self._run, args=(work, changed), daemon=True,
+                                       name=name)
 
     @classmethod
-    def local(cls, work, changed: threading.Event) -> "_Call":
-        call = cls("", "", {}, None, 0.0, changed)
-
-        def run():
-            try:
-                work()
-            except Exception as exc:  # reported with the engines' answers
-                call.error = str(exc)
-
-        call.thread = threading.Thread(target=call._ends, args=(run,), daemon=True, name="miles-weight-send")
+    def post(cls, url: str, path: str, body: dict, token: str | None, timeout: float,
+             changed: threading.Event | None = None) -> "_Call":
+        """A POST of `body` to an engine; any answer but HTTP 200 with success true fails it."""
+        call = cls(lambda: call._post(body, token, timeout), changed, f"miles-weight-{path}")
+        call.url, call.path = url, path
         return call
 
-    def start(self) -> None:
-        self.thread.start()
-
-    def _ends(self, body) -> None:
+    def _run(self, work: Callable[[], None], changed: threading.Event | None) -> None:
         try:
-            body()
+            work()
+        except Exception as exc:  # reported by whoever waits on the call
+            self.error = str(exc)
         finally:
             self.done = True
-            if self.changed is not None:
-                self.changed.set()
+            if changed is not None:
+                changed.set()
 
     def _post(self, body: dict, token: str | None, timeout: float) -> None:
         try:
-            response = control_client().post(f"{self.url}/{self.path}", json=body, headers=bearer(token),
-                                             timeout=timeout)
+            response = control_client().post(f"{self.url}/{self.path}", json=body,
+                                             headers=bearer(token), timeout=timeout)
             answer: Any = response.json() if response.content else {}
-            if response.status_code != 200 or not isinstance(answer, dict) or not answer.get("success"):
-                message = answer.get("message", answer) if isinstance(answer, dict) else answer
-                self.error = f"HTTP {response.status_code}: {message}"
         except (httpx.HTTPError, ValueError) as exc:
-            self.error = repr(exc)
+            raise RuntimeError(repr(exc)) from None
+        if response.status_code != 200 or not isinstance(answer, dict) or not answer.get("success"):
+            message = answer.get("message", answer) if isinstance(answer, dict) else answer
+            raise RuntimeError(f"HTTP {response.status_code}: {message}")
 
 
 @dataclass(frozen=True)
@@ -237,11 +242,11 @@ class SendTarget:
 
 
 class RankSender:
-    """A training rank's side: the HF weights it exported for the next push, and its group (kept between
-    pushes to the same engines, rebuilt for others)."""
+    """A training rank's side: the HF weights it exported for the next push, and its group (kept
+    between pushes to the same engines, rebuilt for others)."""
 
     def __init__(self):
-        self.outgoing: list[tuple[str, torch.Tensor]] | None = None
+        self.outgoing: Named | None = None
         self.broadcaster: WeightBroadcaster | None = None
 
     def stage(self, state: dict[str, torch.Tensor] | None) -> None:
@@ -250,15 +255,15 @@ class RankSender:
     def send(self, target: SendTarget, version: int) -> dict[str, float]:
         """Push what was staged as `version`; the push's metrics (PushStats.metrics)."""
         if self.outgoing is None:
-            raise WeightBroadcastError("no weights are staged on this rank: stage_weights runs on every rank "
-                                       "first, and only the source rank sends")
+            raise WeightBroadcastError("no weights are staged on this rank: stage_weights runs on "
+                                       "every rank first, and only the source rank sends")
         b = self.broadcaster
-        if b is None or (tuple(b.engine_urls), b.token, b.group_name, b.timeout_s) != \
-                (target.engine_urls, target.token, target.group_name, target.timeout_s):
+        wanted = (target.engine_urls, target.token, target.group_name, target.timeout_s)
+        if b is None or (tuple(b.engine_urls), b.token, b.group_name, b.timeout_s) != wanted:
             if b is not None:
                 b.close()
-            b = self.broadcaster = WeightBroadcaster(list(target.engine_urls), target.token, target.group_name,
-                                                     target.timeout_s)
+            b = self.broadcaster = WeightBroadcaster(list(target.engine_urls), target.token,
+                                                     target.group_name, target.timeout_s)
         try:
             return b.push(self.outgoing, target.buffer_bytes, str(version)).metrics()
         finally:

@@ -128,12 +128,15 @@ class MilesConfig:
         if t.mlflow_ui and (t.mlflow_tracking_uri or "").startswith(("http://", "https://")):
             raise ConfigError("--mlflow-ui", f"--mlflow-tracking-uri {t.mlflow_tracking_uri} is a tracking server "
                                              "with its own UI; --mlflow-ui serves a local store")
-        if self.train.update_weight_transfer_mode == "broadcast" and self.engine.engine == "sglang":
-            raise ConfigError("--update-weight-transfer-mode", "broadcast is built for the embedded engine (gloo); "
-                                                               "SGLang on GPU needs NCCL, not built yet: use disk")
-        if self.train.update_weight_transfer_mode == "broadcast" and self.orchestration.use_fault_tolerance:
-            raise ConfigError("--update-weight-transfer-mode", "--use-fault-tolerance brings a relaunched engine up "
-                                                               "to date from the weights on disk: use disk")
+        broadcast = self.train.update_weight_transfer_mode == "broadcast"
+        if broadcast and self.engine.engine == "sglang":
+            raise ConfigError("--update-weight-transfer-mode",
+                              "broadcast is built for the embedded engine (gloo); SGLang on GPU "
+                              "needs NCCL, not built yet: use disk")
+        if broadcast and self.orchestration.use_fault_tolerance:
+            raise ConfigError("--update-weight-transfer-mode",
+                              "--use-fault-tolerance brings a relaunched engine up to date from the "
+                              "weights on disk: use disk")
         if self.orchestration.use_fault_tolerance and self.train.colocate:
             raise ConfigError("--use-fault-tolerance", "needs the weights on disk to bring a relaunched engine up to "
                                                        "date; --colocate pushes them in memory")

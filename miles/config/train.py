@@ -64,14 +64,14 @@ class TrainConfig:
     pause_generation_mode: str = flag("in_place", "how an async weight push pauses the engines' in-flight "
                                                   "requests (SGLang /pause_generation modes)",
                                       choices=("in_place", "retract"))
-    update_weight_transfer_mode: str = flag("disk", "how weights reach engines that do not share the trainer's "
-                                                    "devices: disk (an HF checkpoint each engine loads, "
-                                                    "/update_weights_from_disk) or broadcast (rank 0 streams "
-                                                    "buckets over a gloo group: /update_weights_from_distributed)",
-                                            choices=("disk", "broadcast"))
-    update_weight_buffer_size: int = flag(512 * 2**20, "bytes per weight-sync bucket with "
-                                                       "--update-weight-transfer-mode broadcast (a larger tensor "
-                                                       "goes alone)", minimum=1)
+    update_weight_transfer_mode: str = flag(
+        "disk", "how weights reach engines that do not share the trainer's devices: disk (an HF "
+                "checkpoint each engine loads, /update_weights_from_disk) or broadcast (rank 0 "
+                "streams buckets over a gloo group: /update_weights_from_distributed)",
+        choices=("disk", "broadcast"))
+    update_weight_buffer_size: int = flag(
+        512 * 2**20, "bytes per weight-sync bucket with --update-weight-transfer-mode broadcast "
+                     "(a larger tensor goes alone)", minimum=1)
     use_tis: bool = flag(False, "truncated importance sampling: weight each token's policy loss by "
                                 "min(exp(old - rollout log-prob), --tis-clip)")
     tis_clip: float = flag(2.0, "upper clip of the TIS weight", minimum=0.0)
@@ -102,8 +102,9 @@ class TrainConfig:
         if self.tis_clip_low > self.tis_clip:
             raise ConfigError("--tis-clip-low", f"must be <= --tis-clip ({self.tis_clip}), got {self.tis_clip_low}")
         if self.update_weight_transfer_mode == "broadcast" and self.colocate:
-            raise ConfigError("--update-weight-transfer-mode", "broadcast is for engines on other devices; with "
-                                                               "--colocate the weights sync in memory")
+            raise ConfigError("--update-weight-transfer-mode",
+                              "broadcast is for engines on other devices; with --colocate the "
+                              "weights sync in memory")
         if self.staleness_guard and self.max_weight_staleness == 0:
             raise ConfigError("--staleness-guard", "tightens --max-weight-staleness; give it 1 or more "
                                                    "(with --use-tis)")

@@ -119,7 +119,7 @@ class EngineServer:
         app.post("/init_weights_update_group", **admin)(self.init_weights_update_group)
         app.post("/update_weights_from_distributed", **admin)(self.update_weights_from_distributed)
         app.post("/destroy_weights_update_group", **admin)(self.destroy_weights_update_group)
-        app.get("/weights_digest", **admin)(self.weights_digest)  # ours: hashes every weight, so admin
+        app.get("/weights_digest", **admin)(self.weights_digest)  # ours; hashing costs: admin
         app.get("/metrics")(self.prometheus_metrics)
         for method in (app.get, app.post):
             method("/start_profile", **admin)(self.start_profile)  # writes files: an admin endpoint
@@ -285,16 +285,18 @@ class EngineServer:
                 "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
 
     async def init_weights_update_group(self, request: Request):
-        """SGLang's: join the sender's gloo group (blocks until every member has, within its timeout)."""
+        """SGLang's: join the sender's gloo group (blocks until every member has, within its
+        timeout)."""
         try:
-            message = await run_in_threadpool(self.receiver.join, parse_join(await read_json(request)))
+            join = parse_join(await read_json(request))
+            message = await run_in_threadpool(self.receiver.join, join)
         except (weight_update.WeightUpdateError, WeightGroupError) as exc:
             return weight_failure(str(exc))
         return {"success": True, "message": message}
 
     async def update_weights_from_distributed(self, request: Request):
-        """SGLang's: one bucket by broadcast; staged, or applied with all staged ones when it is the last
-        (`flush_cache` true; see weight_receiver)."""
+        """SGLang's: one bucket by broadcast; staged, or applied with all staged ones when it is
+        the last (`flush_cache` true; see weight_receiver)."""
         started = time.perf_counter()
         try:
             req = parse_bucket(await read_json(request))
@@ -304,14 +306,16 @@ class EngineServer:
             return weight_failure(str(exc))
         if ready is None:
             staged = self.receiver.staged_buckets(req.group_name)
-            return {"success": True, "message": f"Staged bucket {staged} ({len(req.names)} tensors).",
-                    "weight_version": self.scheduler.weight_version}
+            return {"success": True, "weight_version": self.scheduler.weight_version,
+                    "message": f"Staged bucket {staged} ({len(req.names)} tensors)."}
         if req.abort_all_requests:
             self.scheduler.abort(None)
         await self._swap(ready, req.weight_version)
-        self.metrics.weight_update_seconds.labels("distributed").observe(time.perf_counter() - started)
-        return {"success": True, "message": f"Succeeded to update {len(ready)} tensors from the group.",
-                "num_paused_requests": 0, "weight_version": self.scheduler.weight_version}
+        seconds = time.perf_counter() - started
+        self.metrics.weight_update_seconds.labels("distributed").observe(seconds)
+        return {"success": True, "num_paused_requests": 0,
+                "message": f"Succeeded to update {len(ready)} tensors from the group.",
+                "weight_version": self.scheduler.weight_version}
 
     async def destroy_weights_update_group(self, request: Request):
         body = await read_json(request) if (await request.body()).strip() else {}

@@ -1,4 +1,4 @@
-"""The engine's side of SGLang's distributed weight update: join a named group, receive buckets, stage them.
+"""The engine's side of SGLang's distributed weight update: join a group, receive buckets, stage.
 
 `/init_weights_update_group` joins (gloo only: the embedded engine receives on the CPU),
 `/update_weights_from_distributed` receives one bucket (names, dtypes and shapes in the request; the
@@ -6,10 +6,11 @@ tensors by broadcast from the group's rank 0) and `/destroy_weights_update_group
 
 Where this differs from SGLang: SGLang loads every bucket into the live model as it arrives. Here a
 bucket whose request carries `flush_cache: false` is checked and staged only; the bucket with
-`flush_cache: true` (SGLang's default, so a lone call behaves as in SGLang) applies everything staged
-with it in one swap between two batches, and sets `weight_version` if given. The engine therefore
-serves the old weights, whole, until the last bucket of a push, at the cost of holding one staged copy
-of what was sent. A refused bucket drops what was staged; the served weights stay as they were.
+`flush_cache: true` (SGLang's default, so a lone call behaves as in SGLang) applies everything
+staged with it in one swap between two batches, and sets `weight_version` if given. The engine
+therefore serves the old weights, whole, until the last bucket of a push, at the cost of holding one
+staged copy of what was sent. A refused bucket drops what was staged; the served weights stay as
+they were.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import torch
 
 from miles.engines import weight_update
 from miles.engines.weight_update import WeightUpdateError
-from miles.serving.weight_group import (DEFAULT_GROUP, DEFAULT_TIMEOUT_S, WeightGroup, WeightGroupError, parse_dtype,
-                                        receive)
+from miles.serving.weight_group import (DEFAULT_GROUP, DEFAULT_TIMEOUT_S, WeightGroup,
+                                        WeightGroupError, parse_dtype, receive)
 
 
 @dataclass
@@ -32,7 +33,7 @@ class JoinRequest:
     world_size: int
     group_name: str = DEFAULT_GROUP
     backend: str = "nccl"  # SGLang's default; refused here with a message saying to send gloo
-    timeout_s: float = DEFAULT_TIMEOUT_S  # ours, beyond SGLang: the bound on every wait of the group
+    timeout_s: float = DEFAULT_TIMEOUT_S  # ours, beyond SGLang: the bound on each wait of the group
 
 
 @dataclass
@@ -46,6 +47,13 @@ class BucketRequest:
     abort_all_requests: bool = False
 
 
+JOIN_TYPES = {"master_address": (str,), "master_port": (int,), "rank_offset": (int,),
+              "world_size": (int,), "group_name": (str,), "backend": (str,),
+              "timeout_s": (int, float)}
+BUCKET_TYPES = {"names": (list,), "dtypes": (list,), "shapes": (list,), "group_name": (str,),
+                "flush_cache": (bool,), "weight_version": (str,), "abort_all_requests": (bool,)}
+
+
 @dataclass
 class _Member:
     group: WeightGroup
@@ -54,15 +62,16 @@ class _Member:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one bucket at a time
 
 
-def _typed(body, cls, checks: dict[str, tuple]):
+def _typed(body, cls, types: dict[str, tuple]):
     """The dataclass `cls` from a JSON object, refusing a known field of the wrong type by name."""
     if not isinstance(body, dict):
         raise WeightUpdateError("the request body must be a JSON object")
-    for name, types in checks.items():
+    for name, allowed in types.items():
         value = body.get(name)
-        if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
+        wrong_bool = isinstance(value, bool) and bool not in allowed  # JSON true is no port number
+        if value is not None and (not isinstance(value, allowed) or wrong_bool):
             raise WeightUpdateError(f"{name} has the wrong type: {value!r:.100}")
-    known = {k: body[k] for k in cls.__dataclass_fields__ if k in body and body[k] is not None}
+    known = {k: body[k] for k in cls.__dataclass_fields__ if body.get(k) is not None}
     try:
         return cls(**known)
     except TypeError as exc:  # a required field is missing
@@ -70,12 +79,10 @@ def _typed(body, cls, checks: dict[str, tuple]):
 
 
 def parse_join(body) -> JoinRequest:
-    req = _typed(body, JoinRequest, {"master_address": (str,), "master_port": (int,), "rank_offset": (int,),
-                                     "world_size": (int,), "group_name": (str,), "backend": (str,),
-                                     "timeout_s": (int, float)})
+    req = _typed(body, JoinRequest, JOIN_TYPES)
     if req.backend != "gloo":
-        raise WeightUpdateError(f"backend {req.backend!r}: the embedded engine joins gloo groups only (it "
-                                "receives on the CPU); send \"backend\": \"gloo\"")
+        raise WeightUpdateError(f"backend {req.backend!r}: the embedded engine joins gloo groups "
+                                "only (it receives on the CPU); send \"backend\": \"gloo\"")
     if not 0 < req.rank_offset < req.world_size:
         raise WeightUpdateError(f"rank_offset {req.rank_offset} must be in 1..world_size-1 "
                                 f"(world_size {req.world_size}; rank 0 is the sender)")
@@ -85,16 +92,14 @@ def parse_join(body) -> JoinRequest:
 
 
 def parse_bucket(body) -> BucketRequest:
-    req = _typed(body, BucketRequest, {"names": (list,), "dtypes": (list,), "shapes": (list,),
-                                       "group_name": (str,), "flush_cache": (bool,), "weight_version": (str,),
-                                       "abort_all_requests": (bool,)})
+    req = _typed(body, BucketRequest, BUCKET_TYPES)
     if not len(req.names) == len(req.dtypes) == len(req.shapes):
         raise WeightUpdateError(f"names, dtypes and shapes differ in length ({len(req.names)}, "
                                 f"{len(req.dtypes)}, {len(req.shapes)})")
     for name, dtype, shape in zip(req.names, req.dtypes, req.shapes):
-        if not isinstance(name, str) or not isinstance(shape, list) or \
-                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise WeightUpdateError(f"tensor {name!r:.100}: give a name and a shape of non-negative integers")
+        if not isinstance(name, str) or not _is_shape(shape):
+            raise WeightUpdateError(f"tensor {name!r:.100}: give a name and a shape of "
+                                    "non-negative integers")
         try:
             parse_dtype(dtype)
         except WeightGroupError as exc:
@@ -102,8 +107,13 @@ def parse_bucket(body) -> BucketRequest:
     return req
 
 
+def _is_shape(shape) -> bool:
+    return isinstance(shape, list) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+
+
 class WeightReceiver:
-    """The weight update groups this engine is a member of, by name, each with its staged buckets."""
+    """The weight update groups this engine is a member of, by name, with their staged buckets."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -111,13 +121,15 @@ class WeightReceiver:
         self._lock = threading.Lock()
 
     def join(self, req: JoinRequest) -> str:
-        """Join (blocking until every member has, or the timeout); a group of that name is replaced."""
+        """Join (blocking until every member has, or the timeout); a group of that name is
+        replaced."""
         self.leave(req.group_name)
-        group = WeightGroup.join(req.group_name, req.master_address, req.master_port, req.rank_offset,
-                                 req.world_size, req.timeout_s)
+        group = WeightGroup.join(req.group_name, req.master_address, req.master_port,
+                                 req.rank_offset, req.world_size, req.timeout_s)
         with self._lock:
             self._members[req.group_name] = _Member(group)
-        return f"Joined weight update group {req.group_name!r} as rank {req.rank_offset} of {req.world_size}."
+        return (f"Joined weight update group {req.group_name!r} as rank {req.rank_offset} of "
+                f"{req.world_size}.")
 
     def leave(self, name: str) -> bool:
         with self._lock:
@@ -127,8 +139,9 @@ class WeightReceiver:
         return member is not None
 
     def receive_bucket(self, req: BucketRequest) -> dict[str, torch.Tensor] | None:
-        """Receive and check one bucket; stage it, or (the last bucket) return everything staged to apply.
-        A timeout leaves the group (it is out of step); a refused bucket drops what was staged."""
+        """Receive and check one bucket; stage it, or (the last bucket) return everything staged,
+        to apply. A timeout leaves the group (it is out of step); a refused bucket drops what was
+        staged."""
         member = self._members.get(req.group_name)
         if member is None:
             raise WeightUpdateError(f"no weight update group {req.group_name!r}; call "
@@ -140,13 +153,15 @@ class WeightReceiver:
                 named = receive(member.group, req.names, req.dtypes, req.shapes, what)
             except WeightGroupError as exc:
                 self.leave(req.group_name)
-                raise WeightUpdateError(f"{exc}; the engine left the group, the served weights are kept") from None
+                raise WeightUpdateError(f"{exc}; the engine left the group, the served weights "
+                                        "are kept") from None
             try:
                 weight_update.check_tensors(named, self.model, require_all=False)
             except WeightUpdateError as exc:
                 member.staged, member.buckets = {}, 0
-                raise WeightUpdateError(f"group {req.group_name!r}, {what}: {exc}; the buckets staged so "
-                                        "far are dropped and the served weights are kept") from None
+                raise WeightUpdateError(f"group {req.group_name!r}, {what}: {exc}; the buckets "
+                                        "staged so far are dropped and the served weights are "
+                                        "kept") from None
             member.staged.update(named)
             member.buckets = number
             if not req.flush_cache:
