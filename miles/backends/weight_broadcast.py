@@ -103,7 +103,19 @@ class WeightBroadcaster:
              on_bucket: Callable[[int, int], None] | None = None) -> PushStats:
         """Send `named` in buckets; the engines serve `version` once the last bucket is in.
         `on_bucket(n, total)` runs after each bucket is in (progress; a test looks at the engine
-        between buckets)."""
+        between buckets). A push over a kept group that fails is tried once more on a fresh
+        group: an engine that restarted since the last push no longer knows the group (nothing
+        was applied: an engine applies only with the last bucket, and a repeat is the same)."""
+        kept = self.group is not None
+        try:
+            return self._push(named, buffer_bytes, version, on_bucket)
+        except WeightBroadcastError:
+            if not kept:
+                raise
+            return self._push(named, buffer_bytes, version, on_bucket)
+
+    def _push(self, named: Named, buffer_bytes: int, version: str,
+              on_bucket: Callable[[int, int], None] | None) -> PushStats:
         stats = PushStats()
         if self.group is None:
             start = time.perf_counter()

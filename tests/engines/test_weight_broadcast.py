@@ -84,6 +84,13 @@ def test_a_push_in_buckets_is_served_only_after_the_last_one(engine, base):
         again, named = perturbed(base, 2)
         assert sender.push(named, 10**9, "v-again").connect_seconds == 0.0
         assert served(engine.url) == (state_digest(again), "v-again")
+        # an engine that lost the group (a restart) gets it back: the push retries on a fresh one
+        left = httpx.post(engine.url + "/destroy_weights_update_group",
+                          json={"group_name": "miles-pp_0"}, headers=AUTH, timeout=60)
+        assert left.json()["success"]
+        third, named = perturbed(base, 5)
+        assert sender.push(named, BUCKET_BYTES, "v-rejoined").connect_seconds > 0
+        assert served(engine.url) == (state_digest(third), "v-rejoined")
     finally:
         sender.close()
 
