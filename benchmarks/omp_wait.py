@@ -25,13 +25,14 @@ STEPS = r"""
 import sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 from miles.tiny import warmstart as W
+from miles.tiny.sft import token_ids
 from miles.tiny.model import build_tiny_model
 from miles.tiny.task import split_problems
 recipe = W.RECIPE
 train, _ = split_problems(recipe["seed"])
 model, tokenizer = build_tiny_model(0)
 optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=0.0)
-ids, generator = W.token_ids(tokenizer), torch.Generator().manual_seed(0)
+ids, generator = token_ids(tokenizer), torch.Generator().manual_seed(0)
 def step():
     picked = torch.randint(len(train), (recipe["batch_size"],), generator=generator)
     loss = W.smoothed_loss(model, *W._encode(tokenizer, [train[i] for i in picked], ids))

@@ -2,7 +2,8 @@
 
 Five story files on top (`train`, `prepare`, `preflight`, `loop`, `trainer`) and a package per job:
 run/ (the loop's support), record/ (what a run writes, `record.layout`), config/, serving/, cluster/,
-tiny/, engines/, router/, rollout/, backends/, tracking/, health/, dashboard/, profiling/, mlflow_ui/.
+tiny/, pretrained/, engines/, router/, rollout/, backends/, tracking/, health/, compare/, diagnose/,
+dashboard/, profiling/, mlflow_ui/.
 Nothing in this package imports Prefect; `flows/` and `tasks/` wrap it.
 """
 __version__ = "0.1.0"

@@ -1,4 +1,6 @@
-"""Named phases of an iteration (`with timed("rollout", times):`), the one place profiling and the timeline hook.
+"""Named phases of an iteration (`with timed("rollout", times):`): each phase's seconds, its
+wall-clock span (a rank's timeline lane is made of these) and the hooks entered around it
+(profiling's).
 
 The phase names are fixed: `rollout`, `train` (the driver's wait for the ranks), `log_probs`,
 `ref_log_probs`, `actor_train`, `token_stats`, `log_tokens`, `update_weights`, `checkpoint`,
@@ -7,7 +9,8 @@ The phase names are fixed: `rollout`, `train` (the driver's wait for the ranks),
 
 A phase hook is a callable `hook(name) -> context manager` entered around every phase of
 the process it was added in, e.g. `add_phase_hook(torch.profiler.record_function)` in a
-rank, or a hook that writes a span file for the timeline. Hooks are per process.
+rank, or the profiler's window spans. Hooks are per process. The driver's phases reach the
+run's timeline through `RLTrainer.phase`, which writes a span around `timed`.
 """
 from __future__ import annotations
 

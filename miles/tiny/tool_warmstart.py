@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from miles.rollout.tool_calls import TOOL_CALL, TOOL_CALL_END
 from miles.tiny import tool_task
 from miles.tiny.model import build_tiny_model
-from miles.tiny.progress import ProgressLines, off_terminal
 from miles.tiny.task import Problem
 from miles.tiny.recipes import TOOL, tool_model_dir, tool_task_data, tool_task_dir  # noqa: F401 (named here too)
-from miles.tiny.warmstart import ensure_cached, one_thread, save_checkpoint, token_ids
+from miles.tiny.sft import Check, one_thread, token_ids, train_until
+from miles.tiny.warmstart import ensure_cached, save_checkpoint
 
 RECIPE = TOOL
 # P(a tool row labels its first token) so that call_share of all first-token labels are the call:
@@ -97,44 +97,37 @@ def evaluate_format(model, tokenizer, problems: list[Problem]) -> dict[str, floa
 
 def warm_start(out_dir: Path, progress: bool = True) -> dict:
     """SFT on mixed demonstrations until the greedy tool path is right on held-out problems."""
-    from rich.progress import Progress
-
     with one_thread():
-        return _warm_start(out_dir, progress, Progress)
+        return _warm_start(out_dir, progress)
 
 
-def _warm_start(out_dir: Path, progress: bool, Progress) -> dict:
+def _warm_start(out_dir: Path, progress: bool) -> dict:
     seed = RECIPE["seed"]
     train, evals = tool_task.split_problems(seed)
     evals = evals[: RECIPE["eval_prompts"]]
     model, tokenizer = build_tiny_model(seed, tool_markers=True)
     ids_of = token_ids(tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
-    start, step, report, history = time.time(), 0, {}, []
-    model.train()
-    lines = ProgressLines("warm start", RECIPE["max_steps"], off_terminal(progress))
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("warm start (tool SFT)", total=RECIPE["max_steps"])
-        for step in range(1, RECIPE["max_steps"] + 1):
-            idx = torch.randint(len(train), (RECIPE["batch_size"],), generator=gen)
-            use_tool = (torch.rand(RECIPE["batch_size"], generator=gen) < RECIPE["tool_rows"]).tolist()
-            decide = (torch.rand(RECIPE["batch_size"], generator=gen) < DECISION_LABEL_P).tolist()
-            ids, mask, labels = _encode(tokenizer, [train[i] for i in idx], use_tool, decide, ids_of)
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                   ignore_index=-100)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            bar.update(job, advance=1, description=f"warm start (tool SFT) loss={loss.item():.3f}")
-            lines.tick(step, loss.item())
-            if step % RECIPE["eval_every"] == 0:
-                report = evaluate_format(model, tokenizer, evals)
-                lines.say(f"warm start step {step}/{RECIPE['max_steps']}: held-out tool path "
-                          f"{report['tool_path_greedy_accuracy']:.2f} (target {RECIPE['target_tool_path']})")
-                history.append(dict(step=step, **report))
-                if report["tool_path_greedy_accuracy"] >= RECIPE["target_tool_path"]:
-                    break
+    start, report, history = time.time(), {}, []
+
+    def batch_loss(generator: torch.Generator) -> torch.Tensor:
+        idx = torch.randint(len(train), (RECIPE["batch_size"],), generator=generator)
+        use_tool = (torch.rand(RECIPE["batch_size"], generator=generator) < RECIPE["tool_rows"])
+        decide = (torch.rand(RECIPE["batch_size"], generator=generator) < DECISION_LABEL_P)
+        problems = [train[i] for i in idx]
+        ids, mask, labels = _encode(tokenizer, problems, use_tool.tolist(), decide.tolist(), ids_of)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                               ignore_index=-100)
+
+    def check(step: int) -> Check:
+        nonlocal report
+        report = evaluate_format(model, tokenizer, evals)
+        history.append(dict(step=step, **report))
+        reached = report["tool_path_greedy_accuracy"]
+        said = (f"warm start step {step}/{RECIPE['max_steps']}: held-out tool path {reached:.2f} "
+                f"(target {RECIPE['target_tool_path']})")
+        return Check(said, reached >= RECIPE["target_tool_path"])
+
+    step = train_until(model, batch_loss, check, RECIPE, "warm start (tool SFT)", progress)
     save_checkpoint(model, tokenizer, out_dir)
     return dict(recipe=RECIPE, steps=step, **report, seconds=round(time.time() - start, 1), history=history)

@@ -10,43 +10,24 @@ is cached by recipe; `miles base-model` prints its path.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from miles.config.cache import cache_root
+from miles.record.files import file_lock
 from miles.tiny.model import build_tiny_model
-from miles.tiny.progress import ProgressLines, off_terminal
+from miles.tiny.sft import Check, one_thread, token_ids, train_until
 from miles.tiny.recipes import ADDITION, base_model_dir, default_task_data, task_data_dir  # noqa: F401 (named here too: their callers import them from here)
 from miles.tiny.task import Problem, split_problems
 
 RECIPE = ADDITION
 TARGET_GREEDY = RECIPE["target_greedy"]
-
-
-@contextmanager
-def _lock(path: Path, on_wait=None):
-    """An exclusive file lock; `on_wait()` is called once when another process holds it (before waiting)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def ensure_cached(target: Path, make, progress: bool = True, marker: str = "warmstart.json") -> Path:
@@ -61,7 +42,7 @@ def ensure_cached(target: Path, make, progress: bool = True, marker: str = "warm
             print(f"[tiny] another process is making {target.name}; waiting for it (its lock: "
                   f"{cache_root() / f'.{target.name}.lock'})", flush=True)
 
-    with _lock(cache_root() / f".{target.name}.lock", on_wait=waiting):
+    with file_lock(cache_root() / f".{target.name}.lock", on_wait=waiting):
         if (target / marker).exists():
             return target
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
@@ -93,30 +74,6 @@ def ensure_base_model(progress: bool = True) -> Path:
     """The cached base checkpoint directory, made first if missing (under 3 minutes on 2 cores)."""
     default_task_data()
     return ensure_cached(base_model_dir(), lambda out, show: warm_start(out, progress=show), progress)
-
-
-@contextmanager
-def one_thread():
-    """torch on one intra-op thread for a warm start: a model this small gains little from more on an idle
-    machine (2 threads: ~10% a step), and on busy cores the extra thread spins against the other processes
-    (the addition warm start took 445 s instead of ~100 s beside the test suite's other worker). The numbers
-    are the same either way (same losses and weights, bit for bit, checked over 300 steps)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def token_ids(tokenizer):
-    """`text -> list of ids` of `tokenizer`, remembered: a warm start encodes the same few thousand strings
-    thousands of times, and the tokenizer's Python wrapper was ~20% of each step."""
-    @lru_cache(maxsize=None)
-    def ids(text: str) -> tuple[int, ...]:
-        return tuple(tokenizer(text)["input_ids"])
-
-    return lambda text: list(ids(text))
 
 
 def _encode(tokenizer, problems: list[Problem], ids_of) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -169,34 +126,26 @@ def warm_start(out_dir: Path, progress: bool = True) -> dict:
 
 
 def _warm_start(out_dir: Path, progress: bool) -> dict:
-    from rich.progress import Progress
-
     seed = RECIPE["seed"]
     train, evals = split_problems(seed)
     evals = evals[: RECIPE["eval_prompts"]]
     model, tokenizer = build_tiny_model(seed)
     ids_of = token_ids(tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
-    start, greedy, step = time.time(), 0.0, 0
-    model.train()
-    lines = ProgressLines("warm start", RECIPE["max_steps"], off_terminal(progress))
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("warm start (SFT)", total=RECIPE["max_steps"])
-        for step in range(1, RECIPE["max_steps"] + 1):
-            idx = torch.randint(len(train), (RECIPE["batch_size"],), generator=gen)
-            loss = smoothed_loss(model, *_encode(tokenizer, [train[i] for i in idx], ids_of))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            bar.update(job, advance=1, description=f"warm start (SFT) loss={loss.item():.3f} greedy={greedy:.2f}")
-            lines.tick(step, loss.item())
-            if step % RECIPE["eval_every"] == 0:
-                greedy = eval_accuracy(model, tokenizer, evals, sample=False)
-                lines.say(f"warm start step {step}/{RECIPE['max_steps']}: held-out greedy accuracy "
-                          f"{greedy:.2f} (target {TARGET_GREEDY})")
-                if greedy >= TARGET_GREEDY:
-                    break
+    start, greedy = time.time(), 0.0
+
+    def batch_loss(generator: torch.Generator) -> torch.Tensor:
+        idx = torch.randint(len(train), (RECIPE["batch_size"],), generator=generator)
+        return smoothed_loss(model, *_encode(tokenizer, [train[i] for i in idx], ids_of))
+
+    def check(step: int) -> Check:
+        nonlocal greedy
+        greedy = eval_accuracy(model, tokenizer, evals, sample=False)
+        said = (f"warm start step {step}/{RECIPE['max_steps']}: held-out greedy accuracy "
+                f"{greedy:.2f} (target {TARGET_GREEDY})")
+        return Check(said, greedy >= TARGET_GREEDY, f"greedy={greedy:.2f}")
+
+    step = train_until(model, batch_loss, check, RECIPE, "warm start (SFT)", progress,
+                       f"greedy={greedy:.2f}")
     sampled = eval_accuracy(model, tokenizer, evals, sample=True, seed=seed)
     save_checkpoint(model, tokenizer, out_dir)
     return dict(recipe=RECIPE, steps=step, eval_greedy_accuracy=greedy, eval_pass_at_1=sampled,
