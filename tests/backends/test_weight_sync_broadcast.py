@@ -1,6 +1,6 @@
-"""`--update-weight-transfer-mode broadcast` end to end: a real FSDP rank (Ray actor) streams its HF
-export to a live engine in buckets; after every push the engine's weight digest equals the rank's,
-and the push's bucket metrics come back through WeightSync."""
+"""`--update-weight-transfer-mode broadcast` end to end: a real FSDP or Megatron rank (Ray actor)
+streams its HF export to a live engine in buckets; after every push the engine's weight digest
+equals the rank's, and the push's bucket metrics come back through WeightSync."""
 from __future__ import annotations
 
 import httpx
@@ -23,9 +23,10 @@ def engine(base_model, tmp_path_factory):
     handle.stop()
 
 
-@pytest.fixture(scope="module")
-def group(ray_cluster, base_model):
-    cfg = config(1, update_weight_transfer_mode="broadcast", update_weight_buffer_size=BUCKET_BYTES)
+@pytest.fixture(scope="module", params=["fsdp", "megatron"])
+def group(request, ray_cluster, base_model):
+    cfg = config(1, train_backend=request.param, update_weight_transfer_mode="broadcast",
+                 update_weight_buffer_size=BUCKET_BYTES)
     made = ActorGroup(cfg, str(base_model))
     yield made
     made.stop()
@@ -48,7 +49,7 @@ def test_every_push_leaves_the_engine_digest_equal_to_the_ranks_export(group, en
     assert {"perf/update_weights_rank_0_time", "perf/update_weights_engine_0_time"} <= m.keys()
     assert not list(tmp_path.iterdir())  # nothing went through the disk
     samples, advantages = rollout_like()
-    step(group, config(1), samples, advantages)
+    step(group, group.config, samples, advantages)
     trained = group.call("weights_digest")[0]
     sync.push(2, pause_mode="in_place")  # async training's push: paused around the transfer
     assert engine_state(engine.url) == (trained, "2")
