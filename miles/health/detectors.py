@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from miles.config.health import HealthConfig
 from miles.health.signals import RED, WARNING, Verdict
+from miles.record.journal_check import SHARES
 
 MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
 
@@ -33,14 +34,22 @@ class RunFacts:
     use_kl_loss: bool
 
 
+def _judged(key: str, value: float | None) -> float | None:
+    """A value a verdict may rest on: a share outside [0, 1] is none (HA1: an aborted_ratio of 5 was a red
+    abort storm, -1 "ok"); `miles.record.journal_check` names it as dropped."""
+    if value is not None and key in SHARES and not 0.0 <= value <= 1.0:
+        return None
+    return value
+
+
 def recent(history: Sequence[Rollout], key: str, n: int) -> list[float]:
     """The last `n` values of `key` (rollouts that lack it are skipped), oldest first."""
-    values = [r.metrics[key] for r in history if key in r.metrics]
+    values = [r.metrics[key] for r in history if _judged(key, r.metrics.get(key)) is not None]
     return values[-n:] if n > 0 else []
 
 
 def current(history: Sequence[Rollout], key: str) -> float | None:
-    return history[-1].metrics.get(key) if history else None
+    return _judged(key, history[-1].metrics.get(key)) if history else None
 
 
 def _verdict(history, signal, severity, message, **values) -> Verdict:

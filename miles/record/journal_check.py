@@ -9,6 +9,8 @@ from pathlib import Path
 from miles.record.journal import BOOKKEEPING, BadLine, JournalLine
 
 MAX_NAMED = 5  # problems named one by one; the rest counted
+# shares of a rollout's samples or groups: a value outside [0, 1] is no share, and no verdict rests on it
+SHARES = frozenset({"rollout/aborted_ratio", "rollout/degenerate_group_ratio", "rollout/truncated_ratio"})
 
 
 def _kind(value) -> str:
@@ -39,6 +41,9 @@ def journal_problems(path: Path) -> list[str]:
             if key not in kept and value is not None:
                 problems.append(f"line {number} (rollout {line.rollout_id}): {key[:80]!r} is {_kind(value)}, "
                                 f"not a number (dropped)")
+            elif key in SHARES and key in line.metrics and not 0.0 <= line.metrics[key] <= 1.0:
+                problems.append(f"line {number} (rollout {line.rollout_id}): {key!r} is {line.metrics[key]:g}, "
+                                f"outside [0, 1] for a share (dropped)")
     if len(problems) > MAX_NAMED:
         problems = problems[:MAX_NAMED] + [f"... and {len(problems) - MAX_NAMED} more"]
     return problems
