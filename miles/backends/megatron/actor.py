@@ -31,17 +31,10 @@ from miles.backends.ppo import PPORank, load_state_file
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors, shaped like the parameter
 
 
-def parallel_sizes(config) -> tuple[int, int]:
-    """(TP, PP) from the config (1, 1 where the flags are absent)."""
-    train = config.train
-    return (getattr(train, "tensor_model_parallel_size", 1) or 1,
-            getattr(train, "pipeline_model_parallel_size", 1) or 1)
-
-
 class MegatronTrainActor(PPORank):
     # ---- set-up -------------------------------------------------------------------------
     def _init_parallel(self) -> None:
-        tp, pp = parallel_sizes(self.config)
+        tp, pp = self.config.train.tensor_model_parallel_size, self.config.train.pipeline_model_parallel_size
         if self.world_size % (tp * pp):
             raise ValueError(f"{self.world_size} training ranks do not split into --tensor-model-parallel-size "
                              f"{tp} x --pipeline-model-parallel-size {pp} groups")
@@ -55,6 +48,14 @@ class MegatronTrainActor(PPORank):
 
     def layout_name(self) -> str:
         return f"TP={self.par.tp_size} x PP={self.par.pp_size} x DP={self.data_parallel_size}"
+
+    def info(self) -> ActorInfo:
+        """With this rank's place in the layout (`extra["parallel"]`: its tp, pp and dp coordinates)."""
+        info = super().info()
+        if getattr(self, "par", None) is not None:
+            info.extra["parallel"] = {"tp_rank": self.par.tp_rank, "pp_rank": self.par.pp_rank,
+                                      "dp_rank": self.ps.get_data_parallel_rank(), "layout": self.layout_name()}
+        return info
 
     def _build_models(self, model_path: str) -> None:
         from transformers import AutoConfig
