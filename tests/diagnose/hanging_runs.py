@@ -9,13 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.flags import HANGING
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-# small enough for seconds per rollout on 2 busy cores; stall thresholds low enough to fire in seconds
-SMALL = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "40",
-         "--micro-batch-size", "4", "--eval-interval", "none", "--lr", "1e-4",
-         "--health-stall-factor", "3", "--health-stall-min-s", "4", "--health-stall-check-interval", "1"]
 START_S = 240.0  # Ray, engine, router and the first rollouts on a loaded machine
 SECRET_TOKEN = "diag-admin-token-7f3a9c"
 SECRET_ENV_VALUE = "diag-env-secret-51d2e8"
@@ -28,7 +25,7 @@ class Run:
         env = dict(os.environ, MILES_TEST_HANG_FILE=str(hang_file), OMP_NUM_THREADS="1",
                    MILES_TEST_DIAG_TOKEN=SECRET_ENV_VALUE)
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "miles.train", "--run-dir", str(run_dir), *SMALL, *flags],
+            self.proc = subprocess.Popen([sys.executable, "-m", "miles.train", "--run-dir", str(run_dir), *HANGING, *flags],
                                          cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.stopped: list[int] = []  # pids this test sent SIGSTOP: resumed at teardown whatever happens
 

@@ -18,12 +18,11 @@ from miles.record.journal import read_journal
 from miles.record.names import step_of
 from miles.tracking.sinks.mlflow_sink import charted_in_mlflow
 from miles.tracking.state import DeliveryState
+from tests.support.flags import LIVE
 
 pytestmark = pytest.mark.slow
 LAG_BOUND_S = 10.0  # the bound: every point in the tracker within 10 s of its record
 RUN_TIMEOUT_S = 600.0
-SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "5", "--micro-batch-size", "8",
-         "--eval-max-prompts", "8", "--n-samples-per-eval-prompt", "2", "--eval-interval", "2"]
 
 
 def mlflow_points(run_dir: Path) -> set[tuple[str, int]]:
@@ -55,7 +54,7 @@ def test_recorded_points_reach_mlflow_within_the_bound_while_the_run_goes_on(tmp
     run_dir = tmp_path / "run"
     output = tmp_path / "train.log"
     with output.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "miles.train", *SMALL, "--use-mlflow",
+        proc = subprocess.Popen([sys.executable, "-m", "miles.train", *LIVE, "--use-mlflow",
                                  "--run-dir", str(run_dir)], cwd=REPO, env=subprocess_env(), stdout=out,
                                 stderr=subprocess.STDOUT)
     recorded_at: dict[int, float] = {}  # journal line -> when this watcher first saw it (within 0.2 s)
