@@ -175,10 +175,18 @@ class WeightBroadcaster:
         if version is not None:
             meta["weight_version"] = str(version)
         what = f"bucket {number} of {total}"
-        self._together("update_weights_from_distributed", [meta] * len(self.engine_urls),
-                       lambda: self.group.broadcast(tensors, what), what)
+        calls = self._together("update_weights_from_distributed", [meta] * len(self.engine_urls),
+                               lambda: self.group.broadcast(tensors, what), what)
+        # the last bucket's answers carry the version now served (the embedded engine's do;
+        # SGLang's carry none): one that differs did not apply the push
+        wrong = [f"engine {c.url} serves {c.answer['weight_version']!r}" for c in calls
+                 if version is not None and c.answer.get("weight_version", version) != version]
+        if wrong:
+            raise WeightBroadcastError(f"weight update group {self.group_name!r}, {what}: "
+                                       f"{'; '.join(wrong)}, not {version!r}")
 
-    def _together(self, path: str, bodies: list[dict], work: Callable[[], None], what: str) -> None:
+    def _together(self, path: str, bodies: list[dict], work: Callable[[], None],
+                  what: str) -> list["_Call"]:
         """Post each engine its body (its answer waits for the collective) while `work` runs this
         side of it; done when all succeeded, failed as soon as either side failed (the other
         side's wait is bounded by the group's timeout)."""
@@ -199,6 +207,7 @@ class WeightBroadcaster:
         if reasons:
             raise WeightBroadcastError(f"weight update group {self.group_name!r}, {what}: "
                                        + "; ".join(reasons))
+        return calls
 
 
 class _Call:
@@ -207,6 +216,7 @@ class _Call:
 
     def __init__(self, work: Callable[[], None], changed: threading.Event | None, name: str):
         self.url = self.path = ""
+        self.answer: dict = {}  # a POST's JSON answer, once it succeeded
         self.error: str | None = None
         self.done = False
         self.thread = threading.Thread(target=self._run, args=(work, changed), daemon=True,
@@ -240,6 +250,7 @@ class _Call:
         if response.status_code != 200 or not isinstance(answer, dict) or not answer.get("success"):
             message = answer.get("message", answer) if isinstance(answer, dict) else answer
             raise RuntimeError(f"HTTP {response.status_code}: {message}")
+        self.answer = answer
 
 
 @dataclass(frozen=True)
