@@ -45,6 +45,7 @@ from miles.run.evals import eval_due, eval_what, saved_base_eval
 from miles.run.iteration_metrics import iteration_metrics, take_router_stats
 from miles.run.observer import IterationResult
 from miles.run.rollout_source import Rollout, rollout_source
+from miles.run.stragglers import straggler_metrics
 from miles.tracking import open_tracking
 
 
@@ -198,7 +199,7 @@ class RLTrainer:
         metrics = iteration_metrics(self.config, rollout_id, summary, times, step_time,  # 7. log
                                     router=self._router_stats(), supervisor=self.sync.supervisor,
                                     more=[self._mfu_metrics(batches, results), self.sync.last_times,
-                                          rollout.metrics(step_time)])
+                                          rollout.metrics(step_time), rank_straggler_metrics(results)])
         evaluated = {}
         if eval_due(self.config.rollout, self.eval_sets, rollout_id):
             with self.phase("eval", rollout_id, times):
@@ -238,17 +239,31 @@ class RLTrainer:
                                       cfg.world_size, rollout_id, return_token_stats=logged)
             results = self.group.train(batches)
             summary = combine(results)
-        self._write_rank_phases(rollout_id, summary)
+        self._write_rank_phases(rollout_id, summary, results)
         if logged:
             with self.phase("log_tokens", rollout_id):
                 write_tokens(Path(cfg.train.run_dir), rollout_id, rollout.samples, self.tokenizer,
                              summary.token_stats)
         return summary, batches, results
 
-    def _write_rank_phases(self, rollout_id: int, summary) -> None:
+    def _write_rank_phases(self, rollout_id: int, summary, results) -> None:
+        """Each rank's lane: its own phase spans (`kind` compute) and its waits for the other ranks
+        (spans named `wait`, `kind` wait, `phase` the one waited after), each with the rank's
+        coordinates (`coords`); a rank without them (a fake) keeps its coarse log_probs and
+        actor_train spans."""
         for rank, phases in summary.phases.items():
+            recorded = results[rank].rank_spans if rank < len(results) else None
+            lane = f"rank{rank}"
             for name, begin, end in phases:
-                self.timeline.add(name, begin, end, rollout_id, lane=f"rank{rank}")
+                if recorded is None or name == "token_stats":  # the fine spans replace the coarse
+                    self.timeline.add(name, begin, end, rollout_id, lane=lane)
+            if recorded is None:
+                continue
+            for phase, kind, begin, end in recorded.spans:
+                name = phase if kind == "compute" else "wait"
+                extra = {"phase": phase} if kind != "compute" else {}
+                self.timeline.add(name, begin, end, rollout_id, lane=lane, kind=kind,
+                                  coords=recorded.coords.name, **extra)
 
     def _push_weights(self, rollout_id: int, times: dict[str, float]) -> None:
         """The next weight version to every engine (async: paused as the rollout source says; the
@@ -336,6 +351,13 @@ class RLTrainer:
                 self.tracker.close(final=final)
             finally:
                 self.timeline.close()
+
+
+def rank_straggler_metrics(results) -> dict[str, float]:
+    """`straggler/<phase>/*` of the ranks' own work (`miles.run.stragglers`); {} from ranks that
+    recorded no phase spans."""
+    recorded = [r.rank_spans for r in results if getattr(r, "rank_spans", None) is not None]
+    return straggler_metrics([(spans.coords, spans.seconds()) for spans in recorded])
 
 
 def resume_message(path: Path, rollout_id: int, journal) -> str:

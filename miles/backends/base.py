@@ -47,6 +47,8 @@ class RankTrainResult:
     # sample index -> {"log_probs": [...], "entropy": [...]} per response token (logged rollouts only)
     token_stats: dict[int, dict[str, list[float]]] = field(default_factory=dict)
     maxes: dict[str, float] = field(default_factory=dict)  # e.g. "train/is_weight_max": the driver takes the max
+    # this rank's own phase spans and waits with its coordinates (miles.backends.rank_phases.RankSpans)
+    rank_spans: Any = None
 
 
 @dataclass

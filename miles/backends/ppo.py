@@ -30,10 +30,13 @@ from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainR
 from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.flops import rank_peak_flops
 from miles.backends.logprobs import TokenStats
+from miles.backends.rank_phases import RankPhaseRecorder
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
 from miles.backends.weight_broadcast import RankSender, SendTarget
+from miles.run.faults import slow_rank
 from miles.run.phases import add_phase_hook, timed
+from miles.run.stragglers import RankCoords
 from miles.profiling.rank import RankProfiler
 from miles.profiling.summary import WindowSummary
 from miles.profiling.window import ProfileWindow
@@ -180,6 +183,9 @@ class PPORank:
         self.tied = False  # tie_word_embeddings: the HF files then hold no lm_head
         self.pad_id = 0
         self.profiler = RankProfiler(rank)
+        # this rank's own phase spans and its waits for the others (placed by `init`, see `rank_coords`)
+        self.rank_phases = RankPhaseRecorder(RankCoords(0, rank),
+                                             slow_rank(config.orchestration.inject_fault, rank))
         add_phase_hook(self.profiler.span)  # this rank's phases are spans of train_overall in a window
 
     # ---- set-up -------------------------------------------------------------------------
@@ -195,6 +201,8 @@ class PPORank:
         self.device = init_process_group(self.rank, self.world_size, master_addr, master_port,
                                          getattr(self, "_master_store", None))
         self._init_parallel()
+        self.rank_phases.coords = self.rank_coords()
+        self.rank_phases.between_passes = self.collectives_in_passes
         return self.load_base(model_path)
 
     def load_base(self, model_path: str) -> ActorInfo:
@@ -217,6 +225,14 @@ class PPORank:
 
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
         raise NotImplementedError
+
+    collectives_in_passes = False  # FSDP: forward and backward gather and reduce (rank_phases)
+
+    def rank_coords(self) -> RankCoords:
+        """This rank's (node, dp, pp, tp) once `_init_parallel` ran; a backend with model
+        parallelism names its own (here every rank is a data-parallel replica)."""
+        per_node = self.config.train.actor_num_gpus_per_node
+        return RankCoords(node=self.rank // per_node, dp=self.rank)
 
     def reduce_gradients(self) -> None:
         """Make every rank's gradients the world's average (nothing to do where the backward pass
@@ -246,7 +262,14 @@ class PPORank:
 
     def clip_and_step(self) -> float:
         """Reduce and clip this step's gradients, step optimizer and schedule; return the grad norm."""
-        self.reduce_gradients()
+        rec = self.rank_phases
+        rec.wait("grad_reduce")  # until every rank's backward passes are done: the others' lateness
+        with rec.span("grad_reduce"):
+            self.reduce_gradients()
+        with rec.span("optimizer"):
+            return self._clip_and_apply()
+
+    def _clip_and_apply(self) -> float:
         norm = self.clip_gradients(self.config.train.clip_grad or float("inf"))
         # The norm is of the world's averaged gradients, so every rank refuses the same step together.
         if not math.isfinite(float(norm)):
@@ -328,13 +351,16 @@ class PPORank:
 
         times: dict[str, float] = {}
         phases: list[tuple[str, float, float]] = []  # (phase, wall start, wall end) for the run's timeline
+        rec = self.rank_phases
+        rec.begin(batch.rollout_id)
         with self.profiler.section("train_log_probs", batch.rollout_id):
-            with timed("log_probs", times, phases):
+            with timed("log_probs", times, phases), rec.span("log_probs"):
                 old = self._score(self.model, mbs)
             ref = None
             if self.ref_model is not None:
-                with timed("ref_log_probs", times, phases):
+                with timed("ref_log_probs", times, phases), rec.span("ref_log_probs"):
                     ref = self._score(self.ref_model, mbs)
+            rec.wait("log_probs")
         for i, mb in enumerate(mbs):
             m = mb.response_mask
             sums["rollout/log_probs"] += sample_mean(old[i].log_probs, m).sum().item()
@@ -369,7 +395,8 @@ class PPORank:
             with timed("token_stats", times, phases):
                 token_stats = response_token_stats(batch, mbs, old)
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, times["log_probs"],
-                               times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats, maxes)
+                               times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats, maxes,
+                               rank_spans=rec.take())
 
     def _mismatch_metrics(self, mbs: list[MicroBatch], old: list[TokenStats], sums) -> dict[str, float]:
         """How far the rollout's policy is from the trained one (async: versions behind): `train/is_weight`
@@ -392,10 +419,16 @@ class PPORank:
     def _step_backward(self, rows: list[int], mbs: list[MicroBatch], old: list[TokenStats],
                        ref: list[TokenStats] | None, global_step_size: int, sums) -> None:
         """One optimizer step's forward and backward passes over micro-batches `rows` of `mbs`."""
+        rec = self.rank_phases
         for i in rows:
-            stats = self.token_stats(self.model, mbs[i])
-            self.micro_batch_loss(stats, mbs[i], old[i].log_probs, None if ref is None else ref[i].log_probs,
-                                  global_step_size, sums).backward()
+            with rec.span("forward"):
+                stats = self.token_stats(self.model, mbs[i])
+                loss = self.micro_batch_loss(stats, mbs[i], old[i].log_probs,
+                                             None if ref is None else ref[i].log_probs, global_step_size, sums)
+            rec.wait("forward", between_passes=True)
+            with rec.span("backward"):
+                loss.backward()
+            rec.wait("backward", between_passes=True)
 
     def micro_batch_loss(self, stats: TokenStats, mb: MicroBatch, old_log_probs, ref_log_probs,
                          global_step_size: int, sums) -> torch.Tensor:

@@ -9,6 +9,10 @@ and `stop-engine[:N]@R` (SIGSTOP: alive, never answering) hit engine N (default 
 so that rollout's requests meet the fault: refused by a dead engine (the router fails them over, or with
 one engine the client waits for its relaunch), or held by a stopped one until the supervisor finds it hung.
 (Waiting for a request in flight first was tried: the tiny rollouts end before a poll of the router sees one.)
+
+`slow-rank:N:PHASE[:SECONDS]@R` makes training rank N (its index in the world) a straggler: it sleeps
+SECONDS (default 1) at the end of its first span of PHASE (`miles.run.stragglers.RANK_PHASES`) in
+rollout R, inside the rank (`miles.backends.rank_phases`); the loop's injector leaves it alone.
 """
 from __future__ import annotations
 
@@ -22,10 +26,13 @@ from typing import Callable, Protocol
 from miles.config import ConfigError
 from miles.record import layout
 from miles.run.observer import Observer
+from miles.run.stragglers import RANK_PHASES
 
-KINDS = ("raise", "kill", "kill-engine", "stop-engine", "abort-engine", "kill-router")
+KINDS = ("raise", "kill", "kill-engine", "stop-engine", "abort-engine", "kill-router", "slow-rank")
 ENGINE_KINDS = ("kill-engine", "stop-engine", "abort-engine")
 SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<engine>\d+))?@(?P<at>\d+)$")
+SLOW_SPEC = re.compile(r"^slow-rank:(?P<rank>\d+):(?P<phase>[a-z_]+)(?::(?P<seconds>\d+(?:\.\d+)?))?"
+                       r"@(?P<at>\d+)$")
 
 
 class InjectedFault(RuntimeError):
@@ -45,7 +52,9 @@ class FaultTargets(Protocol):
 class Fault:
     kind: str
     rollout_id: int
-    engine: int = 0
+    engine: int = 0  # slow-rank: the rank
+    phase: str = ""  # slow-rank: the phase it is slow in, and by how many seconds
+    seconds: float = 0.0
 
     @property
     def marker(self) -> str:
@@ -54,18 +63,49 @@ class Fault:
 
     @property
     def name(self) -> str:
+        if self.kind == "slow-rank":
+            return f"slow-rank:{self.engine}:{self.phase}:{self.seconds:g}@{self.rollout_id}"
         return f"{self.kind}:{self.engine}@{self.rollout_id}" if self.kind in ENGINE_KINDS else \
             f"{self.kind}@{self.rollout_id}"
+
+
+@dataclass(frozen=True)
+class SlowRank:
+    """What `slow-rank:N:PHASE[:SECONDS]@R` asks of rank N: sleep in PHASE of rollout R."""
+
+    phase: str
+    seconds: float
+    rollout_id: int
+
+
+def slow_rank(spec: str | None, rank: int) -> SlowRank | None:
+    """The slow-rank fault of `--inject-fault` aimed at training rank `rank`, if any."""
+    for fault in parse_faults(spec):
+        if fault.kind == "slow-rank" and fault.engine == rank:
+            return SlowRank(fault.phase, fault.seconds, fault.rollout_id)
+    return None
+
+
+def _parse_slow_rank(spec: str) -> Fault:
+    match = SLOW_SPEC.match(spec)
+    if match is None or match["phase"] not in RANK_PHASES:
+        raise ConfigError("--inject-fault", f"expected slow-rank:RANK:PHASE[:SECONDS]@ITER with PHASE one of "
+                                            f"{', '.join(RANK_PHASES)}, got {spec!r}")
+    return Fault("slow-rank", int(match["at"]), int(match["rank"]), match["phase"],
+                 float(match["seconds"] or 1.0))
 
 
 def parse_fault(spec: str | None) -> Fault | None:
     """One fault (`kind[:N]@ITER`), or None for no spec."""
     if not spec:
         return None
+    if spec.strip().startswith("slow-rank"):
+        return _parse_slow_rank(spec.strip())
     match = SPEC.match(spec.strip())
     if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in ENGINE_KINDS):
         raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
-                                            f"stop-engine[:N]@ITER, abort-engine[:N]@ITER or kill-router@ITER, got {spec!r}")
+                                            f"stop-engine[:N]@ITER, abort-engine[:N]@ITER, kill-router@ITER or "
+                                            f"slow-rank:RANK:PHASE[:SECONDS]@ITER, got {spec!r}")
     return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 
@@ -110,7 +150,7 @@ class FaultInjector(Observer):
 
     def before_iteration(self, rollout_id: int) -> None:
         for fault in self.faults:
-            if fault.rollout_id == rollout_id:
+            if fault.rollout_id == rollout_id and fault.kind != "slow-rank":  # fired inside the rank
                 self._fire(fault, rollout_id)
 
     def _fire(self, fault: Fault, rollout_id: int) -> None:

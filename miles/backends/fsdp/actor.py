@@ -23,6 +23,8 @@ from miles.backends.ppo import PPORank, load_state_file
 
 
 class FSDPTrainActor(PPORank):
+    collectives_in_passes = True  # per-layer gathers and reduce-scatters: wait after each pass
+
     # ---- set-up -------------------------------------------------------------------------
     def _init_parallel(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh

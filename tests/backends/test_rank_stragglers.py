@@ -1,0 +1,60 @@
+"""Two FSDP ranks as Ray actors: the straggler metrics name the rank that `--inject-fault slow-rank`
+slows and its phase, and no rank of the healthy iterations around it; the others wait for it in
+wait spans, not in their own work.
+
+FSDP's passes hold collectives (parameter gathers, gradient reduce-scatters): the fault slows rank 1's
+forward, so without the wait after each pass rank 0's next backward would hold that wait and name
+rank 0 in `backward`."""
+import pytest
+
+from miles.backends.group import ActorGroup
+from miles.backends.pack import split_for_ranks
+from miles.backends.rank_phases import WAIT
+from miles.run.stragglers import RankCoords, slowest
+from miles.trainer import rank_straggler_metrics
+from tests.support.actors import config, rollout_like
+
+SLOW_ROLLOUT, SLEEP = 1, 1.5
+# A phase is a straggler's when its slowest rank's own work is this much above the median: with two
+# ranks the median is their mean, so a slowdown is at most 2; ms-scale phases jitter far more than
+# 1.5x on a shared machine, so a straggler also lags the median by a quarter second.
+SLOWDOWN, LAG = 1.5, 0.25
+
+
+def stragglers(metrics):
+    phases = {key.split("/")[1] for key in metrics}
+    return {phase for phase in phases if metrics[f"straggler/{phase}/slowdown"] > SLOWDOWN
+            and metrics[f"straggler/{phase}/max"] - metrics[f"straggler/{phase}/median"] > LAG}
+
+
+@pytest.fixture(scope="module")
+def iterations(ray_cluster, base_model):
+    cfg = config(2, inject_fault=f"slow-rank:1:forward:{SLEEP}@{SLOW_ROLLOUT}")
+    group = ActorGroup(cfg, str(base_model))
+    samples, advantages = rollout_like()
+    try:
+        return [group.train(split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
+                                            rollout_id=r)) for r in range(3)]
+    finally:
+        group.stop()
+
+
+def test_the_slow_rank_is_named_with_its_phase(iterations):
+    metrics = rank_straggler_metrics(iterations[SLOW_ROLLOUT])
+    assert stragglers(metrics) == {"forward"}, metrics
+    assert slowest(metrics, "forward") == RankCoords(node=0, dp=1)  # --actor-num-gpus-per-node 2
+    assert metrics["straggler/forward/max"] - metrics["straggler/forward/min"] >= SLEEP
+    # rank 0 waited for it after that forward, in a wait span
+    waited = iterations[SLOW_ROLLOUT][0].rank_spans.seconds(WAIT)
+    assert waited.get("forward", 0.0) >= SLEEP * 0.9, waited
+
+
+def test_healthy_iterations_name_no_straggler(iterations):
+    for results in (iterations[0], iterations[2]):
+        metrics = rank_straggler_metrics(results)
+        assert {"log_probs", "forward", "backward", "grad_reduce", "optimizer"} <= {k.split("/")[1] for k in metrics}
+        assert stragglers(metrics) == set(), metrics
+
+
+def test_every_rank_reports_its_coordinates(iterations):
+    assert [r.rank_spans.coords.name for r in iterations[0]] == ["node0/dp0/pp0/tp0", "node0/dp1/pp0/tp0"]
