@@ -1,11 +1,15 @@
-"""The project gates its own learning curve: `tests/compare/history/default-short/` holds the trusted records
-of three real short default runs (8 rollouts, eval every 4 on 64 prompts) and the rules CI judges by. A
-run of today's code must stay inside their corridors in enforce mode (the slow test runs one), each trusted
-run passes against the other two (the corridors are wide enough for run-to-run noise), and two real broken
-learners recorded with the same flags fail: `--lr 0` (nothing learned) and a reward with its sign flipped.
+"""The project gates its own learning curve: `tests/compare/history/default-short/` holds the
+trusted records of three real short default runs (GATE_RECORD: the first 8 rollouts of the default
+run on two ranks, with its 100-rollout learning-rate schedule, eval every 4 on 64 prompts) and the
+rules CI judges by. A run of today's code must stay inside their corridors in enforce mode (the
+default run of tests/training/test_learning.py, whose first 8 rollouts are those), each trusted run
+passes against the other two (the corridors are wide enough for run-to-run noise), and two real
+broken learners fail: `--lr 0` (nothing learned) and a reward with its sign flipped (both recorded
+with the gate's earlier flags, 8 rollouts on one rank, eval every 4 on 64 prompts: the schedule of
+the learning rate is no part of either breakage).
 
 Refresh the history after a change that moves the curve on purpose (see docs/user-guide/compare.md):
-run GATE_FLAGS three times and `miles doctor RUN --history DIR --history-add` each."""
+run GATE_RECORD three times and `miles doctor RUN --history DIR --history-add` each."""
 from __future__ import annotations
 
 import json
@@ -13,24 +17,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from compare_helpers import miles
+
+from tests.support.history_gate import HISTORY, gate, outside
 
 HERE = Path(__file__).parent
-HISTORY = HERE / "history" / "default-short"
-RECORDED = HERE / "recorded"  # real runs of GATE_FLAGS: a trusted one and the two broken learners
-GATE_FLAGS = ["--num-rollout", "8", "--eval-interval", "4", "--eval-max-prompts", "64"]
-
-
-def gate(run_dir: Path, history: Path = HISTORY) -> tuple[int, str]:
-    done = miles("doctor", run_dir, "--history", history, "--history-mode", "enforce")
-    assert "Traceback" not in done.stderr, done.stderr
-    return done.returncode, done.stdout
-
-
-def outside(report: str) -> dict[str, int]:
-    """Signal -> first step, of the gate table's failed rows."""
-    rows = [line.split() for line in report.splitlines() if " OUTSIDE " in line or " ERROR " in line]
-    return {r[0]: int(r[2]) for r in rows}
+RECORDED = HERE / "recorded"  # real runs: a trusted one (short-1) and the two broken learners
 
 
 def test_the_committed_history_is_compact_and_active():
@@ -46,13 +37,13 @@ def test_the_committed_history_is_compact_and_active():
 def test_each_trusted_run_passes_against_the_others(tmp_path):
     """Leave one out: the run-to-run noise of real runs stays inside the corridors of the other two."""
     records = sorted(p for p in HISTORY.glob("*.json") if p.name != "rules.json")
-    run = RECORDED / "default-1"
+    run = RECORDED / "short-1"
     assert run.is_dir()
     others = tmp_path / "others"
     others.mkdir()
     shutil.copy(HISTORY / "rules.json", others)
     for p in records:
-        if p.stem != "default-1":
+        if p.stem != "short-1":
             shutil.copy(p, others)
     code, report = gate(run, others)
     assert code == 0 and "2 trusted runs: passed" in report, report
@@ -69,16 +60,3 @@ def test_a_broken_learner_fails_the_gate(name, signals):
     assert signals & set(failed), report
     if name == "sign-flip":
         assert failed["rollout/raw_reward"] == 0  # the reward is negative from the first rollout
-
-
-@pytest.mark.slow
-def test_a_default_run_of_this_code_passes_the_gate(tmp_path, ray_cluster):
-    """A real short run of the default config, gated in enforce mode against the committed history."""
-    from miles.config import parse_config
-    from miles.prepare import prepare_config
-    from miles.train import train
-
-    run_dir = tmp_path / "default-short"
-    train(prepare_config(parse_config(["--run-dir", str(run_dir), *GATE_FLAGS])))
-    code, report = gate(run_dir)
-    assert code == 0 and "3 trusted runs: passed" in report, report
