@@ -22,8 +22,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from miles.backends.ppo import squared_norm
 
 
-def _all_reduce_mean(tensors: list[torch.Tensor], group, size: int) -> None:
-    """One all-reduce of the flattened tensors, divided by `size` (gloo has no AVG)."""
+def _all_reduce_divided(tensors: list[torch.Tensor], group, size: int) -> None:
+    """One all-reduce (SUM) of the flattened tensors, divided by `size`: the mean over a group of `size`
+    (gloo has no AVG), or the plain sum with `size` 1."""
     flat = _flatten_dense_tensors(tensors)
     dist.all_reduce(flat, group=group)
     flat.div_(size)
@@ -44,10 +45,10 @@ def reduce_gradients(model, parallel_state) -> None:
             p.grad = torch.zeros_like(p)
     qk = [p.grad for n, p in named if any(part in n for part in QK_NORMS)]
     if qk and parallel_state.get_tensor_model_parallel_world_size() > 1:
-        _all_reduce_mean(qk, parallel_state.get_tensor_model_parallel_group(), 1)
+        _all_reduce_divided(qk, parallel_state.get_tensor_model_parallel_group(), 1)
     dp = parallel_state.get_data_parallel_world_size()
     if dp > 1:
-        _all_reduce_mean([p.grad for p in params], parallel_state.get_data_parallel_group(), dp)
+        _all_reduce_divided([p.grad for p in params], parallel_state.get_data_parallel_group(), dp)
     if tied_across_stages(model, parallel_state) and parallel_state.is_rank_in_embedding_group():
         dist.all_reduce(model.shared_embedding_or_output_weight().grad,
                         group=parallel_state.get_embedding_group())
