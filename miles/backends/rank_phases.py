@@ -38,7 +38,8 @@ COMPUTE, WAIT = "compute", "wait"
 
 @dataclass
 class RankSpans:
-    """One rank's spans of one iteration: (phase, kind, unix start, unix end), kind compute or wait."""
+    """One rank's spans of one iteration: (phase, kind, unix start, unix end); kind is compute or
+    wait."""
 
     coords: RankCoords
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)
@@ -102,7 +103,9 @@ class RankPhaseRecorder:
 
     def _maybe_slow(self, phase: str) -> None:
         slow = self.slow
-        if slow is None or self._slowed or slow.phase != phase or slow.rollout_id != self.rollout_id:
+        if slow is None or self._slowed:
+            return
+        if slow.phase != phase or slow.rollout_id != self.rollout_id:
             return
         self._slowed = True
         time.sleep(slow.seconds)  # the test-only fault: this rank finishes the phase late

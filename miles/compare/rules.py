@@ -19,6 +19,7 @@ from miles.config import ConfigError
 
 UP, DOWN = "up", "down"  # the direction in which a metric gets worse
 SUSTAIN = 3  # by default 3 of 5 steps outside are a regression on the rollout and train axes
+FLOOR_SHARE = 0.2  # a falling metric below a fifth of its positive baselines' mean is never noise
 
 
 @dataclass(frozen=True)
@@ -33,18 +34,26 @@ class Rule:
     # k: outside at k of 2k-1 judged steps in a stretch is a regression (None: 1 on the eval axis, whose points
     # are each the mean of hundreds of samples, SUSTAIN elsewhere); one step past twice the tolerance is one too
     sustain: int | None = None
-    timing: bool | None = None  # a timing (None: the key is under perf/): reported apart, gated on request
+    timing: bool | None = None  # a timing (None: under perf/ or straggler/): reported apart, gated on request
 
     def steps_needed(self, axis: str) -> int:
         return self.sustain if self.sustain is not None else (1 if axis == "eval/step" else SUSTAIN)
 
     @property
     def is_timing(self) -> bool:
-        return self.timing if self.timing is not None else self.pattern.startswith("perf/")
+        if self.timing is not None:
+            return self.timing
+        return self.pattern.startswith(("perf/", "straggler/"))
 
     def tolerance(self, mean: float, std: float) -> float:
-        """How far past the baselines' mean a value may go in the worse direction."""
-        return max(self.rel * abs(mean), self.abs, self.k_sigma * std)
+        """How far past the baselines' mean a value may go in the worse direction. Falling, the noise and
+        the absolute floor may take a positive mean down to FLOOR_SHARE of itself, never to zero or below
+        (issue 55, N29: an entropy collapsing late read "within" under a bound below zero); `rel` is the
+        rule's own word and is not capped."""
+        widest = max(self.abs, self.k_sigma * std)
+        if self.worse == DOWN and mean > 0:
+            widest = min(widest, (1 - FLOOR_SHARE) * mean)
+        return max(self.rel * abs(mean), widest)
 
     def bound(self, mean: float, std: float) -> float:
         """The worst value still inside the corridor."""

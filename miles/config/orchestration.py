@@ -22,8 +22,10 @@ class OrchestrationConfig:
                                           "kill-engine[:N]@ITER SIGKILLs engine N (default 0), "
                                           "stop-engine[:N]@ITER SIGSTOPs it, abort-engine[:N]@ITER makes it abort every "
                                           "request of the rollout (an abort storm), kill-router@ITER SIGKILLs the "
-                                          "router, all as rollout ITER starts; a comma-separated list fires each once "
-                                          "(raise@1,kill-engine:1@3), one fault per rollout")
+                                          "router, all as rollout ITER starts; slow-rank:N:PHASE[:SECONDS]@ITER makes "
+                                          "training rank N sleep SECONDS (default 1) at the end of PHASE (forward, "
+                                          "backward, ...) in rollout ITER, a straggler; a comma-separated list fires "
+                                          "each once (raise@1,kill-engine:1@3), one fault per rollout")
     use_fault_tolerance: bool = flag(False, "supervise the engines and the router (both drivers): "
                                             "relaunch a dead or hung engine on its port, readmit it once it serves "
                                             "the current weights, re-send the requests it never answered; a dead "

@@ -193,6 +193,8 @@ def utilization(spans: list[dict[str, Any]], lanes: list[str]) -> dict[str, floa
     lo, hi = min(float(s["start"]) for s in trained), max(float(s["end"]) for s in trained)
     busy: dict[str, float] = defaultdict(float)
     for s in spans:
+        if (s.get("args") or {}).get("kind") == "wait":  # a rank waiting for the others is not busy
+            continue
         busy[str(s.get("lane"))] += max(min(float(s["end"]), hi) - max(float(s["start"]), lo), 0.0)
     return {lane: min(busy[lane] / (hi - lo), 1.0) if hi > lo else 0.0 for lane in lanes}
 

@@ -31,8 +31,8 @@ from miles.run.stragglers import RANK_PHASES
 KINDS = ("raise", "kill", "kill-engine", "stop-engine", "abort-engine", "kill-router", "slow-rank")
 ENGINE_KINDS = ("kill-engine", "stop-engine", "abort-engine")
 SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<engine>\d+))?@(?P<at>\d+)$")
-SLOW_SPEC = re.compile(r"^slow-rank:(?P<rank>\d+):(?P<phase>[a-z_]+)(?::(?P<seconds>\d+(?:\.\d+)?))?"
-                       r"@(?P<at>\d+)$")
+SLOW_SPEC = re.compile(r"^slow-rank:(?P<rank>\d+):(?P<phase>[a-z_]+)"
+                       r"(?::(?P<seconds>\d+(?:\.\d+)?))?@(?P<at>\d+)$")
 
 
 class InjectedFault(RuntimeError):
@@ -89,8 +89,8 @@ def slow_rank(spec: str | None, rank: int) -> SlowRank | None:
 def _parse_slow_rank(spec: str) -> Fault:
     match = SLOW_SPEC.match(spec)
     if match is None or match["phase"] not in RANK_PHASES:
-        raise ConfigError("--inject-fault", f"expected slow-rank:RANK:PHASE[:SECONDS]@ITER with PHASE one of "
-                                            f"{', '.join(RANK_PHASES)}, got {spec!r}")
+        raise ConfigError("--inject-fault", f"expected slow-rank:RANK:PHASE[:SECONDS]@ITER with "
+                                            f"PHASE one of {', '.join(RANK_PHASES)}, got {spec!r}")
     return Fault("slow-rank", int(match["at"]), int(match["rank"]), match["phase"],
                  float(match["seconds"] or 1.0))
 

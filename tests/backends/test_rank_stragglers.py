@@ -2,9 +2,9 @@
 slows and its phase, and no rank of the healthy iterations around it; the others wait for it in
 wait spans, not in their own work.
 
-FSDP's passes hold collectives (parameter gathers, gradient reduce-scatters): the fault slows rank 1's
-forward, so without the wait after each pass rank 0's next backward would hold that wait and name
-rank 0 in `backward`."""
+FSDP's passes hold collectives (parameter gathers, gradient reduce-scatters): the fault slows rank
+1's forward, so without the wait after each pass rank 0's next backward would hold that wait and
+name rank 0 in `backward`."""
 import pytest
 
 from miles.backends.group import ActorGroup
@@ -33,8 +33,8 @@ def iterations(ray_cluster, base_model):
     group = ActorGroup(cfg, str(base_model))
     samples, advantages = rollout_like()
     try:
-        return [group.train(split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
-                                            rollout_id=r)) for r in range(3)]
+        return [group.train(split_for_ranks(samples, advantages, cfg.global_batch_size,
+                                            cfg.world_size, rollout_id=r)) for r in range(3)]
     finally:
         group.stop()
 
@@ -52,9 +52,11 @@ def test_the_slow_rank_is_named_with_its_phase(iterations):
 def test_healthy_iterations_name_no_straggler(iterations):
     for results in (iterations[0], iterations[2]):
         metrics = rank_straggler_metrics(results)
-        assert {"log_probs", "forward", "backward", "grad_reduce", "optimizer"} <= {k.split("/")[1] for k in metrics}
+        phases = {k.split("/")[1] for k in metrics}
+        assert {"log_probs", "forward", "backward", "grad_reduce", "optimizer"} <= phases
         assert stragglers(metrics) == set(), metrics
 
 
 def test_every_rank_reports_its_coordinates(iterations):
-    assert [r.rank_spans.coords.name for r in iterations[0]] == ["node0/dp0/pp0/tp0", "node0/dp1/pp0/tp0"]
+    names = [r.rank_spans.coords.name for r in iterations[0]]
+    assert names == ["node0/dp0/pp0/tp0", "node0/dp1/pp0/tp0"]

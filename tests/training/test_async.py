@@ -37,13 +37,13 @@ def test_staleness_zero_through_the_producer_gives_the_synchronous_journal(small
     for a, s in zip(k0, sync):
         assert set(s) <= set(a)  # async adds its own keys, drops none
         for key, value in s.items():
-            if key.startswith("perf/") or key in ("time", "timestamp", "_timestamp"):
+            if key.startswith(("perf/", "straggler/")) or key in ("time", "timestamp", "_timestamp"):
                 continue
             if key in ENGINE_FLOAT_KEYS:
                 assert a[key] == pytest.approx(value, rel=1e-5, abs=2e-6), key
             else:
                 assert a[key] == value, f"rollout {s.get('rollout/step')}: {key}"
-        extra = {k for k in set(a) - set(s) if not k.startswith("perf/")}
+        extra = {k for k in set(a) - set(s) if not k.startswith(("perf/", "straggler/"))}
         assert all(k.startswith(ASYNC_ONLY) for k in extra), sorted(extra)
         if "rollout/staleness/max" in a:
             assert a["rollout/staleness/max"] == 0 and a["rollout/mixed_version_ratio"] == 0

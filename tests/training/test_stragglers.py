@@ -1,5 +1,5 @@
-"""Straggler metrics from each rank's own phase seconds, the slow-rank fault's spec, the recorder's spans
-and the rank lanes the trainer writes from them (no process group: one process)."""
+"""Straggler metrics from each rank's own phase seconds, the slow-rank fault's spec, the recorder's
+spans and the rank lanes the trainer writes from them (no process group: one process)."""
 import json
 from types import SimpleNamespace
 
@@ -18,7 +18,8 @@ def test_the_slowest_rank_is_named_by_its_coordinates():
              (RankCoords(0, 1), {"forward": 1.2, "backward": 2.0}),
              (RankCoords(1, 2), {"forward": 3.0, "backward": 2.2})]
     m = straggler_metrics(ranks)
-    assert (m["straggler/forward/min"], m["straggler/forward/median"], m["straggler/forward/max"]) == (1.0, 1.2, 3.0)
+    stats = [m[f"straggler/forward/{key}"] for key in ("min", "median", "max")]
+    assert stats == [1.0, 1.2, 3.0]
     assert m["straggler/forward/slowdown"] == pytest.approx(2.5)
     assert slowest(m, "forward") == RankCoords(node=1, dp=2)
     assert slowest(m, "backward") == RankCoords(node=1, dp=2)
@@ -28,9 +29,11 @@ def test_the_slowest_rank_is_named_by_its_coordinates():
 
 
 def test_even_ranks_and_a_phase_one_rank_skipped():
-    m = straggler_metrics([(RankCoords(0, 0), {"grad_reduce": 0.0}), (RankCoords(0, 1), {"grad_reduce": 0.0})])
+    m = straggler_metrics([(RankCoords(0, 0), {"grad_reduce": 0.0}),
+                           (RankCoords(0, 1), {"grad_reduce": 0.0})])
     assert m["straggler/grad_reduce/slowdown"] == 1.0  # nothing took time: no one is slow
-    m = straggler_metrics([(RankCoords(0, 0), {"log_probs": 2.0}), (RankCoords(0, 1, pp=1, tp=1), {})])
+    m = straggler_metrics([(RankCoords(0, 0), {"log_probs": 2.0}),
+                           (RankCoords(0, 1, pp=1, tp=1), {})])
     assert m["straggler/log_probs/min"] == 0.0 and slowest(m, "log_probs") == RankCoords(0, 0)
     assert straggler_metrics([]) == {}
 
@@ -44,7 +47,8 @@ def test_the_slow_rank_fault_is_parsed_and_left_to_the_rank(tmp_path):
             parse_faults(bad)
     (fault,) = parse_faults("slow-rank:1:backward:0.5@2")
     assert fault.name == "slow-rank:1:backward:0.5@2"
-    FaultInjector("slow-rank:1:backward@0", tmp_path).before_iteration(0)  # the driver does not fire it
+    # the driver's injector does not fire it (the rank does)
+    FaultInjector("slow-rank:1:backward@0", tmp_path).before_iteration(0)
     assert not (tmp_path / "faults").exists()
 
 
@@ -59,7 +63,8 @@ def test_spans_waits_and_the_slow_phase_on_one_rank():
                 pass
         rec.wait("grad_reduce")  # no process group: nobody to wait for, no span
         spans = rec.take()
-        assert [(p, k) for p, k, _, _ in spans.spans] == [("forward", COMPUTE), ("backward", COMPUTE)] * 2
+        kinds = [(p, k) for p, k, _, _ in spans.spans]
+        assert kinds == [("forward", COMPUTE), ("backward", COMPUTE)] * 2
         slept = spans.seconds()["backward"] >= 0.05  # once, in rollout 3 only
         assert slept == (rollout_id == 3)
     with pytest.raises(ValueError, match="unknown rank phase"):
@@ -83,8 +88,20 @@ def test_the_rank_lanes_hold_compute_and_wait_spans_with_coordinates(tmp_path):
     trainer.timeline.close()
     spans = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
     got = [(s["lane"], s["name"], s.get("args", {})) for s in spans]
-    assert got == [("rank0", "log_probs", {}), ("rank0", "actor_train", {}),  # no recorder: coarse spans
+    # rank 0 recorded nothing (a fake): its coarse spans
+    assert got == [("rank0", "log_probs", {}), ("rank0", "actor_train", {}),
                    ("rank1", "token_stats", {}),
                    ("rank1", "forward", {"kind": "compute", "coords": "node0/dp1/pp0/tp0"}),
-                   ("rank1", "wait", {"kind": "wait", "coords": "node0/dp1/pp0/tp0", "phase": "forward"})]
+                   ("rank1", "wait", {"kind": "wait", "coords": "node0/dp1/pp0/tp0",
+                                      "phase": "forward"})]
     assert rank_straggler_metrics(results)["straggler/forward/max"] == 1.0  # the wait left out
+
+
+def test_a_rank_waiting_is_not_busy_on_the_dashboard():
+    from miles.dashboard.views import utilization
+
+    spans = [{"lane": "rank0", "name": "forward", "start": 0.0, "end": 1.0, "rollout_id": 0,
+              "args": {"kind": COMPUTE}},
+             {"lane": "rank0", "name": "wait", "start": 1.0, "end": 2.0, "rollout_id": 0,
+              "args": {"kind": WAIT, "phase": "forward"}}]
+    assert utilization(spans, ["rank0"]) == {"rank0": 0.5}

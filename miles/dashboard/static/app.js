@@ -5,6 +5,9 @@ const TOKEN = new URLSearchParams(location.search).get("token");
 const PHASE_COLORS = {rollout: "#60a5fa", train: "#a78bfa", log_probs: "#34d399", actor_train: "#f59e0b",
                       update_weights: "#f472b6", checkpoint: "#94a3b8", eval: "#22d3ee", decode: "#93c5fd",
                       log_tokens: "#ef4444", token_stats: "#ef4444",
+                      // a training rank's own phases, and its waits for the other ranks (light grey)
+                      ref_log_probs: "#6ee7b7", forward: "#fbbf24", backward: "#d97706", grad_reduce: "#8b5cf6",
+                      optimizer: "#c084fc", wait: "#e5e7eb",
                       // the router's lane: bursts of proxied requests, and its admin events (instants)
                       proxy: "#fdba74", add_worker: "#15803d", readmit: "#15803d", remove_worker: "#b91c1c",
                       quarantine: "#b91c1c", update_weight_version: "#db2777",
