@@ -48,11 +48,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def check_distinct(baselines: list[str]) -> None:
+    """Each baseline once: one given twice has no spread against itself, so the corridor lost the jitter
+    widening a single baseline gets, and nothing said so (CN5)."""
+    seen: dict[Path, str] = {}
+    for given in baselines:
+        first = seen.setdefault(Path(given).resolve(), given)
+        if first is not given:
+            raise ConfigError("BASELINE_DIR", terminal_safe(f"{given} is given twice (also as {first}); "
+                                                            f"each baseline counts once"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rules = load_rules(args.rules, "--rules") if args.rules else DEFAULT_RULES
     if Path(args.run_dir).resolve() in {Path(b).resolve() for b in args.baselines}:
         raise ConfigError("BASELINE_DIR", f"{args.run_dir} is its own baseline")
+    check_distinct(args.baselines)
     try:
         run = read_run(Path(args.run_dir), rules)
         baselines = [require_judged(read_run(Path(b), rules, "BASELINE_DIR")) for b in args.baselines]
