@@ -5,9 +5,13 @@ process (tests) without their counters adding up.
 """
 from __future__ import annotations
 
+import math
+import re
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+NUMBER = re.compile(r"-?[0-9]{1,15}(\.[0-9]{1,15})?")  # a weight version that is a plain decimal
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TOKEN_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -75,10 +79,10 @@ class EngineMetrics:
     def set_weight_version(self, version: str) -> None:
         """Called at scrape time (not per request): the version label and its numeric twin for graphs."""
         self.weight_version.info({"weight_version": str(version)})
-        try:
-            self.weight_version_number.set(float(version))
-        except (TypeError, ValueError):
-            self.weight_version_number.set(-1)
+        text = str(version)
+        # a plain decimal only: float() also reads "nan", "inf", "1e999" and "1_0" (P5: NaN, +Inf, 10.0)
+        number = float(text) if NUMBER.fullmatch(text) else -1.0
+        self.weight_version_number.set(number if math.isfinite(number) else -1.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

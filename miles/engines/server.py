@@ -258,6 +258,8 @@ class EngineServer:
         for name in ("model_path", "weight_version"):
             if not _encodable(body.get(name)):  # a lone surrogate: no such path, and no answer could quote it
                 return weight_failure(f"{name} is not valid Unicode text (it holds a lone surrogate)")
+        if version is not None and len(version) > MAX_VERSION_CHARS:
+            return weight_failure(_long_version(version))
         path = body["model_path"]
         started = time.perf_counter()
         try:
@@ -272,6 +274,8 @@ class EngineServer:
 
     async def update_weights_from_tensor(self, request: Request):
         version = request.query_params.get("weight_version") or request.headers.get("x-weight-version")
+        if version is not None and len(version) > MAX_VERSION_CHARS:
+            return weight_failure(_long_version(version))  # before the body: it is as large as the model
         data = await request.body()  # bounded by the model's size (BodyLimit's own limit for this path)
         started = time.perf_counter()  # from the received bytes: the transfer is the trainer's side of the sync
         try:
@@ -413,6 +417,14 @@ class AsgiEndpoint:
         except RequestError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status)
         await response(scope, receive, send)
+
+
+MAX_VERSION_CHARS = 256  # the router's bound: a version is a counter or a short tag, echoed in every scrape
+
+
+def _long_version(version: str) -> str:
+    """P5: a 1 MiB version was stored and served in every /metrics scrape and answer."""
+    return f"weight_version is {len(version)} characters long; at most {MAX_VERSION_CHARS}; the served weights are kept"
 
 
 def _encodable(value) -> bool:
