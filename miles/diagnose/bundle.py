@@ -30,10 +30,11 @@ from miles.diagnose.run_state import read_run_state, tail
 from miles.diagnose.stacks import dump_stacks, process_state, run_processes
 from miles.diagnose.verdict import Findings, compose, verdict_text
 from miles.health import RED, read_health_log
-from miles.health.open_phase import open_phases
+from miles.health.open_phase import open_phases, plausible
 from miles.profiling.pyspy import read_processes
 from miles.profiling.run_services import read_services
 from miles.record import layout
+from miles.record.timeline import open_spans
 from miles.record.files import replacing
 
 COPIED = ("timeline", "timeline_open", "health", "tracking_config", "trainer_state", "delivery_state",
@@ -193,6 +194,10 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
     run = read_run_state(view, alive, logs_from=run_dir)
     red = [v for v in read_health_log(view) if v.severity == RED]
     phases = open_phases(view, now)
+    odd_starts = sum(not plausible(s, now) for s in open_spans(view))
+    if odd_starts:
+        notes.append(f"skipped {odd_starts} phase start(s) in {layout.TIMELINE_OPEN} in the future or more than a "
+                     f"year ago: no phase of a live run")
     _copy_run_files(view, root, run.logs, notes)
     findings = Findings(alive, phases, stacks, engines, router, run, red, notes)
     return compose(findings, cfg), list(processes.values())

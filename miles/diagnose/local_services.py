@@ -4,8 +4,8 @@
 diagnose probes only services on this machine (a loopback address, or one of this machine's own
 addresses: a local Ray cluster records the node's IP), sends the router admin token only to a router
 whose port a live process of the run's own process list listens on and whose command line is a miles
-router's for that port (its /health and /metrics are open and get no token at all), and sends Ray's auth token only to a GCS on this machine or the one the user
-named in RAY_ADDRESS."""
+router's for that port (its /health and /metrics are open and get no token at all), and sends Ray's
+auth token only to a GCS on this machine or the one the user named in RAY_ADDRESS."""
 from __future__ import annotations
 
 import ipaddress

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from miles.compare.text import terminal_safe
 from miles.config.health import HealthConfig
 from miles.diagnose.probes import EngineProbe
 from miles.diagnose.run_state import RunState
@@ -113,5 +114,8 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
 
 
 def verdict_text(verdict: dict[str, Any]) -> str:
-    return "\n".join([f"VERDICT ({verdict['status']}): {verdict['headline']}", ""] +
-                     [f"- {line}" for line in verdict["details"]]) + "\n"
+    """The verdict as the terminal shows it: a lane, phase name or log line comes from run files anyone who
+    could write the run dir may have shaped, so control characters are printed as escapes (probe DG3: a
+    lane holding `\x1b[2J` cleared the terminal, as compare and doctor no longer let it, N33)."""
+    return "\n".join([terminal_safe(f"VERDICT ({verdict['status']}): {verdict['headline']}"), ""] +
+                      [terminal_safe(f"- {line}") for line in verdict["details"]]) + "\n"

@@ -17,6 +17,15 @@ from miles.record.timeline import OPEN_NAME, TIMELINE_NAME, Span, open_spans, re
 
 MIN_ENDED = 3  # ended spans of a phase before its median means anything (as check_stall)
 MEDIAN_OF_LAST = 50
+# A phase start later than now (past the clocks' slack between processes), or open longer than a year, is
+# no phase of a live run: a start at 1.0 read as "open for 1796613739 s" (probe DG3). Such starts are skipped.
+CLOCK_SLACK_S = 60.0
+MAX_OPEN_S = 365 * 86400.0
+
+
+def plausible(span: Span, now: float) -> bool:
+    """Whether an open span's start can be a phase begun by a run that lives now."""
+    return now - MAX_OPEN_S <= span.start <= now + CLOCK_SLACK_S
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ def open_phases(run_dir: Path, now: float, cache: "PhaseCache | None" = None) ->
     if opened is None:
         durations = ended_durations(read_spans(Path(run_dir) / TIMELINE_NAME))
         opened = []
-        for span in open_spans(run_dir):
+        for span in (s for s in open_spans(run_dir) if plausible(s, now)):
             same = durations.get((span.lane, span.name), [])[-MEDIAN_OF_LAST:]
             opened.append((span, statistics.median(same) if len(same) >= MIN_ENDED else None, len(same)))
         if cache is not None:

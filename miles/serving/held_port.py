@@ -82,7 +82,8 @@ def take_handed_socket(host: str, port: int, backlog: int = 2048) -> socket.sock
 
 def _handed(value: str) -> socket.socket:
     """The TCP socket the variable's descriptor holds (HandedSocketError for anything else)."""
-    if not (value.isascii() and value.isdigit()) or int(value) < 3:  # 0-2 are the standard streams, never a handed socket
+    # 0-2 are the standard streams, never a handed socket
+    if not (value.isascii() and value.isdigit()) or int(value) < 3:
         raise HandedSocketError(value, "is not a file descriptor number of 3 or more")
     fd = int(value)
     try:

@@ -22,10 +22,11 @@ import yaml
 
 from miles.config.secrets import Scrubber, env_scrubber
 from miles.record import layout
-from miles.record.journal import JOURNAL_NAME, JournalFollower
+from miles.record.journal import JOURNAL_NAME, JournalFollower, read_journal
 from miles.record.samples import samples_path
 from miles.config.mlflow_store import artifact_dir as mlflow_artifact_dir, default_store_uri, sqlite_path
 from miles.tracking.sinks.base import SINK_CLASSES, Delivery, Sink, SinkSpec, build_sink, spec_problem
+from miles.tracking.sinks.mlflow_reattach import delivered_run
 from miles.tracking.state import (CONFIG_ARTIFACT, DELIVERY_LOCK_PATH, DELIVERY_PATH, TRAINER_PATH, DeliveryState,
                                   SinkState, StateError, TrainerFile, pending, recorded_lines, try_delivery_lock)
 
@@ -350,12 +351,33 @@ def replay(run_dir: Path, timeout: float, retry_interval: float = 1.0, scrubber:
         check_specs(run_dir, specs, set(todo), allowed or [],
                     {name: run_dir / (DELIVERY_PATH if name in sinks else TRAINER_PATH) for name in specs},
                     trusted_server)
+        todo.update(_reattached(run_dir, {n: s for n, s in todo.items() if n not in sinks}))
         # the default MLflow store beside the run dir (shared by the runs of its folder) keeps this run's
         # artifacts under its own artifact root: that root is the run's too
         roots = [Path(run_dir).resolve()] + [Path(a).resolve() for a in allowed or []] + \
             sorted(p for p in shared_store_paths(Path(run_dir).resolve()) if p.suffix != ".db")
         return DeliveryLoop(run_dir, todo, scrubber or env_scrubber(), retry_interval,
                             write_roots=roots).finish(True, timeout)
+
+
+def _reattached(run_dir: Path, unknown: dict[str, SinkSpec]) -> dict[str, SinkSpec]:
+    """MLflow trackers without a delivery state (delivery.json deleted, or a copy without it) whose lines an
+    existing MLflow run already holds: their spec with that run's id, so no second run is made (DD1)."""
+    out = {}
+    for name, spec in unknown.items():
+        if spec.kind != "mlflow" or spec.options.get("run_id") is not None:
+            continue
+        try:
+            found = delivered_run(spec.options, read_journal(Path(run_dir) / JOURNAL_NAME))
+        except Exception as exc:  # the server down, an odd store: a new run, as before
+            log.info("tracking: %s: looking for the run its lines went to failed (%s)", name, type(exc).__name__)
+            continue
+        if found is not None:
+            log.warning("tracking: %s: %s names no %s run, but run %s already holds this journal's lines "
+                        "(found by its run name or run dir, and its first point): delivering to it, not to a "
+                        "new run", name, DELIVERY_PATH, name, found)
+            out[name] = SinkSpec(spec.kind, {**spec.options, "run_id": found})
+    return out
 
 
 def follow(run_dir: Path, session: str | None, scrubber: Scrubber, retry_interval: float) -> tuple[str, dict[str, int]]:

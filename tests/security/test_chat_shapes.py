@@ -1,5 +1,6 @@
 """Probe B1: malformed `tools`, `tool_calls`, content parts and `stream_options` on /v1/chat/completions
-are a 400 naming the field, never a bare 500 (N44: so is a role other than system, user, assistant, tool); a malformed tool spec is refused when the request arrives,
+are a 400 naming the field, never a bare 500 (N44: so is a role other than system, user, assistant, tool);
+a malformed tool spec is refused when the request arrives,
 not when the model later calls that tool."""
 from __future__ import annotations
 

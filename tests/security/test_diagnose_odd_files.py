@@ -86,3 +86,24 @@ def test_the_open_phase_medians_take_one_pass_over_the_ended_spans(tmp_path, mon
     small, large = lane_reads(tmp_path, monkeypatch, 200), lane_reads(tmp_path, monkeypatch, 4000)
     # linear: 20 times the spans is about 20 times the reads (quadratic would be 400 times: 16 million)
     assert large <= 25 * small, (small, large)
+
+
+def test_phase_names_are_printed_escaped_and_absurd_starts_skipped(tmp_path):
+    """DG3: a lane and name holding `\\x1b[2J\\x1b]0;pwn\\x07` cleared and retitled the terminal, and a start
+    at 1.0 made the verdict "in `actor_train` of rollout 3 for 1796613739 s"."""
+    from miles.config.health import HealthConfig
+    from miles.diagnose.bundle import collect
+
+    now = 1_800_000_000.0
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    journal(run_dir)
+    spans = [Span("\x1b[2J\x1b]0;pwn\x07rank0", "actor_train\x1b[31m", now - 50, now - 50, rollout_id=5),
+             Span("trainer", "actor_train", 1.0, 1.0, rollout_id=3),
+             Span("trainer", "rollout", now + 86400, now + 86400, rollout_id=4)]
+    (run_dir / layout.TIMELINE_OPEN).write_text("".join(s.to_json() + "\n" for s in spans))
+    diagnosis = collect(run_dir, HealthConfig(), now=now)
+    assert "\x1b" not in diagnosis.text and "\x07" not in diagnosis.text
+    assert "\\x1b[2J\\x1b]0;pwn\\x07rank0" in diagnosis.text
+    assert "1796613739" not in diagnosis.text and "rollout 3" not in diagnosis.text
+    assert "skipped 2 phase start(s) in timeline-open.jsonl" in diagnosis.text

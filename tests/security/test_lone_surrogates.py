@@ -143,3 +143,25 @@ def test_the_dashboard_serves_a_rollout_with_a_lone_surrogate(tmp_path):
     index = rows[0]["index"]
     sample = client.get(f"/api/rollouts/0/samples/{index}")
     assert sample.status_code == 200 and sample.json()["sample"]["response"] == "lone \ufffd surrogate"
+
+
+def test_a_samples_file_past_the_bound_is_not_uploaded_whole(tmp_path, monkeypatch, caplog):
+    """ST3: the whole samples file went to MLflow (45 MB for a rollout of 1 MiB responses) while its table
+    is bounded. Past MAX_SAMPLES_UPLOAD the file stays in the run dir; the table and metrics go up."""
+    from mlflow.tracking import MlflowClient
+
+    from miles.tracking.sinks import mlflow_sink as module
+
+    path = raw_samples(tmp_path, 0)
+    monkeypatch.setattr(module, "MAX_SAMPLES_UPLOAD", path.stat().st_size - 1)
+    sink = mlflow_sink(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="miles.tracking"):
+            sink.deliver(Delivery([JournalLine(0, 100.0, {"rollout/raw_reward": 0.5})], {0: path}))
+    finally:
+        sink.close()
+    client = MlflowClient(tracking_uri=sink.tracking_uri)
+    uploaded = {f.path for f in client.list_artifacts(sink.run_id, "samples")}
+    assert uploaded == {"samples/rollout_000000.table.json"}
+    assert "rollout_000000.jsonl is 0.0 MiB" in caplog.text and "not uploaded" in caplog.text
+    assert [m.value for m in client.get_metric_history(sink.run_id, "rollout/raw_reward")] == [0.5]

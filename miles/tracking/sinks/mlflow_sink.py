@@ -36,6 +36,7 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # MLflo
 DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description
 CPU_FIRST_SAMPLE_S = 0.5  # the span a monitor's first CPU sample is measured over (its later ones: the interval)
 NETWORK_BASELINE_TAG = "miles.system.network_baseline_mb"  # received,sent MB when the run's first monitor started
+MAX_SAMPLES_UPLOAD = 16 * 2**20  # bytes of one rollout's samples file uploaded as an artifact
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LEN = 6000
@@ -220,7 +221,7 @@ class MlflowSink:
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
         for path in delivery.samples.values():
-            self.client.log_artifact(self.run_id, str(path), "samples")
+            self._log_samples_file(path)
             try:
                 self._log_sample_table(path)
             except Exception as exc:
@@ -231,6 +232,17 @@ class MlflowSink:
                 log.warning("tracking: mlflow: no sample table for %s (%s: %.300s); the metrics are delivered",
                             path.name, type(exc).__name__, " ".join(str(exc).split()))
         self._tag_red_flags(delivery)
+
+    def _log_samples_file(self, path: Path) -> None:
+        """The rollout's samples file as an artifact, up to MAX_SAMPLES_UPLOAD bytes: a rollout of long
+        responses made one of 45 MB a rollout (ST3); past the bound the bounded table stands for it, and
+        the file stays in the run dir."""
+        size = path.stat().st_size
+        if size <= MAX_SAMPLES_UPLOAD:
+            self.client.log_artifact(self.run_id, str(path), "samples")
+            return
+        log.warning("tracking: mlflow: %s is %.1f MiB, more than %.0f MiB: not uploaded (its sample table is; the "
+                    "file stays in RUN_DIR/samples/)", path.name, size / 2**20, MAX_SAMPLES_UPLOAD / 2**20)
 
     def _log_sample_table(self, path: Path) -> None:
         """The rollout's samples as an MLflow table artifact (the UI's evaluation view). log_table appends to
