@@ -1,5 +1,5 @@
 """Megatron-core's tensor and pipeline parallel ranks on gloo (CPU): the same batch and seed give TP=2,
-PP=2 and TP=2 x PP=2 the step TP = PP = 1 takes (loss, per-token log-probs, grad norm; weights after
+PP=2, TP=2 x PP=2 and TP=2 x DP=2 the step TP = PP = 1 takes (loss, per-token log-probs, grad norm; weights after
 three optimizer steps), through megatron-core's own parallel layers and 1F1B schedule. Also: the
 vocab-parallel log-prob and entropy math against the full-logit one, and the CPU shim staying out of
 the way when CUDA is present."""
@@ -153,7 +153,8 @@ def single(ray_cluster, base_model):
     return run_layout(base_model, 1, 1, 1)
 
 
-@pytest.mark.parametrize("world,tp,pp", [(2, 2, 1), (2, 1, 2), (4, 2, 2)], ids=["tp2", "pp2", "tp2xpp2"])
+@pytest.mark.parametrize("world,tp,pp", [(2, 2, 1), (2, 1, 2), (4, 2, 2), (4, 2, 1)],
+                         ids=["tp2", "pp2", "tp2xpp2", "tp2xdp2"])
 def test_parallel_layouts_take_the_single_rank_step(single, base_model, world, tp, pp):
     (ref, ref_weights), (got, got_weights) = single, run_layout(base_model, world, tp, pp)
     first, mine = ref[0], got[0]
