@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from miles.config.fields import ConfigError, flag
 from miles.config.parallel import check_parallel_flags
+from miles.config.tis_flags import check_tis_flags
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class TrainConfig:
                               "(and --tis-clip, default 2.0); uncorrected async GRPO is refused")
         if self.tis_clip_low > self.tis_clip:
             raise ConfigError("--tis-clip-low", f"must be <= --tis-clip ({self.tis_clip}), got {self.tis_clip_low}")
+        check_tis_flags(self)
         if self.update_weight_transfer_mode == "broadcast" and self.colocate:
             raise ConfigError("--update-weight-transfer-mode",
                               "broadcast is for engines on other devices; with --colocate the "
