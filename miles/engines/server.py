@@ -304,6 +304,11 @@ class EngineServer:
         started = time.perf_counter()
         try:
             req = parse_bucket(await read_json(request))
+            version = req.weight_version  # bounded as on the other weight paths, before any receive
+            if version is not None and not _encodable(version):
+                return weight_failure("weight_version is not valid Unicode text (a lone surrogate)")
+            if version is not None and len(version) > MAX_VERSION_CHARS:
+                return weight_failure(_long_version(version))
             ready = await run_in_threadpool(self.receiver.receive_bucket, req)
         except weight_update.WeightUpdateError as exc:
             self.metrics.weight_update_failures.labels("distributed").inc()

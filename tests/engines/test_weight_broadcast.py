@@ -153,6 +153,14 @@ def test_a_sender_that_never_comes_fails_the_join_within_the_timeout(engine):
     assert r.status_code == 400 and "'nobody'" in r.json()["message"]
 
 
+def test_a_long_version_is_refused_before_anything_is_received(engine):
+    meta = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[4]],
+            "group_name": "none-needed", "weight_version": "v" * 257}
+    r = httpx.post(engine.url + "/update_weights_from_distributed", json=meta, headers=AUTH,
+                   timeout=60)
+    assert r.status_code == 400 and "at most 256" in r.json()["message"]
+
+
 @pytest.mark.parametrize("change, why", [({"backend": "nccl"}, "gloo groups only"),
                                          ({"rank_offset": 0}, "rank 0 is the sender"),
                                          ({"master_port": "x"}, "master_port has the wrong type")])
