@@ -9,6 +9,7 @@ the convention of the MFU papers (PaLM, Megatron); recomputation is not counted 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,6 +23,9 @@ GPU_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("L4", 121.0), ("A10G", 125.0), ("A10", 125.0), ("RTX 4090", 165.2), ("RTX 3090", 71.0), ("V100", 125.0),
     ("T4", 65.0), ("MI300X", 1307.0), ("MI250X", 383.0),
 )
+
+
+MAX_DIM = 2**24  # a size past any model's (vocabularies ~10**5, hidden and MLP sizes ~10**4-10**5)
 
 
 @dataclass(frozen=True)
@@ -41,13 +45,28 @@ class ModelShape:
     def from_config(cls, config: dict) -> "ModelShape":
         try:
             hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-            return cls(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
-                       kv_heads=int(config.get("num_key_value_heads") or heads),
-                       head_dim=int(config.get("head_dim") or hidden // heads),
-                       ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
-                       gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh"))
-        except (KeyError, TypeError, ValueError) as exc:
+            shape = cls(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
+                        kv_heads=int(config.get("num_key_value_heads") or heads),
+                        head_dim=int(config.get("head_dim") or hidden // heads),
+                        ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                        gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh"))
+        except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as exc:
             raise ValueError(f"the model config lacks what a FLOP count needs ({exc})") from None
+        shape.check()
+        return shape
+
+    def check(self) -> None:
+        """ValueError for a shape no model has (MF2: -3 layers, 10**6 KV heads of 4 query heads, a vocabulary
+        of 10**30 gave an MFU of -0.02, 629 and 4.9e24): every size from 1 to MAX_DIM, no more KV heads than
+        query heads."""
+        sizes = {"num_hidden_layers": self.layers, "hidden_size": self.hidden, "num_attention_heads": self.heads,
+                 "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
+                 "intermediate_size": self.ffn, "vocab_size": self.vocab}
+        for name, value in sizes.items():
+            if not 1 <= value <= MAX_DIM:
+                raise ValueError(f"the model config's {name} is {value}, not a size from 1 to {MAX_DIM}")
+        if self.kv_heads > self.heads:
+            raise ValueError(f"the model config has {self.kv_heads} KV heads for {self.heads} attention heads")
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> "ModelShape":
@@ -132,15 +151,18 @@ def mfu_metrics(shape: ModelShape, rank_seq_lens: list[list[int]], rank_seconds:
     """`perf/rank_<r>_tflops` and `perf/rank_<r>_mfu` of each rank's actor_train, `perf/tflops` (all ranks)
     and `perf/mfu` (their achieved FLOP/s over their summed peaks)."""
     out: dict[str, float] = {}
-    achieved_total = peak_total = 0.0
+    achieved_total = achieved_measured = peak_total = 0.0
     for rank, (lens, seconds, peak) in enumerate(zip(rank_seq_lens, rank_seconds, rank_peaks)):
-        if not lens or seconds <= 0:
-            continue  # a rank with no samples did no useful work: no point for it
+        if not lens or not (math.isfinite(seconds) and seconds > 0):
+            continue  # a rank with no samples did no useful work (or no time of it): no point for it
         tflops, mfu = rank_perf(shape, lens, seconds, peak)
-        out[f"perf/rank_{rank}_tflops"], out[f"perf/rank_{rank}_mfu"] = tflops, mfu
+        out[f"perf/rank_{rank}_tflops"] = tflops
         achieved_total += tflops * 1e12
-        peak_total += peak
+        if math.isfinite(peak) and peak > 0:  # MF3: a peak of 0 or NaN made a false 0.0 (no measure: no point)
+            out[f"perf/rank_{rank}_mfu"] = mfu
+            achieved_measured += tflops * 1e12
+            peak_total += peak
     if peak_total > 0:
         out["perf/tflops"] = achieved_total / 1e12
-        out["perf/mfu"] = achieved_total / peak_total
+        out["perf/mfu"] = achieved_measured / peak_total
     return out
