@@ -93,6 +93,9 @@ def test_a_replica_pools_its_members_slices_step_by_step():
     pooled = replica_batch.merge(two)
     assert pooled == whole  # member 0's step-0 rows, member 1's, then step 1's: the single rank's order
     assert replica_batch.merge([whole, whole]) == whole  # split by replica: not doubled
+    replicas = split_for_ranks(samples, advantages, 8, 2, rollout_id=0)
+    handed = replica_batch.per_rank(replicas, tp=2, pp=2)  # 8 ranks, DP=2: ranks 0,1,4,5 are replica 0
+    assert [replicas.index(b) for b in handed] == [0, 0, 1, 1, 0, 0, 1, 1]
 
 
 # ---- the shim --------------------------------------------------------------------------------------
@@ -143,6 +146,10 @@ def run_layout(base_model, world: int, tp: int, pp: int):
     cfg = parallel_config(world, tp, pp)
     group = ActorGroup(cfg, str(base_model))
     try:
+        places = [info.extra["parallel"] for info in group.call("info")]
+        # each rank's replica, as megatron-core assigned it, is the one a trainer can compute
+        assert [p["dp_rank"] for p in places] == \
+            [replica_batch.data_parallel_rank(r, tp, pp, world) for r in range(world)]
         return train_steps(group, cfg), weights(group)
     finally:
         group.stop()

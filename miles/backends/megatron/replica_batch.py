@@ -35,3 +35,16 @@ def merge(batches: list[RankBatch]) -> RankBatch:
     return RankBatch(**fields, step_sizes=[sum(b.step_sizes[s] for b in batches) for s in range(steps)],
                      global_step_sizes=list(first.global_step_sizes), rollout_id=first.rollout_id,
                      loss_masks=masks, sample_indices=indices, return_token_stats=first.return_token_stats)
+
+
+def data_parallel_rank(rank: int, tp: int, pp: int, world: int) -> int:
+    """The replica a training rank belongs to, in megatron-core's default rank order (tp-cp-ep-dp-pp:
+    TP fastest, then DP, PP slowest; no context or expert parallelism here)."""
+    return (rank // tp) % (world // (tp * pp))
+
+
+def per_rank(replica_batches: list[RankBatch], tp: int, pp: int) -> list[RankBatch]:
+    """A trainer's split by replica (one batch per DP rank) handed to every training rank: each gets its
+    replica's batch (`merge` then uses it once)."""
+    world = len(replica_batches) * tp * pp
+    return [replica_batches[data_parallel_rank(r, tp, pp, world)] for r in range(world)]
