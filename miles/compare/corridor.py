@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from miles.compare.curves import EVAL_AXIS, RunCurves
-from miles.compare.noise import mean_std, pooled_jitter
+from miles.compare.noise import mean_std, pooled_jitter, pooled_spread
 from miles.compare.rules import Rule, rule_for
 
 WITHIN, OUTSIDE, ERROR, UNJUDGED, NOT_REACHED = "within", "outside", "error", "no baseline", "not reached"
@@ -86,9 +86,12 @@ class SignalResult:
                 "points": [p.as_json() for p in self.points]}
 
 
-def judge_point(rule: Rule, step: int, value: float | None, baseline: list[float], jitter: float = 0.0) -> Point:
+def judge_point(rule: Rule, step: int, value: float | None, baseline: list[float], jitter: float = 0.0,
+                spread: float | None = None) -> Point:
+    """`spread`: the baselines' spread pooled over the steps near this one (noise.pooled_spread; None:
+    their spread at this step alone)."""
     mean, std = mean_std(baseline) if baseline else (None, 0.0)
-    noise = max(std, jitter)
+    noise = max(std if spread is None else spread, jitter)
     tol = rule.tolerance(mean, noise) if mean is not None else None
     bound = (mean + tol if rule.worse == "up" else mean - tol) if tol is not None else None
     n = len(baseline)
@@ -136,9 +139,32 @@ def _regression(rule: Rule, axis: str, points: list[Point]) -> Point | None:
     for i, p in enumerate(judged):
         if p.verdict != OUTSIDE:
             continue
-        if p.hard or p.spike or sum(q.verdict == OUTSIDE for q in judged[i:i + 2 * need - 1]) >= need:
+        stretch = judged[i:i + 2 * need - 1]
+        outside = sum(q.verdict == OUTSIDE for q in stretch)
+        # a stretch cut short by the run's end: every one of its last steps outside, two at least (issue 55:
+        # a reward halved for the last 3 of 6 rollouts, or an entropy collapsing over the last 2, is a
+        # regression, though no later step can complete the 3 of 5)
+        ends_outside = len(stretch) < 2 * need - 1 and outside == len(stretch) >= min(2, need)
+        if p.hard or p.spike or outside >= need or ends_outside or _shifted(rule, stretch):
             return p
     return None
+
+
+def _shifted(rule: Rule, stretch: list[Point]) -> bool:
+    """The stretch as a whole sits past the corridor of its mean: the average shortfall of its points
+    beyond the tolerance of their average, whose noise part shrinks as sqrt((1 + 1/n) / m) over m points
+    against n baselines (the run's noise and that of the baselines' mean, averaged). A reward halved for 3
+    steps with per-rollout noise 0.07 is 3 sigma at each step, often just inside one or two of them; over
+    the stretch it is far outside (issue 55)."""
+    pts = [q for q in stretch if q.verdict in (WITHIN, OUTSIDE) and q.mean is not None and q.value is not None]
+    if len(pts) < 2:
+        return False
+    m, n = len(pts), min(q.n for q in pts)
+    sign = 1.0 if rule.worse == "up" else -1.0
+    shift = math.fsum(sign * (q.value - q.mean) for q in pts) / m
+    mean = math.fsum(q.mean for q in pts) / m
+    noise = math.fsum(q.noise for q in pts) / m * math.sqrt((1 + 1 / max(n, 1)) / m)
+    return math.isfinite(shift) and shift > rule.tolerance(mean, noise)
 
 
 def _ranges(steps: list[int]) -> str:
@@ -170,7 +196,8 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
             steps = [s for s in steps if s in mine or (reached is not None and s <= reached)]
         at = {s: theirs.get(s, []) for s in steps}
     jitter = 0.0 if axis == EVAL_AXIS else pooled_jitter(curves)
-    points = [judge_point(rule, s, mine.get(s), at[s], jitter) for s in steps]
+    stds = {s: mean_std(v)[1] for s, v in at.items() if len(v) > 1}
+    points = [judge_point(rule, s, mine.get(s), at[s], jitter, pooled_spread(stds, s)) for s in steps]
     error = next((p for p in points if p.verdict == ERROR), None)
     start = error or _regression(rule, axis, points)
     notes = []
