@@ -198,9 +198,15 @@ def redacted_flat_dict(config: MilesConfig) -> dict[str, Any]:
 
 
 def run_main(main: Callable[[], int | None], prog: str) -> NoReturn:
-    """A `python -m` entry point: run `main`, turning a ConfigError into one clean line and exit 2."""
+    """A `python -m` entry point: run `main`, turning a ConfigError into one clean line and exit 2, and
+    Ctrl-C into one line and exit 130 (ASY3: a 40-line KeyboardInterrupt traceback; what `main` holds is
+    closed by its own `finally` blocks as the interrupt unwinds, before this line)."""
     try:
         sys.exit(main())
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted (Ctrl-C); a run resumes from its last checkpoint with the same command",
+              file=sys.stderr)
+        sys.exit(130)
