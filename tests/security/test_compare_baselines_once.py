@@ -3,7 +3,7 @@ against itself, so the corridor lost the jitter widening a single baseline gets,
 Now one line naming it, exit 2."""
 from __future__ import annotations
 
-from .test_compare_history_inputs import copy_run, miles
+from tests.compare.compare_helpers import copy_run, miles
 
 
 def test_a_baseline_given_twice_is_refused(tmp_path):

@@ -10,8 +10,6 @@ characters in keys and run dir names never reach the terminal.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,21 +17,10 @@ from fastapi.testclient import TestClient
 
 from miles.dashboard.app import build_app
 
+from tests.compare.compare_helpers import copy_run, miles
 from tests.support.dashboard import RECORDED
 
 ESC = "\x1b"
-
-
-def miles(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
-
-
-def copy_run(target: Path) -> Path:
-    import shutil
-
-    shutil.copytree(RECORDED, target)
-    return target
 
 
 def rewrite(run: Path, change) -> None:
