@@ -25,6 +25,7 @@ from miles.config.secrets import Scrubber, env_scrubber
 from miles.diagnose import probes
 from miles.diagnose.confine import MARKERS, confined_view, escaping, inside, is_run, not_regular
 from miles.diagnose.local_services import gcs_problem, local_url_problem
+from miles.diagnose.lock_holders import lock_holder
 from miles.diagnose.ray_view import RayView, ray_auth_env
 from miles.diagnose.run_state import read_run_state, tail
 from miles.diagnose.stacks import dump_stacks, process_state, run_processes
@@ -167,6 +168,12 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
     ray = services.get("ray", {})
     trainer = listed.get("trainer")  # the run lives as long as its trainer (without one listed: any process)
     alive = _running(trainer) if trainer else any(_running(pid) for pid in listed.values())
+    holder = lock_holder(run_dir / layout.LOCK)  # a starting trainer holds .lock before it lists itself (N22)
+    if not alive and holder is not None and _running(holder):
+        alive = True
+        listed = {"trainer": holder, **listed}
+        notes.append(f"the trainer (pid {holder}) holds {layout.LOCK} and has not listed its processes yet "
+                     f"({layout.PROFILER_PROCESSES}): starting")
     run_pids = [pid for pid in listed.values() if _running(pid)]
 
     # Ray first, in children bounded by one deadline, while the stacks and probes (which need no Ray) run
@@ -192,6 +199,7 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
     (root / "probes.json").write_text(json.dumps({"engines": [e.__dict__ for e in engines], "router": router},
                                                    indent=1, default=str))
     run = read_run_state(view, alive, logs_from=run_dir)
+    run.delivery_pid = lock_holder(run_dir / layout.DELIVERY_LOCK)  # delivery catching up on its own (N27)
     red = [v for v in read_health_log(view) if v.severity == RED]
     phases = open_phases(view, now)
     odd_starts = sum(not plausible(s, now) for s in open_spans(view))
