@@ -194,19 +194,32 @@ def check_grad_norm(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None
     return None
 
 
+def generation_time(metrics: dict[str, float]) -> tuple[str, float] | None:
+    """The time the rollout took to generate: `perf/rollout_time` of a synchronous rollout, and of one
+    generated ahead (async) `perf/rollout_generate_time`, since its `perf/rollout_time` is only the
+    trainer's wait for it, a fraction of a millisecond when the overlap works (issue 55, N23: 9
+    "rebalance" warnings on a healthy --max-weight-staleness 1 run)."""
+    for key in ("perf/rollout_generate_time", "perf/rollout_time"):
+        if key in metrics:
+            return key, metrics[key]
+    return None
+
+
 def check_time_balance(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
-    """rollout_time and train_time differing by a large factor for the whole window (warning)."""
+    """The rollout's generation and train_time differing by a large factor for the whole window (warning)."""
     w = cfg.health_time_window
-    pairs = [(r.metrics["perf/rollout_time"], r.metrics["perf/train_time"]) for r in history[-w:]
-             if "perf/rollout_time" in r.metrics and "perf/train_time" in r.metrics]
-    if len(pairs) < w or "perf/rollout_time" not in history[-1].metrics:
+    timed = [(generation_time(r.metrics), r.metrics["perf/train_time"]) for r in history[-w:]
+             if "perf/train_time" in r.metrics]
+    pairs = [(gen[1], train) for gen, train in timed if gen is not None]
+    if len(pairs) < w or generation_time(history[-1].metrics) is None:
         return None
     ratios = [max(a, b) / max(min(a, b), 1e-9) for a, b in pairs]
     if min(ratios) >= cfg.health_time_ratio:
         rollout, train = pairs[-1]
-        slower = "rollout_time" if rollout > train else "train_time"
+        key = generation_time(history[-1].metrics)[0]
+        slower = key.removeprefix("perf/") if rollout > train else "train_time"
         return _verdict(history, "rollout_train_time", WARNING, f"{slower} at least {min(ratios):.0f}x the other "
-                        f"for {w} rollouts", **{"perf/rollout_time": rollout, "perf/train_time": train})
+                        f"for {w} rollouts", **{key: rollout, "perf/train_time": train})
     return None
 
 

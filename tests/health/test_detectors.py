@@ -81,6 +81,18 @@ def test_time_imbalance_is_a_warning_after_its_window():
     assert mine[0].severity == WARNING and mine[0].rollout_id == START + CFG.health_time_window - 1
 
 
+def test_an_async_rollout_is_balanced_by_its_generation_not_the_wait():
+    """Issue 55, N23: generated ahead, a rollout's perf/rollout_time is the trainer's wait for it (0.2 ms
+    when the overlap works); its generation (perf/rollout_generate_time) is what train_time balances."""
+    overlapped = broken(stream(0.0), START, perf__rollout_time=lambda i, v: 0.0002,
+                        perf__rollout_generate_time=lambda i, v: 1.5)
+    assert [v for v in flagged(overlapped) if v.signal == "rollout_train_time"] == []
+    slow = broken(stream(0.0), START, perf__rollout_time=lambda i, v: 0.0002,
+                  perf__rollout_generate_time=lambda i, v: 100.0)
+    mine = [v for v in flagged(slow) if v.signal == "rollout_train_time"]
+    assert mine and mine[0].message.startswith("rollout_generate_time at least")
+
+
 def test_kl_loss_judged_only_with_use_kl_loss():
     rollouts = broken(stream(), START, train__kl_loss=lambda i, v: 5.0)
     no_kl = RunFacts(clip_grad=1.0, groups_per_rollout=32, use_kl_loss=False)
