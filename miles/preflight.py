@@ -7,7 +7,7 @@ def preflight(config) -> None:
     eval files, the --inject-fault spec; each failure is a ConfigError naming its flag. `config` must be
     resolved (`miles.config.resolve`)."""
     from miles.backends import check_backend
-    from miles.run.faults import parse_faults
+    from miles.run.faults import check_faults
     from miles.cluster.connect import check_cluster
     from miles.rollout.generate_hook import load_generate_function
     from miles.rollout.data import read_prompts
@@ -25,7 +25,7 @@ def preflight(config) -> None:
     read_prompts(r.prompt_data, r.input_key, r.label_key)
     if r.eval_interval is not None:
         load_eval_sets(r)
-    parse_faults(config.orchestration.inject_fault)
+    check_faults(config.orchestration.inject_fault, config.world_size)
     check_baselines(config.tracking.baseline_run_dirs, config.train.run_dir)
     _check_load(config)
 

@@ -125,6 +125,14 @@ def parse_faults(spec: str | None) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
+def check_faults(spec: str | None, world_size: int) -> None:
+    """Before a run starts: the spec parses, and a slow rank is one of the run's training ranks."""
+    for fault in parse_faults(spec):
+        if fault.kind == "slow-rank" and fault.engine >= world_size:
+            raise ConfigError("--inject-fault", f"{fault.name}: there is no training rank {fault.engine} "
+                                                f"(ranks 0..{world_size - 1})")
+
+
 def require_healable(spec: str | None, supervised: bool) -> None:
     """`miles train` without --use-fault-tolerance (`supervised`): a dead engine fails its chunk's
     task, which the flow resubmits from the chunk's last checkpoint after relaunching the engine; a

@@ -8,7 +8,7 @@ import pytest
 from miles.backends.rank_phases import COMPUTE, WAIT, RankPhaseRecorder, RankSpans
 from miles.config import ConfigError
 from miles.record.timeline import TimelineWriter
-from miles.run.faults import FaultInjector, SlowRank, parse_faults, slow_rank
+from miles.run.faults import FaultInjector, SlowRank, check_faults, parse_faults, slow_rank
 from miles.run.stragglers import RankCoords, slowest, straggler_metrics
 from miles.trainer import RLTrainer, rank_straggler_metrics
 
@@ -45,6 +45,9 @@ def test_the_slow_rank_fault_is_parsed_and_left_to_the_rank(tmp_path):
     for bad in ("slow-rank:1:decode@1", "slow-rank@1", "slow-rank:1@1", "slow-rank:a:forward@1"):
         with pytest.raises(ConfigError, match="slow-rank:RANK:PHASE"):
             parse_faults(bad)
+    check_faults("slow-rank:1:backward@2", world_size=2)
+    with pytest.raises(ConfigError, match="no training rank 2"):  # refused before the run starts
+        check_faults("slow-rank:2:backward@2", world_size=2)
     (fault,) = parse_faults("slow-rank:1:backward:0.5@2")
     assert fault.name == "slow-rank:1:backward:0.5@2"
     # the driver's injector does not fire it (the rank does)
