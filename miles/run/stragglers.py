@@ -60,3 +60,20 @@ def slowest(metrics: dict[str, float], phase: str) -> RankCoords | None:
     if key + "dp" not in metrics:
         return None
     return RankCoords(*(int(metrics[key + axis]) for axis in COORDINATES))
+
+
+def straggling(metrics: dict[str, float], slowdown: float = 1.5, lag: float = 0.25
+               ) -> dict[str, RankCoords]:
+    """The phases of one iteration's metrics whose slowest rank is a straggler, with that rank: its
+    slowdown above `slowdown` and its own work more than `lag` seconds above the median (phases of
+    milliseconds jitter far past any ratio on a shared machine). With two ranks the slowdown is at
+    most 2, so a bound for them stays below it."""
+    out = {}
+    for key in metrics:
+        if not (key.startswith("straggler/") and key.endswith("/slowdown")):
+            continue
+        phase = key.split("/")[1]
+        excess = metrics[f"straggler/{phase}/max"] - metrics[f"straggler/{phase}/median"]
+        if metrics[key] > slowdown and excess > lag and (coords := slowest(metrics, phase)):
+            out[phase] = coords
+    return out

@@ -10,21 +10,16 @@ import pytest
 from miles.backends.group import ActorGroup
 from miles.backends.pack import split_for_ranks
 from miles.backends.rank_phases import WAIT
-from miles.run.stragglers import RankCoords, slowest
+from miles.run.stragglers import RankCoords, slowest, straggling
 from miles.trainer import rank_straggler_metrics
 from tests.support.actors import config, rollout_like
 
 SLOW_ROLLOUT, SLEEP = 1, 1.5
-# A phase is a straggler's when its slowest rank's own work is this much above the median: with two
-# ranks the median is their mean, so a slowdown is at most 2; ms-scale phases jitter far more than
-# 1.5x on a shared machine, so a straggler also lags the median by a quarter second.
-SLOWDOWN, LAG = 1.5, 0.25
 
 
 def stragglers(metrics):
-    phases = {key.split("/")[1] for key in metrics}
-    return {phase for phase in phases if metrics[f"straggler/{phase}/slowdown"] > SLOWDOWN
-            and metrics[f"straggler/{phase}/max"] - metrics[f"straggler/{phase}/median"] > LAG}
+    """The phases with a straggler by `straggling`'s bounds (1.5x, 0.25 s over the median)."""
+    return set(straggling(metrics))
 
 
 @pytest.fixture(scope="module")

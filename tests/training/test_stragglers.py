@@ -9,7 +9,7 @@ from miles.backends.rank_phases import COMPUTE, WAIT, RankPhaseRecorder, RankSpa
 from miles.config import ConfigError
 from miles.record.timeline import TimelineWriter
 from miles.run.faults import FaultInjector, SlowRank, check_faults, parse_faults, slow_rank
-from miles.run.stragglers import RankCoords, slowest, straggler_metrics
+from miles.run.stragglers import RankCoords, slowest, straggler_metrics, straggling
 from miles.trainer import RLTrainer, rank_straggler_metrics
 
 
@@ -26,6 +26,11 @@ def test_the_slowest_rank_is_named_by_its_coordinates():
     assert m["straggler/backward/slowdown"] == pytest.approx(1.1)
     assert slowest(m, "optimizer") is None and not any("optimizer" in key for key in m)
     assert all(isinstance(value, float) for value in m.values())  # what every tracker holds
+    # forward: 2.5x and 1.8 s over the median; backward: 1.1x
+    assert straggling(m) == {"forward": RankCoords(node=1, dp=2)}
+    both = {"forward": RankCoords(1, 2), "backward": RankCoords(1, 2)}
+    assert straggling(m, slowdown=1.05, lag=0.1) == both
+    assert straggling(m, lag=2.0) == {}  # a ratio alone (ms-scale jitter) is not a straggler
 
 
 def test_even_ranks_and_a_phase_one_rank_skipped():
