@@ -1,6 +1,6 @@
-"""How often `miles compare`'s default rules cry wolf and how often they miss, side by side in one run:
-false alarms on healthy pairs and misses on injected regressions, over seeds, short and long runs,
-and one to three baselines.
+"""How often `miles compare`'s default rules cry wolf and how often they miss, side by side in one
+run: false alarms on healthy pairs and misses on injected regressions, over seeds, short and long
+runs, and one to three baselines.
 
     .venv/bin/python benchmarks/compare_rates.py [--runs DIR ...] [--short 6]
 
@@ -37,7 +37,8 @@ from miles.compare.rules import DEFAULT_RULES  # noqa: E402
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "compare" / "recorded"
 CACHE = Path.home() / ".cache" / "miles" / "compare-rates"
-REWARD, ENTROPY, GRAD, LOSS = "rollout/raw_reward", "train/entropy_loss", "train/grad_norm", "train/loss"
+REWARD, ENTROPY = "rollout/raw_reward", "train/entropy_loss"
+GRAD, LOSS = "train/grad_norm", "train/loss"
 
 
 def cut(run: RunCurves, n: int | None) -> RunCurves:
@@ -45,7 +46,8 @@ def cut(run: RunCurves, n: int | None) -> RunCurves:
     if n is None:
         return run
     curves = {k: {s: v for s, v in pts.items() if s < n} for k, pts in run.curves.items()}
-    return RunCurves(run.name, run.source, curves, {a: min(s, n - 1) for a, s in run.reached.items()})
+    reached = {a: min(s, n - 1) for a, s in run.reached.items()}
+    return RunCurves(run.name, run.source, curves, reached)
 
 
 def edited(run: RunCurves, key: str, change) -> RunCurves:

@@ -1,18 +1,19 @@
 """How much a metric moves from seed to seed, estimated from the baselines themselves, overflow-safe.
 
-Two estimates, the wider one wins: the spread of the baselines around a step (needs two of them), and each
-baseline's own step-to-step jitter. One baseline has no spread at any step, so without the jitter its
-corridor would be the rules' bare tolerance, and a second seed of the same run leaves it by chance (issue
-38: grad_norm 1.043 against a bound of 0.887 at one step, n=1). The jitter needs `MIN_JITTER_STEPS`
-points; eval curves (a few points, each the mean of hundreds of samples, dominated by the learning trend)
-are not given one.
+Two estimates, the wider one wins: the spread of the baselines around a step (needs two of them),
+and each baseline's own step-to-step jitter (robust: the median absolute change between successive
+steps, scaled to a standard deviation). One baseline has no spread at any step, so without the
+jitter its corridor would be the rules' bare tolerance, and a second seed of the same run leaves it
+by chance (issue 38: grad_norm 1.043 against a bound of 0.887 at one step, n=1). The jitter needs
+`MIN_JITTER_STEPS` points; eval curves (a few points, each the mean of hundreds of samples,
+dominated by the learning trend) are not given one.
 
 The spread of n=2 baselines at one step is one draw of |a - b| / sqrt(2), a few times too wide or
 narrow by chance (issue 55: a reward halved from rollout 3 read "within" against two seeds, one step
 just inside a bound widened by such a draw); it is pooled (root mean square) over the steps within
-`SPREAD_WINDOW` of the step, so a late divergence of the seeds still widens late steps only. (Second
-differences for the jitter, which a steady trend leaves at zero, caught fewer injected regressions in
-benchmarks/compare_rates.py: 130 of 150 against 139, no fewer false alarms.)
+`SPREAD_WINDOW` of the step, so a late divergence of the seeds still widens late steps only.
+(Second differences for the jitter, which a steady trend leaves at zero, caught fewer injected
+regressions in benchmarks/compare_rates.py: 130 of 150 against 139, no fewer false alarms.)
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def jitter(curve: dict[int, float]) -> float:
 
 
 def pooled_spread(stds: dict[int, float], step: int) -> float:
-    """The baselines' spread at `step`: the root mean square of their spreads (`stds`, step -> std, only
-    steps where two or more baselines have a value) at the steps within SPREAD_WINDOW of it."""
+    """The baselines' spread at `step`: the root mean square of their spreads (`stds`, step -> std,
+    only steps where two or more baselines have a value) at the steps within SPREAD_WINDOW of it."""
     near = [sd for s, sd in stds.items() if abs(s - step) <= SPREAD_WINDOW and math.isfinite(sd)]
     if not near:
         return 0.0

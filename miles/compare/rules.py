@@ -32,7 +32,8 @@ class Rule:
     min: float | None = None  # absolute bounds, judged at every step, with or without baselines
     max: float | None = None
     # k: outside at k of 2k-1 judged steps in a stretch is a regression (None: 1 on the eval axis, whose points
-    # are each the mean of hundreds of samples, SUSTAIN elsewhere); one step past twice the tolerance is one too
+    # are each the mean of hundreds of samples, SUSTAIN elsewhere); one step past three
+    # tolerances is one too
     sustain: int | None = None
     timing: bool | None = None  # a timing (None: under perf/ or straggler/): reported apart, gated on request
 

@@ -66,7 +66,7 @@ def test_a_single_step_excursion_is_noted_not_failed():
     assert code == 0 and report["failed"] == []
     grad = signal(report, "train/grad_norm")
     assert grad["verdict"] == "within" and grad["steps_outside"] >= 1 and grad["sustain"] == 3
-    assert "never 3 of 5 steps nor past twice the tolerance: noise" in grad["note"]
+    assert "never 3 of 5 steps nor past 3 times the tolerance: noise" in grad["note"]
     assert any(n.startswith("1 baseline: no spread between runs") for n in report["notes"])
     table = miles("compare", seed2, seed1).stdout
     row = next(line for line in table.splitlines() if line.startswith("train/grad_norm "))

@@ -1,10 +1,10 @@
 """Issue 55: `miles compare` must catch a plain regression, not only spare healthy runs.
 
-From the recorded real runs (`recorded/seeds/`, 8 rollouts of the CI gate's flags): a copy of seed 1
-whose `rollout/raw_reward` is halved from rollout 3 on, 6 rollouts, against seeds 1 and 2 (the issue's
-case, which read "within", exit 0); an entropy collapsing over the last two rollouts (N29: the bound of a
-falling metric went below zero, and a stretch cut short by the run's end could never be 3 of 5 outside).
-The rates over many seeds and faults: benchmarks/compare_rates.py.
+From the recorded real runs (`recorded/seeds/`, 8 rollouts of the CI gate's flags): a copy of seed
+1 whose `rollout/raw_reward` is halved from rollout 3 on, 6 rollouts, against seeds 1 and 2 (the
+issue's case, which read "within", exit 0); an entropy collapsing over the last two rollouts (N29:
+the bound of a falling metric went below zero, and a stretch cut short by the run's end could never
+be 3 of 5 outside). The rates over many seeds and faults: benchmarks/compare_rates.py.
 """
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def test_an_entropy_collapsing_over_the_last_two_rollouts_is_a_regression(tmp_pa
 
 
 def test_a_falling_metric_bound_never_reaches_zero():
-    """N29: near the end of a run the entropy is small and its noise large; the bound stays above zero."""
+    """N29: near the end of a run the entropy is small and its noise large; the bound stays above
+    zero."""
     entropy = rule_for("train/entropy_loss", DEFAULT_RULES)
     assert entropy.worse == DOWN
     for mean, noise in ((0.08, 0.05), (0.3, 0.2), (1.0, 10.0)):  # 3 sigma past 0.8 of the mean
