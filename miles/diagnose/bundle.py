@@ -168,12 +168,13 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
     ray = services.get("ray", {})
     trainer = listed.get("trainer")  # the run lives as long as its trainer (without one listed: any process)
     alive = _running(trainer) if trainer else any(_running(pid) for pid in listed.values())
-    holder = lock_holder(run_dir / layout.LOCK)  # a starting trainer holds .lock before it lists itself (N22)
+    # a starting trainer holds .lock before it lists its processes (N22: "dead" 8 s into a run)
+    holder = lock_holder(run_dir / layout.LOCK)
     if not alive and holder is not None and _running(holder):
         alive = True
         listed = {"trainer": holder, **listed}
-        notes.append(f"the trainer (pid {holder}) holds {layout.LOCK} and has not listed its processes yet "
-                     f"({layout.PROFILER_PROCESSES}): starting")
+        notes.append(f"the trainer (pid {holder}) holds {layout.LOCK} and has not listed its "
+                     f"processes yet ({layout.PROFILER_PROCESSES}): starting")
     run_pids = [pid for pid in listed.values() if _running(pid)]
 
     # Ray first, in children bounded by one deadline, while the stacks and probes (which need no Ray) run
@@ -199,7 +200,7 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
     (root / "probes.json").write_text(json.dumps({"engines": [e.__dict__ for e in engines], "router": router},
                                                    indent=1, default=str))
     run = read_run_state(view, alive, logs_from=run_dir)
-    run.delivery_pid = lock_holder(run_dir / layout.DELIVERY_LOCK)  # delivery catching up on its own (N27)
+    run.delivery_pid = lock_holder(run_dir / layout.DELIVERY_LOCK)  # catching up on its own (N27)
     red = [v for v in read_health_log(view) if v.severity == RED]
     phases = open_phases(view, now)
     odd_starts = sum(not plausible(s, now) for s in open_spans(view))

@@ -3,8 +3,9 @@ tracking/delivery.lock, read from the kernel's lock table (/proc/locks), never b
 
 The files name their holder, but a dead holder leaves its name behind and its pid may be reused; the
 kernel drops an `flock` with its holder (even on SIGKILL), so a lock in the table is a live holder.
-Taking the lock to test it would refuse a trainer starting in that instant. Only this host's locks are
-in the table: elsewhere (another node, /proc/locks unreadable) the answer is None, "not known here".
+Taking the lock to test it would refuse a trainer starting in that instant. Only this host's locks
+are in the table: elsewhere (another node, /proc/locks unreadable) the answer is None, "not known
+here".
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ PROC_LOCKS = Path("/proc/locks")
 
 def _device_and_inode(path: Path) -> tuple[int, int, int] | None:
     try:
-        st = os.stat(path, follow_symlinks=False)  # a link planted at the name is no lock of the run's
+        st = os.stat(path, follow_symlinks=False)  # a link planted at the name is not the run's
     except OSError:
         return None
     return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino

@@ -27,7 +27,7 @@ class RunState:
     closed: dict | None  # the trainer's close request (a clean end), None when it never closed
     delivery: dict[str, int] = field(default_factory=dict)  # tracker -> journal lines not delivered
     delivery_error: str = ""
-    delivery_pid: int | None = None  # the live delivery process holding tracking/delivery.lock, if any
+    delivery_pid: int | None = None  # the live delivery process (holds tracking/delivery.lock)
     logs: dict[str, list[str]] = field(default_factory=dict)  # RUN_DIR-relative path -> last lines
 
     @property

@@ -66,9 +66,10 @@ def tracker_words(run: RunState) -> list[str]:
     if run.delivery_error:
         return [f"tracker delivery state unreadable: {run.delivery_error}"]
     # replay-spool is the remedy only when no delivery process is left to catch up (N27)
-    how = (f"delivery process {run.delivery_pid} is catching up" if run.delivery_pid is not None else
-           "spooled, no delivery process running; `miles replay-spool`")
-    return [f"tracker {name} is {count} journal lines behind ({how})" for name, count in sorted(run.delivery.items())]
+    how = (f"delivery process {run.delivery_pid} is catching up" if run.delivery_pid is not None
+           else "spooled, no delivery process running; `miles replay-spool`")
+    return [f"tracker {name} is {count} journal lines behind ({how})"
+            for name, count in sorted(run.delivery.items())]
 
 
 def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
@@ -86,7 +87,8 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
         status = "stalled" if phase is not None and is_stalled(phase, cfg) else "running"
         if status == "running" and f.run.starting:
             status = "starting"  # a live trainer before its first rollout (N22)
-            headline = "starting: the trainer is alive, no rollout yet" + (": " + "; ".join(parts) if parts else "")
+            headline = "starting: the trainer is alive, no rollout yet" + \
+                (": " + "; ".join(parts) if parts else "")
     else:
         last = f"; last phase `{phase.span.name}` of rollout {phase.span.rollout_id} never ended" if phase else ""
         errors = f.run.error_lines(1)

@@ -195,7 +195,7 @@ def check_grad_norm(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None
 
 
 def generation_time(metrics: dict[str, float]) -> tuple[str, float] | None:
-    """The time the rollout took to generate: `perf/rollout_time` of a synchronous rollout, and of one
+    """The time the rollout took to generate: `perf/rollout_time` of a synchronous rollout, of one
     generated ahead (async) `perf/rollout_generate_time`, since its `perf/rollout_time` is only the
     trainer's wait for it, a fraction of a millisecond when the overlap works (issue 55, N23: 9
     "rebalance" warnings on a healthy --max-weight-staleness 1 run)."""
@@ -206,7 +206,8 @@ def generation_time(metrics: dict[str, float]) -> tuple[str, float] | None:
 
 
 def check_time_balance(history, cfg: HealthConfig, run: RunFacts) -> Verdict | None:
-    """The rollout's generation and train_time differing by a large factor for the whole window (warning)."""
+    """The rollout's generation and train_time differing by a large factor for the whole window
+    (warning)."""
     w = cfg.health_time_window
     timed = [(generation_time(r.metrics), r.metrics["perf/train_time"]) for r in history[-w:]
              if "perf/train_time" in r.metrics]

@@ -33,8 +33,8 @@ def test_one_and_two_ranks_take_the_same_steps(groups):
     assert groups[1].call("weights_digest") == groups[2].call("weights_digest")[:1]  # same start
     one = step(groups[1], config(1), samples, advantages)
     two = step(groups[2], config(2), samples, advantages)
-    # two optimizer steps of 8 samples, micro-batches of 2: the per-sample normalisation makes them equal.
-    # The gradients before each optimizer step agree tightly (train/grad_norm is among these metrics).
+    # two optimizer steps of 8 samples, micro-batches of 2: the per-sample normalisation makes them
+    # equal. The gradients before each optimizer step agree tightly (train/grad_norm is here).
     for key, value in one.metrics.items():
         assert two.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     assert one.metrics["train/param_norm"] > 0 and one.metrics["train/param_norm_growth"] > 0  # sharded: all-reduced
@@ -50,14 +50,15 @@ def test_one_and_two_ranks_take_the_same_steps(groups):
 
 
 def assert_same_adam_updates(start, w1, w2, *, lr, steps):
-    """The weights after `steps` AdamW steps from `start` agree to what Adam's arithmetic allows. Adam
-    moves each element by about lr * m / sqrt(v): a gradient element that cancels to near zero has a
-    sign and size set by the reduction order, so one such element may differ by up to ~2 * lr per step
-    between one and two ranks (CI saw 1.9e-6 at lr 1e-3), while the update as a whole must agree."""
+    """The weights after `steps` AdamW steps from `start` agree to what Adam's arithmetic allows.
+    Adam moves each element by about lr * m / sqrt(v): a gradient element that cancels to near zero
+    has a sign and size set by the reduction order, so one such element may differ by up to ~2 * lr
+    per step between one and two ranks (CI saw 1.9e-6 at lr 1e-3), while the update as a whole must
+    agree."""
     for name in start:
         u1, u2 = w1[name] - start[name], w2[name] - start[name]
         worst = (u1 - u2).abs().max().item()
-        assert worst <= 2.5 * lr * steps, f"{name}: an element differs by {worst:.3g}, past any Adam step"
+        assert worst <= 2.5 * lr * steps, f"{name}: an element differs by {worst:.3g}, past Adam"
         if u1.norm() > 0:
             rel = ((u1 - u2).norm() / u1.norm()).item()
             assert rel <= 1e-3, f"{name}: the updates differ by {rel:.3g} of their size"

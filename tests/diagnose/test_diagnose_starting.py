@@ -1,11 +1,13 @@
 """Issue 55: `miles diagnose` on a live run that has not finished a rollout, and on a live run whose
-tracker delivery is behind. Run dirs built by hand; the "trainer" and the "delivery process" are child
-Python processes that take the run's own flock (as RunDirLock and the delivery process do) and sleep.
+tracker delivery is behind. Run dirs built by hand; the "trainer" and the "delivery process" are
+child Python processes that take the run's own flock (as RunDirLock and the delivery process do)
+and sleep.
 
-- N22: a trainer holding RUN_DIR/.lock, alive, before it listed its processes or wrote a rollout, was
-  "VERDICT (dead): the trainer died before any rollout without closing" 8, 38 and 57 s into a run.
-- N27: a tracker behind while its delivery process is alive and catching up was told to run
-  `miles replay-spool`; that advice is for a delivery process that is gone.
+- N22: a trainer holding RUN_DIR/.lock, alive, before it listed its processes or wrote a rollout,
+  was "VERDICT (dead): the trainer died before any rollout without closing" 8, 38 and 57 s into a
+  run.
+- N27: a tracker behind while its delivery process is alive and catching up was told to run `miles
+  replay-spool`; that advice is for a delivery process that is gone.
 """
 from __future__ import annotations
 
@@ -33,12 +35,13 @@ HOLD = textwrap.dedent("""
 
 @pytest.fixture
 def hold():
-    """hold(path) -> the pid of a child process holding an flock on `path` (ended after the test)."""
+    """hold(path) -> a child process holding an flock on `path` (ended after the test)."""
     children = []
 
     def start(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        child = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE,
+                                 text=True)
         children.append(child)
         assert child.stdout.readline().strip() == "locked"  # readiness: the lock is taken
         return child
@@ -80,10 +83,11 @@ def behind_run(tmp_path):
     """A closed run (no live trainer) whose journal has 3 lines, of which wandb holds 1."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / layout.JOURNAL).write_text("".join(json.dumps({"rollout_id": i, "time": 1.0 + i,
-                                                              "rollout/raw_reward": 0.5}) + "\n" for i in range(3)))
+    rows = [{"rollout_id": i, "time": 1.0 + i, "rollout/raw_reward": 0.5} for i in range(3)]
+    (run_dir / layout.JOURNAL).write_text("".join(json.dumps(r) + "\n" for r in rows))
     TrainerFile(run_dir / layout.TRAINER_STATE, close={"session": "s", "final": True}).save()
-    DeliveryState(run_dir / layout.DELIVERY_STATE, {"wandb": SinkState(SinkSpec("wandb", {}), cursor=1)}).save()
+    behind = {"wandb": SinkState(SinkSpec("wandb", {}), cursor=1)}
+    DeliveryState(run_dir / layout.DELIVERY_STATE, behind).save()
     return run_dir
 
 

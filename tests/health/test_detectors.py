@@ -82,8 +82,9 @@ def test_time_imbalance_is_a_warning_after_its_window():
 
 
 def test_an_async_rollout_is_balanced_by_its_generation_not_the_wait():
-    """Issue 55, N23: generated ahead, a rollout's perf/rollout_time is the trainer's wait for it (0.2 ms
-    when the overlap works); its generation (perf/rollout_generate_time) is what train_time balances."""
+    """Issue 55, N23: generated ahead, a rollout's perf/rollout_time is the trainer's wait for it
+    (0.2 ms when the overlap works); its generation (perf/rollout_generate_time) is what train_time
+    balances."""
     overlapped = broken(stream(0.0), START, perf__rollout_time=lambda i, v: 0.0002,
                         perf__rollout_generate_time=lambda i, v: 1.5)
     assert [v for v in flagged(overlapped) if v.signal == "rollout_train_time"] == []
