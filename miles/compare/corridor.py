@@ -30,6 +30,10 @@ WITHIN, OUTSIDE, ERROR, UNJUDGED, NOT_REACHED = "within", "outside", "error", "n
 # one step past SPIKE tolerances is a regression by itself (at 2, grad_norm's healthy one-step
 # spikes of 2.7 tolerances failed 3 of 42 healthy pairs in benchmarks/compare_rates.py; at 3, none)
 SPIKE = 3.0
+# judged on fresh rollouts only: on a rollout generated ahead (async) the difference measures the
+# weights' lag, as the health watch and training.md say (issue 55, N23: async vs sync failed on it)
+FRESH_ONLY = frozenset({"train/train_rollout_logprob_abs_diff"})
+STALE_WHY = "stale rollout (async): measures the weights' lag, not judged"
 
 
 def finite_or_none(v: float | None) -> float | None:
@@ -187,8 +191,11 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
     """`finished`: every step the baselines have is one the run must have (the history gate); else a
     step past the run's last one is not judged yet (a run still going, or a shorter one)."""
     axis = run.axis(key)
-    mine = run.curves.get(key, {})
-    curves = [{s: v for s, v in b.curves.get(key, {}).items() if math.isfinite(v)} for b in baselines]
+    fresh = key in FRESH_ONLY
+    stale = run.stale if fresh else frozenset()
+    mine = {s: v for s, v in run.curves.get(key, {}).items() if s not in stale}
+    curves = [{s: v for s, v in b.curves.get(key, {}).items()
+               if math.isfinite(v) and not (fresh and s in b.stale)} for b in baselines]
     theirs: dict[int, list[float]] = {}
     for curve in curves:
         for step, value in curve.items():
@@ -209,11 +216,17 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
     jitter = 0.0 if axis == EVAL_AXIS else pooled_jitter(curves)
     stds = {s: mean_std(v)[1] for s, v in at.items() if len(v) > 1}
     points = [judge_point(rule, s, mine.get(s), at[s], jitter, pooled_spread(stds, s))
-              for s in steps]
+              if s not in stale else Point(s, run.curves[key].get(s), None, 0.0, 0, None, UNJUDGED,
+                                           STALE_WHY)
+              for s in sorted(set(steps) | (stale & set(run.curves.get(key, {}))))]
     error = next((p for p in points if p.verdict == ERROR), None)
     start = error or _regression(rule, axis, points)
     notes = []
-    unjudged = [p.step for p in points if p.verdict == UNJUDGED]
+    unjudged = [p.step for p in points if p.verdict == UNJUDGED and p.step not in stale]
+    if stale & {p.step for p in points}:
+        skipped = sorted(stale & {p.step for p in points})
+        notes.append(f"{len(skipped)} stale rollout(s) not judged ({_ranges(skipped)}): async, the "
+                     f"difference measures the weights' lag")
     if unjudged and len(unjudged) < len(points):
         notes.append(f"steps {_ranges([p.step for p in points if p.verdict != UNJUDGED])} judged; "
                      f"{len(unjudged)} with no baseline ({_ranges(unjudged)})")

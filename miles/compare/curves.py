@@ -18,6 +18,7 @@ from miles.record.names import STEP_KEYS, step_key
 
 
 EVAL_AXIS = "eval/step"
+STALE_KEY = "rollout/staleness/max"  # > 0: generated ahead, on older weights (async)
 
 
 def _int(value: float) -> int:
@@ -31,6 +32,7 @@ class RunCurves:
     curves: dict[str, dict[int, float]]  # metric key -> step -> value (NaN and Infinity kept: an error)
     reached: dict[str, int]  # step axis -> the last step the run recorded on it
     prompts: dict[int, list[dict]] = field(default_factory=dict)  # eval step -> per-prompt rows
+    stale: frozenset[int] = frozenset()  # train steps of rollouts with stale tokens (stale_steps)
 
     def axis(self, key: str) -> str:
         return step_key(key)
@@ -71,6 +73,12 @@ def curves_of(lines: list[JournalLine], rules: tuple[Rule, ...] = DEFAULT_RULES)
     return curves, reached
 
 
+def stale_steps(lines: list[JournalLine]) -> frozenset[int]:
+    """The train steps of the rollouts that trained on tokens of older weights (async GRPO)."""
+    return frozenset(_int(line.metrics.get("train/step", line.rollout_id)) for line in lines
+                     if line.metrics.get(STALE_KEY, 0.0) > 0)
+
+
 def read_run(run_dir: Path, rules: tuple[Rule, ...] = DEFAULT_RULES, flag: str = "RUN_DIR") -> RunCurves:
     """A run directory's curves and per-prompt evals: ConfigError when it is not a run directory at all
     (a usage error), UnreadableRun naming the file when its files cannot be read."""
@@ -86,4 +94,5 @@ def read_run(run_dir: Path, rules: tuple[Rule, ...] = DEFAULT_RULES, flag: str =
     except (OSError, ValueError) as exc:
         raise UnreadableRun(f"cannot read {run_dir}: {exc}") from None
     curves, reached = curves_of(lines, rules)
-    return RunCurves(run_dir.name or str(run_dir), str(run_dir), curves, reached, prompts)
+    return RunCurves(run_dir.name or str(run_dir), str(run_dir), curves, reached, prompts,
+                     stale_steps(lines))

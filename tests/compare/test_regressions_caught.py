@@ -73,3 +73,28 @@ def test_a_falling_metric_bound_never_reaches_zero():
         assert entropy.bound(mean, noise) == pytest.approx(0.2 * mean)  # noise past 0.8 of the mean
     # the rule's own relative tolerance is its word: rel 1.0 may reach zero
     assert Rule("x", DOWN, rel=1.0, abs=0.0).bound(0.5, 0.0) == 0.0
+
+
+def test_the_logprob_difference_is_not_judged_on_stale_rollouts(tmp_path):
+    """N23: an async run against its sync twin. On rollouts generated ahead (rollout/staleness/max > 0)
+    train_rollout_logprob_abs_diff measures the weights' lag (0.15 here, where sync has ~1e-6): not
+    judged, and the header says the runs differ; a fresh rollout past the bound still fails."""
+    def async_run(row, fresh_diff=None):
+        if row["rollout_id"] >= 1 and "train/train_rollout_logprob_abs_diff" in row:
+            row["rollout/staleness/max"] = 1.0
+            row["train/train_rollout_logprob_abs_diff"] = 0.15
+        if fresh_diff is not None and row["rollout_id"] == 0 and "train/step" in row:
+            row["train/train_rollout_logprob_abs_diff"] = fresh_diff
+
+    sync = first_rollouts(SEEDS / "seed-2", tmp_path / "sync", 8)
+    stale = first_rollouts(SEEDS / "seed-1", tmp_path / "async", 8, async_run)
+    code, report = compare_json(stale, sync)
+    diff = signal(report, "train/train_rollout_logprob_abs_diff")
+    assert code == 0 and diff["verdict"] != "outside", diff
+    assert "7 stale rollout(s) not judged" in diff["note"]
+    assert any("trained on stale rollouts" in n for n in report["notes"])
+    broken = first_rollouts(SEEDS / "seed-1", tmp_path / "broken", 8,
+                            lambda row: async_run(row, fresh_diff=0.6))
+    code, report = compare_json(broken, sync)
+    diff = signal(report, "train/train_rollout_logprob_abs_diff")
+    assert code == 1 and diff["verdict"] == "outside" and diff["first_step"] == 0, diff
