@@ -74,8 +74,8 @@ def compare(run: RunCurves, baselines: list[RunCurves], rules: tuple[Rule, ...],
     stale = [r.name for r in (run, *baselines) if r.stale]
     if stale and len(stale) <= len(baselines):  # async against sync (or the other way round)
         notes.append(f"{', '.join(stale)} trained on stale rollouts (async, "
-                     f"--max-weight-staleness), the others did not: train/train_rollout_logprob_abs_diff is judged on fresh "
-                     f"rollouts only")
+                     f"--max-weight-staleness), the others did not: "
+                     f"train/train_rollout_logprob_abs_diff is judged on fresh rollouts only")
     if len(baselines) == 1:
         notes.append("1 baseline: no spread between runs to measure; each corridor is the rule's tolerance "
                      "widened by the baseline's own step-to-step jitter (add baselines for a better noise estimate)")
