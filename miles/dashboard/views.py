@@ -46,7 +46,14 @@ def health_watch(files: RunFiles) -> dict[str, Any]:
     watched = [row for row in journal if (row.get("rollout_id") or 0) >= 0 and any(k.startswith("health/") for k in row)]
     lines = files.health()
     state = "available" if lines.rows else HEALTHY if signals else NOT_AVAILABLE
-    return {"state": state, "signals": signals, "rollouts": len(watched)}
+    # per severity, each signal's flag count: the banner's amber (warnings only) or red line
+    # (N32: a run with warnings lost the health line on every view)
+    flagged: dict[str, dict[str, int]] = {"red": {}, "warning": {}}
+    for row in lines.rows:
+        counts = flagged.get(str(row.get("severity")))
+        if counts is not None:
+            counts[str(row.get("signal"))] = counts.get(str(row.get("signal")), 0) + 1
+    return {"state": state, "signals": signals, "rollouts": len(watched), **flagged}
 
 
 def run_summary(files: RunFiles, follow: bool) -> dict[str, Any]:

@@ -104,6 +104,10 @@ def test_health_verdicts_mark_their_panel(run_copy, client):
     # marked on the panel's own step axis: train/step of rollout 2 (one optimizer step per rollout here)
     assert by_title["grad_norm"]["flag_steps"] == [2.0] and by_title["raw_reward"]["flag_steps"] == [3.0]
     assert get(client, "/api/health")["verdicts"] == verdicts
+    # the run keeps its health line (N32): each signal's flags per severity, for the banner
+    health = get(client, "/api/run")["health"]
+    assert health["red"] == {"raw_reward": 1, "stall": 1}
+    assert health["warning"] == {"grad_norm": 1, "rollout_train_time": 1}
 
 
 def test_timeline_lanes_and_phases(client):

@@ -121,7 +121,26 @@ def test_health_verdicts_are_marked_on_their_panels(browser, run_copy):
         assert any("rollout 2 warning: grad_norm above clip_grad" in m for m in messages)
         assert browser.find_all("#missing") == []  # nothing is missing: the profiler is only "off"
         assert browser.find_all("#health-ok") == [] and browser.find_all("#watch-healthy") == []  # flagged: not green
+        # but the line stays, red (N32: a flagged run had no health line on any view)
+        assert browser.text("#health-flags") == (
+            "Health watch: red flags on entropy_loss (1); warnings on grad_norm (1)")
         browser.screenshot(SHOTS / "metrics-health.png")
+    finally:
+        served.stop()
+
+
+def test_a_run_with_warnings_only_keeps_an_amber_health_line(browser, run_copy):
+    verdicts = [{"rollout_id": r, "signal": "rollout_train_time", "severity": "warning",
+                 "message": "imbalance", "values": {}} for r in (2, 3)]
+    (run_copy / "health.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
+    served = serve(run_copy)
+    try:
+        browser.open(served.url + "/#timeline")
+        line = browser.text("#health-flags")
+        want = "Health watch: no red flags in 4 rollouts; warnings on rollout_train_time (2)"
+        assert line == want
+        classes = browser.script("return document.getElementById('health-flags').className")
+        assert classes == "health-warn"
     finally:
         served.stop()
 

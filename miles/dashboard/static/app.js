@@ -83,6 +83,7 @@ function notice(run) {
   box.replaceChildren();
   if (run.health && run.health.state === "healthy") box.append(el("div", {class: "healthy", id: "health-ok",
     title: "signals checked: " + run.health.signals.join(", ")}, healthLine(run.health.rollouts, run.health.signals)));
+  if (run.health && run.health.state === "available") box.append(flaggedLine(run.health));
   if (run.missing.length) box.append(el("div", {class: "missing", id: "missing"},
     "Not available in this run directory: " + run.missing.join(", ")));
   if (run.off && run.off.length) box.append(el("div", {class: "off", id: "off"}, run.off.join("; ")));
@@ -93,6 +94,16 @@ function notice(run) {
 // banner is on every view, so it counts the signals; their names are its tooltip and `miles doctor`'s rows.
 const healthLine = (rollouts, signals) =>
   `Health watch: no red flags in ${rollouts} rollouts (${signals.length} signals checked)`;
+
+// A run with flags keeps its line (first-hour N32): red when any flag is red, amber for warnings.
+function flaggedLine(h) {
+  const list = counts => Object.entries(counts || {}).map(([s, n]) => `${s} (${n})`).join(", ");
+  const red = Object.keys(h.red || {}).length;
+  const text = red ? `Health watch: red flags on ${list(h.red)}` +
+    (Object.keys(h.warning || {}).length ? `; warnings on ${list(h.warning)}` : "")
+    : `Health watch: no red flags in ${h.rollouts} rollouts; warnings on ${list(h.warning)}`;
+  return el("div", {class: red ? "health-red" : "health-warn", id: "health-flags"}, text);
+}
 
 // ---- metrics ---------------------------------------------------------------------------
 // The run's headline (first-hour N9): the scorecard's numbers, as the terminal, Prefect and MLflow show them.
