@@ -109,8 +109,8 @@ def load_state_file(path: Path) -> dict:
 
 
 def squared_norm(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor's squared L2 norm as a float64 CPU scalar; a float32 sum of squares that overflows (weights
-    of 1e30) is redone scaled by the largest entry, so the result is a number, not inf."""
+    """A tensor's squared L2 norm as a float64 CPU scalar; a float32 sum of squares that overflows
+    (weights of 1e30) is redone scaled by the largest entry, so the result is a number, not inf."""
     t = tensor.detach()
     norm = torch.linalg.vector_norm(t, dtype=torch.float32)
     if not torch.isfinite(norm):
@@ -173,7 +173,7 @@ class PPORank:
 
     def __init__(self, config, rank: int, world_size: int, num_threads: int = 1):
         self.config, self.rank, self.world_size = config, rank, world_size
-        self.data_parallel_size = world_size  # model replicas; a backend with model parallelism sets it
+        self.data_parallel_size = world_size  # model replicas (set by a model-parallel backend)
         self.num_threads = num_threads
         self.weight_version = 0
         self.optimizer_steps = 0
@@ -282,7 +282,7 @@ class PPORank:
         return float(norm)
 
     def clip_gradients(self, limit: float) -> float:
-        """The global norm of the reduced gradients (identical on every rank), scaled down to `limit`."""
+        """The global norm of the reduced gradients (the same on every rank), scaled to `limit`."""
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
 
@@ -432,7 +432,8 @@ class PPORank:
 
     def micro_batch_loss(self, stats: TokenStats, mb: MicroBatch, old_log_probs, ref_log_probs,
                          global_step_size: int, sums) -> torch.Tensor:
-        """The micro-batch's share of the step's loss (what its backward pass takes); adds its terms to `sums`."""
+        """The micro-batch's share of the step's loss (what its backward pass takes); adds its terms
+        to `sums`."""
         terms = sample_losses(stats, old_log_probs, ref_log_probs, mb, self.config.train)
         if terms.kl is not None:
             sums["train/kl_loss"] += terms.kl.sum().item()

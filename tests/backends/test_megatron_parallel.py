@@ -1,8 +1,8 @@
-"""Megatron-core's tensor and pipeline parallel ranks on gloo (CPU): the same batch and seed give TP=2,
-PP=2, TP=2 x PP=2 and TP=2 x DP=2 the step TP = PP = 1 takes (loss, per-token log-probs, grad norm; weights after
-three optimizer steps), through megatron-core's own parallel layers and 1F1B schedule. Also: the
-vocab-parallel log-prob and entropy math against the full-logit one, and the CPU shim staying out of
-the way when CUDA is present."""
+"""Megatron-core's tensor and pipeline parallel ranks on gloo (CPU): the same batch and seed give
+TP=2, PP=2, TP=2 x PP=2 and TP=2 x DP=2 the step TP = PP = 1 takes (loss, per-token log-probs, grad
+norm; weights after three optimizer steps), through megatron-core's own parallel layers and 1F1B
+schedule. Also: the vocab-parallel log-prob and entropy math against the full-logit one, and the
+CPU shim staying out of the way when CUDA is present."""
 import contextlib
 
 import pytest
@@ -20,7 +20,7 @@ from tests.support.actors import LOSS, config, max_abs_diff, rollout_like, weigh
 STEPS = 3
 
 
-# ---- the vocab-parallel math ------------------------------------------------------------------------
+# ---- the vocab-parallel math --------------------------------------------------------------------
 def _full_logits(vocab: int):
     torch.manual_seed(0)
     logits = torch.randn(3, 7, vocab) * 3
@@ -37,16 +37,19 @@ def _grads_full(logits, ids, temperature):
 
 def _vocab_rank(rank: int, world: int, port: int, vocab: int, padded: int, queue) -> None:
     """One TP rank: its slice of the padded logits; returns its stats and its slice's gradient."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
     try:
         logits, ids = _full_logits(vocab)
-        pad = torch.full((*logits.shape[:2], padded - vocab), 5.0)  # large pad logits must not count
+        pad = torch.full((*logits.shape[:2], padded - vocab), 5.0)  # large: they must not count
         local = padded // world
-        shard = torch.cat([logits, pad], -1)[..., rank * local:(rank + 1) * local].clone().requires_grad_(True)
+        shard = torch.cat([logits, pad], -1)[..., rank * local:(rank + 1) * local].clone()
+        shard.requires_grad_(True)
         stats = stats_from_vocab_shard(shard, ids, 0.7, rank * local, vocab, dist.group.WORLD)
         (stats.log_probs.sum() + 0.3 * stats.entropy.sum()).backward()
-        # numpy arrays travel by value: a tensor's shared memory would be gone once this process exits
-        queue.put((rank, stats.log_probs.detach().numpy(), stats.entropy.detach().numpy(), shard.grad.numpy()))
+        # numpy arrays travel by value: a tensor's shared memory is gone once this process exits
+        queue.put((rank, stats.log_probs.detach().numpy(), stats.entropy.detach().numpy(),
+                   shard.grad.numpy()))
     finally:
         dist.destroy_process_group()
 
@@ -66,10 +69,12 @@ def test_vocab_parallel_stats_equal_the_full_logits():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_vocab_rank, args=(r, 2, port, vocab, padded, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_vocab_rank, args=(r, 2, port, vocab, padded, queue))
+             for r in range(2)]
     for p in procs:
         p.start()
-    results = {r: [torch.from_numpy(a) for a in rest] for r, *rest in (queue.get(timeout=120) for _ in procs)}
+    answers = [queue.get(timeout=120) for _ in procs]
+    results = {r: [torch.from_numpy(a) for a in rest] for r, *rest in answers}
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
@@ -77,37 +82,42 @@ def test_vocab_parallel_stats_equal_the_full_logits():
         torch.testing.assert_close(log_probs, full.log_probs.detach(), rtol=0, atol=1e-5)
         torch.testing.assert_close(entropy, full.entropy.detach(), rtol=0, atol=1e-5)
         columns = range(rank * 20, min((rank + 1) * 20, vocab))
-        torch.testing.assert_close(shard_grad[..., :len(columns)], grad[..., columns.start:columns.stop],
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(shard_grad[..., :len(columns)],
+                                   grad[..., columns.start:columns.stop], rtol=0, atol=1e-5)
         assert not shard_grad[..., len(columns):].any()  # the pad columns take no gradient
     # one rank holding the whole (padded) vocabulary: the same numbers
-    single = stats_from_vocab_shard(torch.cat([logits, torch.zeros(3, 7, 3)], -1), ids, 0.7, 0, vocab)
+    padded_logits = torch.cat([logits, torch.zeros(3, 7, 3)], -1)
+    single = stats_from_vocab_shard(padded_logits, ids, 0.7, 0, vocab)
     torch.testing.assert_close(single.log_probs, full.log_probs.detach(), rtol=0, atol=1e-5)
 
 
-# ---- one replica's batch ----------------------------------------------------------------------------
+# ---- one replica's batch ------------------------------------------------------------------------
 def test_a_replica_pools_its_members_slices_step_by_step():
     samples, advantages = rollout_like()
     whole = split_for_ranks(samples, advantages, 8, 1, rollout_id=0)[0]  # 2 steps of 8
     two = split_for_ranks(samples, advantages, 8, 2, rollout_id=0)  # each: 2 steps of 4
     pooled = replica_batch.merge(two)
-    assert pooled == whole  # member 0's step-0 rows, member 1's, then step 1's: the single rank's order
+    assert pooled == whole  # member 0's step-0 rows, member 1's, then step 1's: one rank's order
     assert replica_batch.merge([whole, whole]) == whole  # split by replica: not doubled
     replicas = split_for_ranks(samples, advantages, 8, 2, rollout_id=0)
-    handed = replica_batch.per_rank(replicas, tp=2, pp=2)  # 8 ranks, DP=2: ranks 0,1,4,5 are replica 0
+    handed = replica_batch.per_rank(replicas, tp=2, pp=2)  # 8 ranks, DP=2: replica 0 is 0,1,4,5
     assert [replicas.index(b) for b in handed] == [0, 0, 1, 1, 0, 0, 1, 1]
 
 
-# ---- the shim --------------------------------------------------------------------------------------
+# ---- the shim -----------------------------------------------------------------------------------
 def test_the_shim_changes_nothing_when_cuda_is_present(monkeypatch):
     from megatron.core.fusions import fused_softmax
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(shim, "_installed", False)
-    before = (torch.cuda.current_device, torch.cuda.synchronize, fused_softmax.get_default_causal_mask)
+    def patched():
+        cuda = torch.cuda
+        return cuda.current_device, cuda.synchronize, fused_softmax.get_default_causal_mask
+
+    before = patched()
     assert not shim.needed()
     shim.install()
-    assert (torch.cuda.current_device, torch.cuda.synchronize, fused_softmax.get_default_causal_mask) == before
+    assert patched() == before
     assert not shim._installed
     assert isinstance(shim.cuda_to_cpu(), contextlib.nullcontext)
 
@@ -120,15 +130,16 @@ def test_the_shim_maps_cuda_to_the_cpu_without_cuda():
         assert made.device.type == "cpu" and made.cuda() is made
 
 
-# ---- the parallel step against TP = PP = 1 ------------------------------------------------------------
+# ---- the parallel step against TP = PP = 1 ------------------------------------------------------
 def parallel_config(world: int, tp: int = 1, pp: int = 1):
-    """One optimizer step per call (16 samples, micro-batches of 2), the whole loss (KL, entropy)."""
+    """One optimizer step per call (16 samples, micro-batches of 2), the whole loss (KL,
+    entropy)."""
     from miles.config import parallel
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(parallel, "PARALLEL_STEP_WIRED", True)  # this build's runs may still refuse the flags
-        return config(world, train_backend="megatron", num_steps_per_rollout=1, tensor_model_parallel_size=tp,
-                      pipeline_model_parallel_size=pp, **LOSS)
+        patch.setattr(parallel, "PARALLEL_STEP_WIRED", True)  # runs may still refuse the flags
+        return config(world, train_backend="megatron", num_steps_per_rollout=1,
+                      tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, **LOSS)
 
 
 def train_steps(group, cfg) -> list:
@@ -136,8 +147,8 @@ def train_steps(group, cfg) -> list:
     summaries = []
     for seed in range(STEPS):
         samples, advantages = rollout_like(seed=seed)
-        batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size, rollout_id=seed,
-                                  return_token_stats=True)
+        batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
+                                  rollout_id=seed, return_token_stats=True)
         summaries.append(combine(group.train(batches)))
     return summaries
 
@@ -169,25 +180,29 @@ def test_parallel_layouts_take_the_single_rank_step(single, base_model, world, t
     assert mine.token_stats.keys() == first.token_stats.keys() and len(first.token_stats) == 16
     for index, stats in first.token_stats.items():
         for key in ("log_probs", "entropy"):
-            assert mine.token_stats[index][key] == pytest.approx(stats[key], rel=0, abs=1e-5), (index, key)
+            per_token = mine.token_stats[index][key]
+            assert per_token == pytest.approx(stats[key], rel=0, abs=1e-5), (index, key)
     for a, b in zip(ref, got):  # every step: the same grad norm, metrics, parameter norm
         assert b.metrics["train/grad_norm"] == pytest.approx(a.metrics["train/grad_norm"], rel=1e-5)
-        assert b.metrics["train/param_norm"] == pytest.approx(a.metrics["train/param_norm"], rel=1e-6)
+        norm = a.metrics["train/param_norm"]
+        assert b.metrics["train/param_norm"] == pytest.approx(norm, rel=1e-6)
         for key, value in a.metrics.items():
             assert b.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
-    assert max_abs_diff(ref_weights, got_weights) <= 1e-4  # after STEPS optimizer steps, in HF names
+    assert max_abs_diff(ref_weights, got_weights) <= 1e-4  # after STEPS optimizer steps (HF names)
 
 
-# ---- checkpoints ---------------------------------------------------------------------------------------
+# ---- checkpoints --------------------------------------------------------------------------------
 def one_step(group, cfg, seed: int):
     samples, advantages = rollout_like(seed=seed)
-    return combine(group.train(split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
-                                               rollout_id=seed)))
+    batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
+                              rollout_id=seed)
+    return combine(group.train(batches))
 
 
 def test_a_checkpoint_resumes_bit_exact_and_on_another_layout(ray_cluster, base_model, tmp_path):
-    """HF-named weights and optimizer state whatever the layout: TP=2 resumes its own checkpoint bit for bit,
-    and PP=2 resumes it too (its shards and moments cut anew), taking the same next step."""
+    """HF-named weights and optimizer state whatever the layout: TP=2 resumes its own checkpoint bit
+    for bit, and PP=2 resumes it too (its shards and moments cut anew), taking the same next
+    step."""
     tp_cfg, pp_cfg = parallel_config(2, tp=2), parallel_config(2, pp=2)
     tp = ActorGroup(tp_cfg, str(base_model))
     try:
@@ -212,6 +227,6 @@ def test_a_checkpoint_resumes_bit_exact_and_on_another_layout(ray_cluster, base_
         other = one_step(pp, pp_cfg, seed=1)
         for key, value in after_save.metrics.items():
             assert other.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
-        assert max_abs_diff(weights(pp), after_weights) <= 1e-4  # the layouts round differently (Adam)
+        assert max_abs_diff(weights(pp), after_weights) <= 1e-4  # layouts round differently (Adam)
     finally:
         pp.stop()

@@ -24,7 +24,7 @@ from miles.backends.base import ActorInfo, RankBatch, RankTrainResult
 from miles.backends.batch import MicroBatch
 from miles.backends.logprobs import TokenStats
 from miles.backends.megatron import convert, gather, grads, pipeline, replica_batch
-from miles.backends.megatron.model import _megatron, build_gpt, destroy_parallel, init_parallel
+from miles.backends.megatron.model import build_gpt, destroy_parallel, init_parallel, parallel_state
 from miles.backends.megatron.vocab_parallel import stats_from_vocab_shard
 from miles.backends.ppo import PPORank, load_state_file
 
@@ -34,12 +34,14 @@ MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors, shaped lik
 class MegatronTrainActor(PPORank):
     # ---- set-up -------------------------------------------------------------------------
     def _init_parallel(self) -> None:
-        tp, pp = self.config.train.tensor_model_parallel_size, self.config.train.pipeline_model_parallel_size
+        train = self.config.train
+        tp, pp = train.tensor_model_parallel_size, train.pipeline_model_parallel_size
         if self.world_size % (tp * pp):
-            raise ValueError(f"{self.world_size} training ranks do not split into --tensor-model-parallel-size "
-                             f"{tp} x --pipeline-model-parallel-size {pp} groups")
+            raise ValueError(f"{self.world_size} training ranks do not split into "
+                             f"--tensor-model-parallel-size {tp} x "
+                             f"--pipeline-model-parallel-size {pp}")
         init_parallel(self.config.train.seed, tp, pp)
-        self.ps = _megatron()[0]
+        self.ps = parallel_state()
         self.par = convert.Parallel(tp, self.ps.get_tensor_model_parallel_rank(), pp,
                                     self.ps.get_pipeline_model_parallel_rank())
         self.data_parallel_size = self.ps.get_data_parallel_world_size()
@@ -50,11 +52,12 @@ class MegatronTrainActor(PPORank):
         return f"TP={self.par.tp_size} x PP={self.par.pp_size} x DP={self.data_parallel_size}"
 
     def info(self) -> ActorInfo:
-        """With this rank's place in the layout (`extra["parallel"]`: its tp, pp and dp coordinates)."""
+        """With this rank's place in the layout (`extra["parallel"]`: tp, pp, dp coordinates)."""
         info = super().info()
         if getattr(self, "par", None) is not None:
             info.extra["parallel"] = {"tp_rank": self.par.tp_rank, "pp_rank": self.par.pp_rank,
-                                      "dp_rank": self.ps.get_data_parallel_rank(), "layout": self.layout_name()}
+                                      "dp_rank": self.ps.get_data_parallel_rank(),
+                                      "layout": self.layout_name()}
         return info
 
     def _build_models(self, model_path: str) -> None:
@@ -63,7 +66,8 @@ class MegatronTrainActor(PPORank):
         hf_config = AutoConfig.from_pretrained(model_path)
         self.layout = convert.Layout.of(hf_config)
         convert.check_tp_divides(self.layout, self.par.tp_size, hf_config.intermediate_size)
-        convert.stage_layers(self.layout.num_layers, self.par.pp_size, self.par.pp_rank)  # layers split evenly
+        # raises unless the layers split evenly over the stages
+        convert.stage_layers(self.layout.num_layers, self.par.pp_size, self.par.pp_rank)
         self.tied = self.layout.tied
         self.pad_id = hf_config.pad_token_id or 0
         self.padded_vocab = convert.padded_vocab(hf_config.vocab_size, self.par.tp_size)
@@ -91,12 +95,15 @@ class MegatronTrainActor(PPORank):
 
     # ---- training -----------------------------------------------------------------------
     def train(self, batch: RankBatch) -> RankTrainResult:
-        """Train on the model-parallel group's pooled samples; only the reporting member returns metric sums."""
-        pooled = replica_batch.merge(gather.gather_objects(batch, self.ps.get_model_parallel_group()))
+        """Train on the model-parallel group's pooled samples; only the reporting member returns
+        metric sums."""
+        members = gather.gather_objects(batch, self.ps.get_model_parallel_group())
+        pooled = replica_batch.merge(members)
         result = super().train(pooled)
         if self.reports:
             return result
-        return dataclasses.replace(result, sums={}, num_samples=0, num_tokens=0, token_stats={}, maxes={})
+        return dataclasses.replace(result, sums={}, num_samples=0, num_tokens=0, token_stats={},
+                                   maxes={})
 
     def _stats(self, logits: torch.Tensor, mb: MicroBatch) -> TokenStats:
         """Log-probs and entropy from this rank's vocabulary slice of the logits."""
@@ -108,12 +115,13 @@ class MegatronTrainActor(PPORank):
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
         """One micro-batch straight through the model (a single pipeline stage only)."""
         if self.par.pp_size > 1:
-            raise RuntimeError("token_stats needs the whole model on one rank; with PP > 1 use the schedule")
+            raise RuntimeError("token_stats needs the whole model on one rank; at PP > 1 the "
+                               "schedule runs it")
         return self._stats(pipeline.forward(model, mb), mb)
 
     @torch.no_grad()
     def _score(self, model, mbs: list[MicroBatch]) -> list[TokenStats]:
-        """Forward-only through the schedule; the last stage's stats reach every stage of the pipeline."""
+        """Forward-only through the schedule; the last stage's stats reach every stage."""
         model.eval()
         stats: list[TokenStats | None] = [None] * len(mbs)
 
@@ -131,8 +139,9 @@ class MegatronTrainActor(PPORank):
                        ref: list[TokenStats] | None, global_step_size: int, sums) -> None:
         def loss(k: int, logits: torch.Tensor) -> torch.Tensor:
             i = rows[k]
+            ref_log_probs = None if ref is None else ref[i].log_probs
             return self.micro_batch_loss(self._stats(logits, mbs[i]), mbs[i], old[i].log_probs,
-                                         None if ref is None else ref[i].log_probs, global_step_size, sums)
+                                         ref_log_probs, global_step_size, sums)
 
         pipeline.run(self.model, [mbs[i] for i in rows], loss, forward_only=False)
 
@@ -151,7 +160,7 @@ class MegatronTrainActor(PPORank):
         return gather.gather_hf(local, self.layout, self.par, self.ps.get_model_parallel_group())
 
     def hf_state(self) -> dict[str, torch.Tensor]:
-        """Collective over the model-parallel group: the replica's whole model in HF names, on the CPU."""
+        """Collective over the model-parallel group: the replica's whole model in HF names (CPU)."""
         return self._gather_hf({n: p.detach().cpu() for n, p in self.model.named_parameters()})
 
     def export_weights(self, directory: str | None) -> dict | None:
@@ -166,7 +175,8 @@ class MegatronTrainActor(PPORank):
         return None
 
     def weights_digest(self) -> str:
-        """Each replica's own digest (its group gathers its shards): equal replicas, equal digests."""
+        """Each replica's own digest (its group gathers its shards): equal replicas, equal
+        digests."""
         return W.digest(self.hf_state())
 
     def save(self, directory: str) -> list[str]:
@@ -178,28 +188,31 @@ class MegatronTrainActor(PPORank):
         return self.save_files(Path(directory), {}, {})
 
     def load(self, directory: str) -> ActorInfo:
-        """Collective: every rank reads the full files (shared storage) and cuts its own shards from them."""
+        """Collective: every rank reads the full files (shared storage) and cuts its own shards."""
         src = Path(directory)
         self._load_hf(self.model, W.read_hf_weights(src, self.tied))
-        self.optimizer.load_state_dict(self._megatron_optimizer_state(load_state_file(src / "optimizer.pt")))
+        optim = load_state_file(src / "optimizer.pt")
+        self.optimizer.load_state_dict(self._megatron_optimizer_state(optim))
         self.load_schedule_and_rng(src)
         dist.barrier()  # the reference model stays the base model: it is never checkpointed
         return self.info()
 
     def _hf_optimizer_state(self) -> dict:
-        """Collective over the model-parallel group. torch's AdamW state keyed by HF parameter name, as FSDP's
-        full optimizer state dict is: {"state": {hf_name: {"step", "exp_avg", "exp_avg_sq"}},
-        "param_groups": [{..., "params": [hf_name]}]}."""
+        """Collective over the model-parallel group. torch's AdamW state keyed by HF parameter name,
+        as FSDP's full optimizer state dict is:
+        {"state": {hf_name: {"step", "exp_avg", "exp_avg_sq"}},
+         "param_groups": [{..., "params": [hf_name]}]}."""
         saved = self.optimizer.state_dict()
         by_name = {self.param_names[i]: s for i, s in saved["state"].items()}
         hf_names = self._hf_param_names()
         steps = {}
-        for part in gather.gather_objects({gather.global_name(n, self.layout, self.par): s["step"]
-                                           for n, s in by_name.items()}, self.ps.get_model_parallel_group()):
+        mine = {gather.global_name(n, self.layout, self.par): s["step"] for n, s in by_name.items()}
+        for part in gather.gather_objects(mine, self.ps.get_model_parallel_group()):
             steps.update(part)
         state = {}
         if by_name:
-            moments = {key: self._gather_hf({n: s[key].cpu() for n, s in by_name.items()}) for key in MOMENTS}
+            moments = {key: self._gather_hf({n: s[key].cpu() for n, s in by_name.items()})
+                       for key in MOMENTS}
             for name in hf_names:
                 step = steps[convert.megatron_source(name, self.layout)]
                 state[name] = {"step": step.clone(), **{key: moments[key][name].contiguous() for key in MOMENTS}}
@@ -207,22 +220,26 @@ class MegatronTrainActor(PPORank):
         return {"state": state, "param_groups": [{**group, "params": hf_names}]}
 
     def _hf_param_names(self) -> list[str]:
-        """HF's `parameters()` names in `convert.megatron_to_hf`'s order (one tied tensor: no lm_head)."""
-        names = [convert.EMBED[1], convert.FINAL_NORM[1]] + ([] if self.tied else [convert.OUTPUT[1]])
+        """HF's `parameters()` names in `convert.megatron_to_hf`'s order (tied: no lm_head)."""
+        names = [convert.EMBED[1], convert.FINAL_NORM[1]]
+        names += [] if self.tied else [convert.OUTPUT[1]]
         per_layer = (*self.layout.renames().values(), *convert.QKV_PARTS, *convert.FC1_PARTS)
-        return names + [f"model.layers.{i}.{n}" for i in range(self.layout.num_layers) for n in per_layer]
+        layers = range(self.layout.num_layers)
+        return names + [f"model.layers.{i}.{n}" for i in layers for n in per_layer]
 
     def _megatron_optimizer_state(self, hf: dict) -> dict:
-        """The inverse of `_hf_optimizer_state`: torch's index-keyed state in this rank's parameter order, its
-        moments cut from the HF-named ones for this rank's layout (whatever layout saved them)."""
+        """The inverse of `_hf_optimizer_state`: torch's index-keyed state in this rank's parameter
+        order, its moments cut from the HF-named ones for this rank's layout (whatever layout
+        saved them)."""
         state = {}
         if hf["state"]:
-            moments = {key: convert.hf_to_megatron_shard({n: s[key] for n, s in hf["state"].items()},
-                                                         self.layout, self.par) for key in MOMENTS}
+            named = {key: {n: s[key] for n, s in hf["state"].items()} for key in MOMENTS}
+            moments = {key: convert.hf_to_megatron_shard(named[key], self.layout, self.par)
+                       for key in MOMENTS}
             steps = {convert.megatron_source(n, self.layout): s["step"] for n, s in hf["state"].items()}
             for i, name in enumerate(self.param_names):
                 source = gather.global_name(name, self.layout, self.par)
-                if self.tied and source == convert.OUTPUT[0]:  # the last stage's copy of the embedding
+                if self.tied and source == convert.OUTPUT[0]:  # the last stage's embedding copy
                     source = convert.EMBED[0]
                 state[i] = {"step": steps[source], **{key: moments[key][name] for key in MOMENTS}}
         (group,) = hf["param_groups"]

@@ -1,4 +1,4 @@
-"""A model replica's shards, gathered into HF names and layout (weights, and tensors shaped like them).
+"""A model replica's shards gathered into HF names and layout (weights, and tensors like them).
 
 The ranks of one model-parallel group (TP x PP, one data-parallel replica) each hold their stage's
 layers and their TP slices; `gather_hf` collects the group's shards on every member and converts
@@ -21,8 +21,8 @@ _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
 
 def gather_hf(local: dict[str, torch.Tensor], lay: convert.Layout, par: convert.Parallel,
               group) -> dict[str, torch.Tensor]:
-    """Collective over the model-parallel `group`: this rank's local-named tensors (CPU) -> the replica's
-    whole HF state dict, on every member."""
+    """Collective over the model-parallel `group`: this rank's local-named tensors (CPU) -> the
+    replica's whole HF state dict, on every member."""
     if par.tp_size * par.pp_size == 1:
         shards = {(0, 0): local}
     else:

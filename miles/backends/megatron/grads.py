@@ -23,8 +23,8 @@ from miles.backends.ppo import squared_norm
 
 
 def _all_reduce_divided(tensors: list[torch.Tensor], group, size: int) -> None:
-    """One all-reduce (SUM) of the flattened tensors, divided by `size`: the mean over a group of `size`
-    (gloo has no AVG), or the plain sum with `size` 1."""
+    """One all-reduce (SUM) of the flattened tensors, divided by `size`: the mean over a group of
+    `size` (gloo has no AVG), or the plain sum with `size` 1."""
     flat = _flatten_dense_tensors(tensors)
     dist.all_reduce(flat, group=group)
     flat.div_(size)
@@ -36,8 +36,8 @@ QK_NORMS = ("q_layernorm", "k_layernorm")
 
 
 def reduce_gradients(model, parallel_state) -> None:
-    """Sum the q/k norms' partial gradients over TP, average over the data-parallel group, then sum the
-    tied embedding's two copies."""
+    """Sum the q/k norms' partial gradients over TP, average over the data-parallel group, then sum
+    the tied embedding's two copies."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     for p in params:
@@ -60,14 +60,14 @@ def tied_across_stages(model, parallel_state) -> bool:
 
 
 def counted(param, tp_rank: int) -> bool:
-    """Whether this rank's copy of `param` is part of the model exactly once in the world's norms."""
+    """Whether this rank's copy of `param` counts in the model's norms (each weight once)."""
     if getattr(param, "shared", False):  # the last stage's copy of the tied embedding
         return False
     return bool(getattr(param, "tensor_model_parallel", False)) or tp_rank == 0
 
 
 def model_norm(tensors: list[tuple[torch.nn.Parameter, torch.Tensor]], parallel_state) -> float:
-    """The L2 norm over the whole model of per-parameter tensors (weights or gradients), float64 sums."""
+    """The L2 norm over the whole model of per-parameter tensors (weights or gradients)."""
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     total = torch.zeros((), dtype=torch.float64)
     for param, tensor in tensors:
@@ -80,7 +80,8 @@ def model_norm(tensors: list[tuple[torch.nn.Parameter, torch.Tensor]], parallel_
 
 @torch.no_grad()
 def clip(model, limit: float, parallel_state) -> float:
-    """The global grad norm; gradients scaled by limit / norm when it is larger (as torch's clip_grad_norm_)."""
+    """The global grad norm; gradients scaled by limit / norm when it is larger (as torch's
+    clip_grad_norm_)."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = model_norm([(p, p.grad) for p in params], parallel_state)
     scale = limit / (norm + 1e-6)

@@ -96,8 +96,9 @@ def transformer_config(hf_config, tp: int = 1, pp: int = 1):
         sequence_parallel=False,
         gradient_accumulation_fusion=False,
         pipeline_dtype=torch.float32,  # the activations sent between stages
-        variable_seq_lengths=True,  # RL micro-batches differ in length: stages exchange shapes first
-        moe_token_dispatcher_type="alltoall",  # no experts; the default (allgather) refuses variable lengths
+        variable_seq_lengths=True,  # RL micro-batches differ in length: stages send shapes first
+        # no experts here; the default dispatcher (allgather) refuses variable lengths
+        moe_token_dispatcher_type="alltoall",
         batch_p2p_sync=False,
         enable_autocast=False,
     )
@@ -119,7 +120,8 @@ def build_gpt(hf_config, device: torch.device, vocab_size: int):
             max_sequence_length=hf_config.max_position_embeddings,
             position_embedding_type="rope",
             rotary_base=rope_theta(hf_config),
-            share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings",
+                                                             False)),
             parallel_output=True,
             pre_process=parallel_state.is_pipeline_first_stage(),
             post_process=parallel_state.is_pipeline_last_stage(),
@@ -129,12 +131,14 @@ def build_gpt(hf_config, device: torch.device, vocab_size: int):
 
 
 def _mark_tensor_parallel(model) -> None:
-    """Megatron's parallel layers set `tensor_model_parallel` on their weights only while initialising
-    them, and ours are loaded instead (`perform_initialization=False`): set it here, as they would, so
-    norms can tell a TP shard (counted on every TP rank) from a replicated weight (counted once)."""
+    """Megatron's parallel layers set `tensor_model_parallel` on their weights only while
+    initialising them, and ours are loaded instead (`perform_initialization=False`): set it here,
+    as they would, so norms can tell a TP shard (counted on every TP rank) from a replicated
+    weight (counted once)."""
     from megatron.core import tensor_parallel as tpl
 
-    split_dim = {tpl.ColumnParallelLinear: 0, tpl.VocabParallelEmbedding: 0, tpl.RowParallelLinear: 1}
+    split_dim = {tpl.ColumnParallelLinear: 0, tpl.VocabParallelEmbedding: 0,
+                 tpl.RowParallelLinear: 1}
     for module in model.modules():
         dim = next((d for cls, d in split_dim.items() if isinstance(module, cls)), None)
         weight = getattr(module, "weight", None)
@@ -143,13 +147,18 @@ def _mark_tensor_parallel(model) -> None:
 
 
 def init_parallel(seed: int, tp: int = 1, pp: int = 1) -> None:
-    """TP x PP (x DP, the rest of the world) over the default process group (gloo on CPU, NCCL on GPU),
-    seeded RNG tracker."""
+    """TP x PP (x DP, the rest of the world) over the default process group (gloo on CPU, NCCL
+    on GPU), seeded RNG tracker."""
     parallel_state = _megatron()[0]
     shim.install()
     # No extra gloo groups: the actor's own reductions use megatron's groups of the default backend.
     parallel_state.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
     shim.seed_model_parallel_rng(seed, parallel_state.get_tensor_model_parallel_rank())
+
+
+def parallel_state():
+    """megatron-core's `parallel_state` module (this rank's groups and coordinates)."""
+    return _megatron()[0]
 
 
 def destroy_parallel() -> None:

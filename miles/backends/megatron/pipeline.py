@@ -1,4 +1,4 @@
-"""Micro-batches through megatron-core's own forward/backward schedule (1F1B across pipeline stages).
+"""Micro-batches through megatron-core's own forward/backward schedule (1F1B across stages).
 
 `get_forward_backward_func()` picks the schedule for this rank's layout (no pipelining at PP = 1,
 1F1B without interleaving at PP > 1); each stage runs its own layers and the schedule moves
@@ -20,7 +20,7 @@ from miles.backends.megatron import shim
 
 
 def forward(model, mb: MicroBatch) -> torch.Tensor:
-    """This stage's output: (B, T, V/TP) logits on the last stage, (T, B, H) activations elsewhere."""
+    """This stage's output: (B, T, V/TP) logits on the last stage, (T, B, H) activations before."""
     b, t = mb.input_ids.shape
     positions = torch.arange(t, device=mb.input_ids.device).expand(b, t)
     # Right-padded rows: the causal mask alone is exact for the real tokens (pads come after them).
@@ -29,8 +29,9 @@ def forward(model, mb: MicroBatch) -> torch.Tensor:
 
 def run(model, mbs: list[MicroBatch], on_output: Callable[[int, torch.Tensor], torch.Tensor],
         forward_only: bool) -> None:
-    """Every micro-batch through the schedule, in order; `on_output(k, logits)` (last stage only) gives the
-    loss of micro-batch k. With `forward_only=False` the gradients accumulate in the parameters' `.grad`."""
+    """Every micro-batch through the schedule, in order; `on_output(k, logits)` (last stage only)
+    gives the loss of micro-batch k. With `forward_only=False` the gradients accumulate in the
+    parameters' `.grad`."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     count = len(mbs)
@@ -47,17 +48,21 @@ def run(model, mbs: list[MicroBatch], on_output: Callable[[int, torch.Tensor], t
 
     with shim.cuda_to_cpu():  # the schedules count tokens in a tensor made on "cuda" (shim 5)
         get_forward_backward_func()(
-            forward_step_func=step, data_iterator=iter(range(count)), model=model, num_microbatches=count,
-            seq_length=max(mb.input_ids.shape[1] for mb in mbs),  # each stage sends its shapes first anyway
-            micro_batch_size=max(mb.input_ids.shape[0] for mb in mbs), forward_only=forward_only)
+            forward_step_func=step, data_iterator=iter(range(count)), model=model,
+            num_microbatches=count, forward_only=forward_only,
+            # variable_seq_lengths: each stage sends its shapes first; these are upper bounds
+            seq_length=max(mb.input_ids.shape[1] for mb in mbs),
+            micro_batch_size=max(mb.input_ids.shape[0] for mb in mbs))
 
 
-def broadcast_stats(stats: list[TokenStats | None], mbs: list[MicroBatch], src: int, group) -> list[TokenStats]:
-    """The last stage's per-token stats to every stage of the pipeline (one flat broadcast): each stage
-    then reports and logs the same numbers as at PP = 1."""
+def broadcast_stats(stats: list[TokenStats | None], mbs: list[MicroBatch], src: int,
+                    group) -> list[TokenStats]:
+    """The last stage's per-token stats to every stage of the pipeline (one flat broadcast): each
+    stage then reports and logs the same numbers as at PP = 1."""
     shapes = [(mb.input_ids.shape[0], mb.input_ids.shape[1] - 1) for mb in mbs]
     if dist.get_rank() == src:
-        flat = torch.cat([torch.stack([s.log_probs, s.entropy]).detach().reshape(-1).cpu() for s in stats])
+        flat = torch.cat([torch.stack([s.log_probs, s.entropy]).detach().reshape(-1).cpu()
+                          for s in stats])
     else:
         flat = torch.empty(sum(2 * b * t for b, t in shapes))
     dist.broadcast(flat, src=src, group=group)

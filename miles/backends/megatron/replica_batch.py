@@ -17,10 +17,11 @@ PER_SAMPLE = ("tokens", "response_lengths", "advantages", "rollout_log_probs")
 def merge(batches: list[RankBatch]) -> RankBatch:
     """The members' batches as one, step by step (each member's step s rows, in member order)."""
     first = batches[0]
-    if all(b == first for b in batches[1:]):  # split by replica: every member holds the replica's batch
+    if all(b == first for b in batches[1:]):  # split by replica: each member has the whole batch
         return first
     steps = len(first.step_sizes)
-    if any(len(b.step_sizes) != steps or b.global_step_sizes != first.global_step_sizes for b in batches):
+    if any(len(b.step_sizes) != steps or b.global_step_sizes != first.global_step_sizes
+           for b in batches):
         raise ValueError("the model-parallel group's batches disagree on the optimizer steps")
     rows: list[tuple[RankBatch, int]] = []
     for step in range(steps):
@@ -31,20 +32,23 @@ def merge(batches: list[RankBatch]) -> RankBatch:
     masks = None
     if any(b.loss_masks is not None for b in batches):
         masks = [b.loss_masks[i] if b.loss_masks is not None else None for b, i in rows]
-    indices = [b.sample_indices[i] for b, i in rows] if all(b.sample_indices for b in batches) else []
-    return RankBatch(**fields, step_sizes=[sum(b.step_sizes[s] for b in batches) for s in range(steps)],
-                     global_step_sizes=list(first.global_step_sizes), rollout_id=first.rollout_id,
-                     loss_masks=masks, sample_indices=indices, return_token_stats=first.return_token_stats)
+    indexed = all(b.sample_indices for b in batches)
+    indices = [b.sample_indices[i] for b, i in rows] if indexed else []
+    step_sizes = [sum(b.step_sizes[s] for b in batches) for s in range(steps)]
+    return RankBatch(**fields, step_sizes=step_sizes,
+                     global_step_sizes=list(first.global_step_sizes),
+                     rollout_id=first.rollout_id, loss_masks=masks, sample_indices=indices,
+                     return_token_stats=first.return_token_stats)
 
 
 def data_parallel_rank(rank: int, tp: int, pp: int, world: int) -> int:
-    """The replica a training rank belongs to, in megatron-core's default rank order (tp-cp-ep-dp-pp:
-    TP fastest, then DP, PP slowest; no context or expert parallelism here)."""
+    """The replica a training rank belongs to, in megatron-core's default rank order
+    (tp-cp-ep-dp-pp: TP fastest, then DP, PP slowest; no context or expert parallelism here)."""
     return (rank // tp) % (world // (tp * pp))
 
 
 def per_rank(replica_batches: list[RankBatch], tp: int, pp: int) -> list[RankBatch]:
-    """A trainer's split by replica (one batch per DP rank) handed to every training rank: each gets its
-    replica's batch (`merge` then uses it once)."""
+    """A trainer's split by replica (one batch per DP rank) handed to every training rank: each
+    gets its replica's batch (`merge` then uses it once)."""
     world = len(replica_batches) * tp * pp
     return [replica_batches[data_parallel_rank(r, tp, pp, world)] for r in range(world)]

@@ -26,9 +26,10 @@ smallest change that lets it through; the math is untouched.
    model is built). `cuda_to_cpu()` is a TorchFunctionMode entered only around those two calls:
    it rewrites `device="cuda"` to the CPU and makes `Tensor.cuda()` the identity.
 
-The configuration keeps megatron-core off its other CUDA-only paths (see `model.transformer_config`):
-CPU initialisation, no sequence parallelism, no gradient-accumulation fusion, no recompute, no
-autocast, `batch_p2p_sync=False`, float32 between stages.
+The configuration keeps megatron-core off its other CUDA-only paths
+(`model.transformer_config`): CPU initialisation, no sequence parallelism, no
+gradient-accumulation fusion, no recompute, no autocast, `batch_p2p_sync=False`, float32
+between stages.
 
 Not needed, tried: `parallel_state.initialize_model_parallel` works on a gloo world as it is.
 """
@@ -124,8 +125,8 @@ def seed_model_parallel_rng(seed: int, tp_rank: int = 0) -> None:
         mrandom.model_parallel_cuda_manual_seed(seed)
         return
     tracker = _cpu_rng_tracker_class()()
-    # The names and seeds of model_parallel_cuda_manual_seed: the model-parallel state differs per TP
-    # rank (dropout inside a TP region draws different masks on each shard); no expert parallelism here.
+    # The names and seeds of model_parallel_cuda_manual_seed: the model-parallel state differs per
+    # TP rank (dropout inside a TP region draws different masks on each shard); no experts here.
     tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
     tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024)

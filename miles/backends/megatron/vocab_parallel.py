@@ -20,8 +20,8 @@ from miles.backends.logprobs import TokenStats
 
 
 class _SumOverRanks(torch.autograd.Function):
-    """All-reduce SUM forward, identity backward: every rank then computes the same loss from the sum,
-    so d loss / d (its own part) is d loss / d sum (megatron's reduce-from-TP-region)."""
+    """All-reduce SUM forward, identity backward: every rank then computes the same loss from the
+    sum, so d loss / d (its own part) is d loss / d sum (megatron's reduce-from-TP-region)."""
 
     @staticmethod
     def forward(ctx, tensor, group):
@@ -40,8 +40,8 @@ def _sum_over(tensor: torch.Tensor, group, size: int) -> torch.Tensor:
 
 def stats_from_vocab_shard(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float,
                            vocab_start: int, vocab_size: int, group=None) -> TokenStats:
-    """`logits` (B, T, V_local) are columns [vocab_start, vocab_start + V_local) of the padded vocabulary;
-    ids at or past `vocab_size` are padding. `group`: the TP group (None: a single rank)."""
+    """`logits` (B, T, V_local) are columns [vocab_start, vocab_start + V_local) of the padded
+    vocabulary; ids at or past `vocab_size` are padding. `group`: the TP group (None: one rank)."""
     size = 1 if group is None else dist.get_world_size(group)
     z = logits[:, :-1].float()  # position t predicts token t+1
     if temperature > 0:
