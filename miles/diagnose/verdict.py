@@ -85,8 +85,8 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
         parts += [e.words for e in dead_engines[:3]]
         headline = phase_words(phase, cfg) + (": " + "; ".join(parts) if parts else "")
         status = "stalled" if phase is not None and is_stalled(phase, cfg) else "running"
-        if status == "running" and f.run.starting:
-            status = "starting"  # a live trainer before its first rollout (N22)
+        if phase is None and f.run.starting:
+            status = "starting"  # a live trainer before its first rollout's first phase (N22)
             headline = "starting: the trainer is alive, no rollout yet" + \
                 (": " + "; ".join(parts) if parts else "")
     else:
