@@ -20,9 +20,10 @@ from miles.run import checkpoint
 from miles.run.engine_loss import NoEngineLeft, engines_lost, when
 from miles.backends.flops import ModelShape, mfu_metrics
 from miles.backends.group import ActorGroup
-from miles.backends.pack import combine, split_for_ranks
+from miles.backends.pack import combine, split_for_replicas
 from miles.backends.sync import WeightSync, WeightSyncError, push_disk, served_version
 from miles.cluster.names import RunNames
+from miles.config.parallel import rank_layout
 from miles.config.resolve import require_resolved
 from miles.config.secrets import resolve_admin_token
 from miles.record.tokens import write_tokens
@@ -45,7 +46,7 @@ from miles.run.evals import eval_due, eval_what, saved_base_eval
 from miles.run.iteration_metrics import iteration_metrics, take_router_stats
 from miles.run.observer import IterationResult
 from miles.run.rollout_source import Rollout, rollout_source
-from miles.run.stragglers import straggler_metrics
+from miles.run.rank_lanes import rank_straggler_metrics, write_rank_lanes
 from miles.tracking import open_tracking
 
 
@@ -132,6 +133,9 @@ class RLTrainer:
             self._engines_serve(base, 0)
             return 0
         state = scan.state
+        resharded = checkpoint.layout_change(state, rank_layout(t))
+        if resharded:  # weights and optimizer state are saved in HF names: any layout reads them
+            print(f"[trainer] resharding: {resharded}", flush=True)
         self.group.call("load", str(scan.path))
         self.data.load_state_dict(state.data_cursor)
         self.weight_version = state.weight_version
@@ -141,7 +145,7 @@ class RLTrainer:
         self.health.resume([ln for ln in journal if ln.rollout_id <= state.rollout_id])
         self.rollouts.restart(state.weight_version, journal, state.rollout_id)
         self._engines_serve(scan.path, state.weight_version)
-        print(resume_message(scan.path, state.rollout_id, journal), flush=True)
+        print(checkpoint.resume_message(scan.path, state.rollout_id, journal), flush=True)
         self.timeline.add("resume", began, time.time(), state.rollout_id + 1, checkpoint=str(scan.path))
         return state.rollout_id + 1
 
@@ -162,6 +166,7 @@ class RLTrainer:
             state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
                                             data_cursor=self.rollouts.cursor(),
                                             world_size=self.config.world_size,
+                                            parallel=vars(rank_layout(t)),
                                             extra=self.tracker.checkpoint_extra())
             return checkpoint.seal(staged, Path(t.save), state, t.keep_checkpoints)
 
@@ -235,35 +240,18 @@ class RLTrainer:
         due = samples_due(cfg.tracking.log_samples_interval, rollout_id, cfg.rollout.num_rollout)
         logged = due and not self.tracker.recorded(rollout_id)
         with self.phase("train", rollout_id, times):  # log_probs, actor_train: phases in the ranks
-            batches = split_for_ranks(rollout.samples, rollout.advantages, cfg.global_batch_size,
-                                      cfg.world_size, rollout_id, return_token_stats=logged)
+            layout = rank_layout(cfg.train)  # the TP x PP ranks of one replica train the same samples
+            batches = split_for_replicas(rollout.samples, rollout.advantages, cfg.global_batch_size,
+                                         layout.tp, layout.pp, layout.dp, rollout_id,
+                                         return_token_stats=logged)
             results = self.group.train(batches)
             summary = combine(results)
-        self._write_rank_phases(rollout_id, summary, results)
+        write_rank_lanes(self.timeline, rollout_id, summary, results)
         if logged:
             with self.phase("log_tokens", rollout_id):
                 write_tokens(Path(cfg.train.run_dir), rollout_id, rollout.samples, self.tokenizer,
                              summary.token_stats)
         return summary, batches, results
-
-    def _write_rank_phases(self, rollout_id: int, summary, results) -> None:
-        """Each rank's lane: its own phase spans (`kind` compute) and its waits for the other ranks
-        (spans named `wait`, `kind` wait, `phase` the one waited after), each with the rank's
-        coordinates (`coords`); a rank without them (a fake) keeps its coarse log_probs and
-        actor_train spans."""
-        for rank, phases in summary.phases.items():
-            recorded = results[rank].rank_spans if rank < len(results) else None
-            lane = f"rank{rank}"
-            for name, begin, end in phases:
-                if recorded is None or name == "token_stats":  # the fine spans replace the coarse
-                    self.timeline.add(name, begin, end, rollout_id, lane=lane)
-            if recorded is None:
-                continue
-            for phase, kind, begin, end in recorded.spans:
-                name = phase if kind == "compute" else "wait"
-                extra = {"phase": phase} if kind != "compute" else {}
-                self.timeline.add(name, begin, end, rollout_id, lane=lane, kind=kind,
-                                  coords=recorded.coords.name, **extra)
 
     def _push_weights(self, rollout_id: int, times: dict[str, float]) -> None:
         """The next weight version to every engine (async: paused as the rollout source says; the
@@ -352,19 +340,3 @@ class RLTrainer:
             finally:
                 self.timeline.close()
 
-
-def rank_straggler_metrics(results) -> dict[str, float]:
-    """`straggler/<phase>/*` of the ranks' own work (`miles.run.stragglers`); {} from ranks that
-    recorded no phase spans."""
-    recorded = [r.rank_spans for r in results if getattr(r, "rank_spans", None) is not None]
-    return straggler_metrics([(spans.coords, spans.seconds()) for spans in recorded])
-
-
-def resume_message(path: Path, rollout_id: int, journal) -> str:
-    """A chunk that starts where the last one checkpointed continues the run; only a run whose journal went
-    past its checkpoint (a crash, a killed worker, a retry) resumes, and redoes those rollouts."""
-    lost = sorted({ln.rollout_id for ln in journal if ln.rollout_id > rollout_id})
-    if not lost:
-        return f"[trainer] continuing from {path} (rollout {rollout_id})"
-    return (f"[trainer] resumed from {path} (rollout {rollout_id}) after an interruption: "
-            f"redoing rollout{'s' * (len(lost) > 1)} {lost[0]}" + (f"..{lost[-1]}" if len(lost) > 1 else ""))

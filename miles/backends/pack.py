@@ -32,6 +32,23 @@ def split_for_ranks(samples: list[Sample], advantages: list[float], global_batch
     return batches
 
 
+def replica_of_rank(rank: int, tp: int, pp: int, world: int) -> int:
+    """The data-parallel replica a training rank belongs to, in megatron-core's default rank order
+    (tp-cp-ep-dp-pp: TP fastest, then DP, PP slowest; no context or expert parallelism here)."""
+    return (rank // tp) % (world // (tp * pp))
+
+
+def split_for_replicas(samples: list[Sample], advantages: list[float], global_batch_size: int,
+                       tp: int, pp: int, dp: int, rollout_id: int,
+                       return_token_stats: bool = False) -> list[RankBatch]:
+    """One batch per training rank: the rollout split over the `dp` model replicas, and every rank
+    of a replica's TP x PP group handed that replica's batch (they train the same samples). With
+    TP = PP = 1 this is `split_for_ranks` over the world."""
+    replicas = split_for_ranks(samples, advantages, global_batch_size, dp, rollout_id,
+                               return_token_stats)
+    world = tp * pp * dp
+    return [replicas[replica_of_rank(rank, tp, pp, world)] for rank in range(world)]
+
 @dataclass
 class TrainSummary:
     metrics: dict[str, float]  # train/* and the rollout/* log-prob metrics

@@ -14,10 +14,6 @@ from miles.config.fields import ConfigError
 TP_FLAG, PP_FLAG, SP_FLAG = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
                              "--sequence-parallel")
 
-# Whether a run may ask for TP > 1 or PP > 1: the layout, the flags and the conversion exist, but
-# the Megatron actor's parallel training step is not wired into runs yet (issue 50). The one switch
-# to lift that refusal when it is.
-PARALLEL_STEP_WIRED = False
 # Megatron's sequence parallel (activations split along the sequence within a TP group): not built.
 SEQUENCE_PARALLEL_BUILT = False
 
@@ -53,10 +49,6 @@ def check_parallel_flags(train) -> None:
         raise ConfigError(flag, f"the {world} training ranks (--actor-num-nodes x "
                                 f"--actor-num-gpus-per-node) must divide by TP x PP = {tp} x {pp}; "
                                 "DP = ranks / (TP x PP)")
-    if (tp > 1 or pp > 1) and not PARALLEL_STEP_WIRED:
-        raise ConfigError(flag, f"TP={tp}, PP={pp}: the Megatron parallel training step is not "
-                                "wired into runs yet; only TP = PP = 1 (data parallel) trains on "
-                                "this build")
     if train.sequence_parallel and not (tp > 1 and SEQUENCE_PARALLEL_BUILT):
         needs = "" if tp > 1 else " (and it needs --tensor-model-parallel-size > 1)"
         raise ConfigError(SP_FLAG, "sequence parallel is not supported on this build yet" + needs)

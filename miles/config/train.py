@@ -17,11 +17,11 @@ class TrainConfig:
     actor_num_gpus_per_node: int = flag(1, "training ranks per node (on CPU: training processes)", minimum=1)
     # The ranks' layout: TP x PP x DP = the training ranks (miles/config/parallel.py checks them).
     tensor_model_parallel_size: int = flag(
-        1, "tensor parallel ranks per model replica (Megatron only; TP > 1 is refused until the "
-           "parallel step is wired into runs)", minimum=1)
+        1, "tensor parallel ranks per model replica (Megatron only; heads, KV heads and the MLP "
+           "size must divide by it)", minimum=1)
     pipeline_model_parallel_size: int = flag(
-        1, "pipeline stages per model replica (Megatron only; PP > 1 is refused until the "
-           "parallel step is wired into runs)", minimum=1)
+        1, "pipeline stages per model replica (Megatron only; the layers must divide by it; "
+           "1F1B over micro-batches)", minimum=1)
     sequence_parallel: bool = flag(False, "split activations along the sequence within a TP group "
                                           "(not supported on this build yet: refused)")
     colocate: bool = flag(False, "engines and trainer share devices; weights sync in memory")

@@ -213,3 +213,13 @@ def prune(save_dir: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
     for stale in save_dir.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def resume_message(path: Path, rollout_id: int, journal) -> str:
+    """A chunk that starts where the last one checkpointed continues the run; only a run whose journal went
+    past its checkpoint (a crash, a killed worker, a retry) resumes, and redoes those rollouts."""
+    lost = sorted({ln.rollout_id for ln in journal if ln.rollout_id > rollout_id})
+    if not lost:
+        return f"[trainer] continuing from {path} (rollout {rollout_id})"
+    return (f"[trainer] resumed from {path} (rollout {rollout_id}) after an interruption: "
+            f"redoing rollout{'s' * (len(lost) > 1)} {lost[0]}" + (f"..{lost[-1]}" if len(lost) > 1 else ""))

@@ -146,13 +146,16 @@ def test_save_then_load_on_fresh_ranks(groups, base_model, tmp_path):
         assert a.metrics[key] == pytest.approx(value, rel=1e-3, abs=1e-6), key
 
 
-def test_training_loop_runs_on_megatron(ray_cluster, tmp_path):
+def test_training_loop_runs_on_megatron_tensor_parallel(ray_cluster, tmp_path):
+    """The plain driver with two ranks at TP = 2: the trainer hands both ranks of the one replica
+    the same batch, and the weights the engine gets are the gathered shards."""
     from miles.config import parse_config
     from miles.prepare import prepare_config
     from miles.train import train
 
     run_dir = tmp_path / "run"
-    cfg = parse_config(["--train-backend", "megatron", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+    cfg = parse_config(["--train-backend", "megatron", "--actor-num-gpus-per-node", "2",
+                        "--tensor-model-parallel-size", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
                         "--num-rollout", "3", "--micro-batch-size", "8", "--eval-interval", "none",
                         "--lr", "1e-3", "--run-dir", str(run_dir)])
     summary = train(prepare_config(cfg))

@@ -14,6 +14,7 @@ from miles.backends.group import ActorGroup
 from miles.backends.logprobs import stats_from_logits
 from miles.backends.megatron import replica_batch, shim
 from miles.backends.megatron.vocab_parallel import stats_from_vocab_shard
+from miles.backends import pack
 from miles.backends.pack import combine, split_for_ranks
 from tests.support.actors import LOSS, config, max_abs_diff, rollout_like, weights
 
@@ -100,7 +101,8 @@ def test_a_replica_pools_its_members_slices_step_by_step():
     assert pooled == whole  # member 0's step-0 rows, member 1's, then step 1's: one rank's order
     assert replica_batch.merge([whole, whole]) == whole  # split by replica: not doubled
     replicas = split_for_ranks(samples, advantages, 8, 2, rollout_id=0)
-    handed = replica_batch.per_rank(replicas, tp=2, pp=2)  # 8 ranks, DP=2: replica 0 is 0,1,4,5
+    # 8 ranks at TP=2 x PP=2 x DP=2: replica 0 is ranks 0, 1, 4, 5
+    handed = pack.split_for_replicas(samples, advantages, 8, 2, 2, 2, rollout_id=0)
     assert [replicas.index(b) for b in handed] == [0, 0, 1, 1, 0, 0, 1, 1]
 
 
@@ -134,12 +136,8 @@ def test_the_shim_maps_cuda_to_the_cpu_without_cuda():
 def parallel_config(world: int, tp: int = 1, pp: int = 1):
     """One optimizer step per call (16 samples, micro-batches of 2), the whole loss (KL,
     entropy)."""
-    from miles.config import parallel
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(parallel, "PARALLEL_STEP_WIRED", True)  # runs may still refuse the flags
-        return config(world, train_backend="megatron", num_steps_per_rollout=1,
-                      tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, **LOSS)
+    return config(world, train_backend="megatron", num_steps_per_rollout=1,
+                  tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, **LOSS)
 
 
 def train_steps(group, cfg) -> list:
@@ -160,7 +158,7 @@ def run_layout(base_model, world: int, tp: int, pp: int):
         places = [info.extra["parallel"] for info in group.call("info")]
         # each rank's replica, as megatron-core assigned it, is the one a trainer can compute
         assert [p["dp_rank"] for p in places] == \
-            [replica_batch.data_parallel_rank(r, tp, pp, world) for r in range(world)]
+            [pack.replica_of_rank(r, tp, pp, world) for r in range(world)]
         return train_steps(group, cfg), weights(group)
     finally:
         group.stop()

@@ -11,7 +11,7 @@ from miles.backends.group import ActorGroup
 from miles.backends.pack import split_for_ranks
 from miles.backends.rank_phases import WAIT
 from miles.run.stragglers import RankCoords, slowest, straggling
-from miles.trainer import rank_straggler_metrics
+from miles.run.rank_lanes import rank_straggler_metrics
 from tests.support.actors import config, rollout_like
 
 SLOW_ROLLOUT, SLEEP = 1, 1.5

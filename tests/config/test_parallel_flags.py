@@ -19,12 +19,6 @@ def refused(argv: list[str]) -> ConfigError:
     return err.value
 
 
-@pytest.fixture
-def wired(monkeypatch):
-    """The layout's checks as they stand once the Megatron parallel step trains (the one switch)."""
-    monkeypatch.setattr(parallel, "PARALLEL_STEP_WIRED", True)
-
-
 def test_defaults_are_one_replica_of_the_whole_model():
     config = parse_config([])
     t = config.train
@@ -46,24 +40,24 @@ def test_fsdp_refuses_tensor_and_pipeline_parallel(flag):
 
 
 @pytest.mark.parametrize("flag", ["--tensor-model-parallel-size", "--pipeline-model-parallel-size"])
-def test_parallel_megatron_is_refused_until_its_step_is_wired(flag):
-    err = refused([*MEGATRON4, flag, "2"])
-    assert err.flag == flag and "parallel training step is not wired into runs yet" in str(err)
+def test_parallel_megatron_is_accepted(flag):
+    config = parse_config([*MEGATRON4, flag, "2"])
+    assert config.data_parallel_size == 2
 
 
-def test_the_ranks_must_divide_by_tp_times_pp(wired):
+def test_the_ranks_must_divide_by_tp_times_pp():
     err = refused(["--train-backend", "megatron", "--actor-num-gpus-per-node", "3",
                    "--tensor-model-parallel-size", "2"])
     assert err.flag == "--tensor-model-parallel-size" and "3 training ranks" in str(err)
 
 
-def test_sequence_parallel_is_refused(wired):
+def test_sequence_parallel_is_refused():
     assert refused(["--sequence-parallel"]).flag == "--sequence-parallel"
     err = refused([*MEGATRON4, "--tensor-model-parallel-size", "2", "--sequence-parallel"])
     assert "not supported on this build yet" in str(err)
 
 
-def test_batch_rules_split_over_data_parallel_ranks(wired):
+def test_batch_rules_split_over_data_parallel_ranks():
     batch = ["--rollout-batch-size", "3", "--n-samples-per-prompt", "2"]  # 6 samples per step
     assert refused([*MEGATRON4, *batch]).flag == "--global-batch-size"  # 6 over 4 replicas
     config = parse_config([*MEGATRON4, *batch, "--tensor-model-parallel-size", "2"])  # 6 over 2

@@ -8,7 +8,7 @@ import pytest
 
 from miles.record.journal import JournalLine
 from miles.record.row import format_eval_result
-from miles.trainer import resume_message
+from miles.run.checkpoint import resume_message
 
 CKPT = Path("/r/checkpoints/iter_0000009")
 

@@ -10,7 +10,7 @@ from miles.config import ConfigError
 from miles.record.timeline import TimelineWriter
 from miles.run.faults import FaultInjector, SlowRank, check_faults, parse_faults, slow_rank
 from miles.run.stragglers import RankCoords, slowest, straggler_metrics, straggling
-from miles.trainer import RLTrainer, rank_straggler_metrics
+from miles.run.rank_lanes import rank_straggler_metrics, write_rank_lanes
 
 
 def test_the_slowest_rank_is_named_by_its_coordinates():
@@ -91,9 +91,9 @@ def test_the_rank_lanes_hold_compute_and_wait_spans_with_coordinates(tmp_path):
     summary = SimpleNamespace(phases={0: [("log_probs", 1.0, 2.0), ("actor_train", 2.0, 3.0)],
                                       1: [("log_probs", 1.0, 2.0), ("actor_train", 2.0, 3.0),
                                           ("token_stats", 3.0, 3.1)]})
-    trainer = SimpleNamespace(timeline=TimelineWriter(tmp_path / "timeline.jsonl"))
-    RLTrainer._write_rank_phases(trainer, 4, summary, results)
-    trainer.timeline.close()
+    timeline = TimelineWriter(tmp_path / "timeline.jsonl")
+    write_rank_lanes(timeline, 4, summary, results)
+    timeline.close()
     spans = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
     got = [(s["lane"], s["name"], s.get("args", {})) for s in spans]
     # rank 0 recorded nothing (a fake): its coarse spans

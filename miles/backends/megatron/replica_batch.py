@@ -4,7 +4,7 @@ The ranks of one model-parallel group (TP x PP) must all run the same samples. A
 splits a rollout over all training ranks, as for data parallelism alone, gives each member its own
 slice: the members pool theirs (every step's samples of every member, in member order), so each
 replica trains on its group's samples and every sample once in the world. A trainer that splits by
-replica gives every member the same batch: that one is used as it is. One member reports the
+replica (`miles.backends.pack.split_for_replicas`) gives every member the same batch: that one is used as it is. One member reports the
 group's metrics either way.
 """
 from __future__ import annotations
@@ -39,16 +39,3 @@ def merge(batches: list[RankBatch]) -> RankBatch:
                      global_step_sizes=list(first.global_step_sizes),
                      rollout_id=first.rollout_id, loss_masks=masks, sample_indices=indices,
                      return_token_stats=first.return_token_stats)
-
-
-def data_parallel_rank(rank: int, tp: int, pp: int, world: int) -> int:
-    """The replica a training rank belongs to, in megatron-core's default rank order
-    (tp-cp-ep-dp-pp: TP fastest, then DP, PP slowest; no context or expert parallelism here)."""
-    return (rank // tp) % (world // (tp * pp))
-
-
-def per_rank(replica_batches: list[RankBatch], tp: int, pp: int) -> list[RankBatch]:
-    """A trainer's split by replica (one batch per DP rank) handed to every training rank: each
-    gets its replica's batch (`merge` then uses it once)."""
-    world = len(replica_batches) * tp * pp
-    return [replica_batches[data_parallel_rank(r, tp, pp, world)] for r in range(world)]
