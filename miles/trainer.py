@@ -160,8 +160,7 @@ class RLTrainer:
 
     def save_checkpoint(self, rollout_id: int) -> Path:
         t = self.config.train
-        with self.phase("checkpoint", rollout_id):
-            staged = checkpoint.staging_dir(Path(t.save), rollout_id)
+        with self.phase("checkpoint", rollout_id), checkpoint.staging(Path(t.save), rollout_id) as staged:
             self.group.call("save", str(staged))
             state = checkpoint.TrainerState(rollout_id=rollout_id, weight_version=self.weight_version,
                                             data_cursor=self.rollouts.cursor(),

@@ -14,8 +14,9 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from miles.config.parallel import RankLayout
 from miles.record.files import file_sha256
@@ -73,6 +74,19 @@ def staging_dir(save_dir: Path, rollout_id: int) -> Path:
     path = save_dir / f"{STAGING_PREFIX}{checkpoint_name(rollout_id)}-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     return path
+
+
+@contextmanager
+def staging(save_dir: Path, rollout_id: int) -> Iterator[Path]:
+    """A staging dir that is gone again when saving into it fails or is interrupted (Ctrl-C, probe
+    ASY3): a checkpoint is either sealed or never begun, never left half-written for a resume to
+    clean up."""
+    path = staging_dir(save_dir, rollout_id)
+    try:
+        yield path
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def _fsync_file(path: Path) -> None:
