@@ -1,0 +1,153 @@
+"""The default run's result (`make run`), measured once and written once: docs/developer/default-run.json
+holds the figures, and every page that quotes them carries them between markers this script rewrites.
+
+    .venv/bin/python benchmarks/default_run.py --measure          # run `make run`'s command, record, write
+    .venv/bin/python benchmarks/default_run.py --run-dir RUN_DIR --wall-seconds S --machine "..."
+    .venv/bin/python benchmarks/default_run.py --write            # rewrite the pages from the JSON
+    .venv/bin/python benchmarks/default_run.py --check            # exit 1 where a page disagrees
+
+A marker is `<!-- default-run:NAME -->TEXT<!-- /default-run -->`; TEXT is TEMPLATES[NAME] filled from the
+JSON (a marker around a fenced block keeps its fences inside). tests/docs/test_default_result.py runs the
+check, so a page cannot quote another figure than the one measured.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "docs/developer/default-run.json"
+COMMAND = ["miles", "train", "--config", "configs/tiny-cpu.yaml", "--use-wandb", "--use-mlflow"]
+MARKER = re.compile(r"<!-- default-run:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /default-run -->", re.S)
+
+
+def _evals(f: dict) -> str:
+    ids = list(f["evals"])
+    values = [f"{f['evals'][i]:.3f}" for i in ids]
+    return f"{', '.join(values[:-1])} and {values[-1]} after rollouts {', '.join(ids[:-1])} and {ids[-1]}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+TEMPLATES = {
+    "headline": lambda f: f"from {f['base']:.3f} to {f['final']:.3f}",
+    "curve": _evals,
+    "when": lambda f: f"{_duration(f['wall_seconds'])} on {f['machine']} (measured {f['date']}, "
+                      f"commit {f['commit']})",
+    "signals": lambda f: f"{f['signals']} signals checked",
+    "base-line": lambda f: f"`[trainer] base eval eval/arithmetic-pass_at_1={f['base']:.3f} ...`",
+    "first-eval-line": lambda f: (
+        f"`[trainer] eval after rollout {next(iter(f['evals']))}: eval/arithmetic-pass_at_1="
+        f"{next(iter(f['evals'].values())):.3f} (base {f['base']:.3f}) ...`"),
+    "scorecard": lambda f: "\n".join([
+        "\n```", "miles train: scorecard of /work/runs/20261207-030252",
+        f"  held-out eval  eval/arithmetic-pass_at_1: {f['base']:.3f} (base) -> {f['final']:.3f} "
+        f"(after rollout {f['rollouts'] - 1}), {f['final'] - f['base']:+.3f}",
+        f"  reward         rollout/raw_reward: {f['reward_first']:.3f} (rollout 0) -> "
+        f"{f['reward_last']:.3f} (rollout {f['rollouts'] - 1})",
+        f"  rollouts       {f['rollouts']} (0..{f['rollouts'] - 1}) in {_duration(f['wall_seconds'])} "
+        f"wall time (training {_duration(f['training_seconds'])})",
+        f"  red flags      none ({f['signals']} signals checked)",
+        f"  model          /work/runs/20261207-030252/checkpoints/iter_{f['rollouts'] - 1:07d}",
+        "  health         .venv/bin/miles doctor /work/runs/20261207-030252",
+        "  dashboard      .venv/bin/miles dashboard /work/runs/20261207-030252",
+        "  Prefect        http://127.0.0.1:4200/runs/flow-run/...  (the run that trains)",
+        "  MLflow         http://127.0.0.1:5000/#/experiments/1/runs/...  "
+        "(serve it first: .venv/bin/mlflow ui ...)",
+        "```\n"]),
+}
+
+
+def load() -> dict:
+    return json.loads(SOURCE.read_text())
+
+
+def render(text: str, figures: dict) -> str:
+    """`text` with every marker's body filled from `figures`; an unknown marker name is an error."""
+    def fill(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TEMPLATES:
+            raise KeyError(f"unknown default-run marker {name!r} (known: {', '.join(TEMPLATES)})")
+        return f"<!-- default-run:{name} -->{TEMPLATES[name](figures)}<!-- /default-run -->"
+    return MARKER.sub(fill, text)
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def stale_pages(figures: dict) -> list[Path]:
+    return [p for p in pages() if render(p.read_text(), figures) != p.read_text()]
+
+
+def figures_of(run_dir: Path, wall_seconds: float, machine: str) -> dict:
+    """The figures of a finished default run, read as its scorecard reads them."""
+    sys.path.insert(0, str(ROOT))
+    from miles.record.journal import read_journal
+    from miles.record.layout import RunLayout
+    from miles.run.scorecard import scorecard
+
+    card = scorecard(run_dir)
+    evals = {str(ln.rollout_id): ln.metrics[card.eval_key] for ln in read_journal(RunLayout(run_dir).journal)
+             if ln.rollout_id >= 0 and card.eval_key in ln.metrics and ln.rollout_id != card.rollouts[-1]}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    return {"date": dt.date.today().isoformat(), "commit": commit, "machine": machine,
+            "source": f"benchmarks/default_run.py, run dir {run_dir.name}",
+            "base": card.base_eval, "final": card.final_eval, "evals": evals,
+            "reward_first": card.reward_first[1], "reward_last": card.reward_last[1],
+            "rollouts": card.iterations, "wall_seconds": wall_seconds,
+            "training_seconds": card.journal_seconds, "signals": len(card.flags.checked)}
+
+
+def measure(machine: str) -> dict:
+    """Run `make run`'s command once (the base model cached first is the caller's business) and read it."""
+    runs = ROOT / "runs"
+    before = set(runs.iterdir()) if runs.exists() else set()
+    start = time.monotonic()
+    subprocess.run([str(ROOT / ".venv/bin" / COMMAND[0]), *COMMAND[1:]], cwd=ROOT, check=True)
+    wall = time.monotonic() - start
+    made = sorted(p for p in set(runs.iterdir()) - before if p.is_dir())
+    if not made:
+        raise SystemExit("the run left no new run dir under runs/")
+    return figures_of(made[-1], wall, machine)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--measure", action="store_true", help="run the default run once and record it")
+    ap.add_argument("--run-dir", type=Path, help="record a finished default run instead")
+    ap.add_argument("--wall-seconds", type=float, help="with --run-dir: its wall time as measured")
+    ap.add_argument("--machine", default="an idle 2-core machine", help="where it ran, in words")
+    ap.add_argument("--write", action="store_true", help="rewrite the pages from the JSON")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a page disagrees with the JSON")
+    args = ap.parse_args(argv)
+    if args.run_dir and args.wall_seconds is None:
+        ap.error("--run-dir needs --wall-seconds (the scorecard's wall time of that run)")
+    if args.measure or args.run_dir:
+        figures = measure(args.machine) if args.measure else \
+            figures_of(args.run_dir, args.wall_seconds, args.machine)
+        SOURCE.write_text(json.dumps(figures, indent=2) + "\n")
+        args.write = True
+    figures = load()
+    if args.write:
+        for page in stale_pages(figures):
+            page.write_text(render(page.read_text(), figures))
+            print(f"rewrote {page.relative_to(ROOT)}")
+    stale = stale_pages(figures)
+    for page in stale:
+        print(f"{page.relative_to(ROOT)}: a default-run figure differs from {SOURCE.relative_to(ROOT)}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
