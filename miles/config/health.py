@@ -90,6 +90,16 @@ class HealthConfig:
                                                  "in one iteration (weights exploding: learning rate too high)",
                                            minimum=1.0)
 
+    health_straggler_slowdown: float = flag(
+        1.5, "straggler: red flag when one rank's own work in a phase is above this many times the ranks' "
+             "median (straggler/<phase>/slowdown) for --health-straggler-window rollouts in a row; with "
+             "two ranks the slowdown is at most 2", minimum=1.0)
+    health_straggler_lag_s: float = flag(
+        0.25, "straggler: ... and at least this many seconds above the median (millisecond phases jitter "
+              "far past any ratio)", minimum=0.0)
+    health_straggler_window: int = flag(3, "straggler: rollouts in a row the same rank must be the straggler "
+                                           "of the same phase", minimum=1)
+
     def validate(self) -> None:
         if self.health_pg_clipfrac_red < self.health_pg_clipfrac_warn:
             raise ConfigError("--health-pg-clipfrac-red", f"must be >= --health-pg-clipfrac-warn "

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from miles.config.health import HealthConfig
 from miles.health.signals import RED, WARNING, Verdict
+from miles.health.straggler import check_straggler
 from miles.record.journal_check import SHARES
 
 MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
@@ -375,6 +376,7 @@ DETECTORS: dict[str, Detector] = {
     "degenerate_groups": check_degenerate_groups,
     "truncated_ratio": check_truncation,
     "param_norm": check_param_norm,
+    "straggler": check_straggler,
     "non_finite": check_non_finite,
 }
 

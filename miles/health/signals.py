@@ -48,6 +48,10 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in [
            "most answers hit --rollout-max-response-len: raise it"),
     Signal("param_norm", ("train/param_norm", "train/param_norm_growth", "train/lr"),
            "learning rate too high / weights exploding: lower --lr"),
+    Signal("straggler", ("straggler/<phase>/slowdown",),
+           "one training rank slower than the others in one phase, every iteration: the message names it "
+           "(node/dp/pp/tp) and the phase; look for a slow or throttled device, a noisy neighbour on its "
+           "node, or an uneven batch split (the dashboard's rank x phase heat map shows where)"),
     Signal("non_finite", (), "a metric overflowed or is NaN: check the reward function's range (rewards near "
                              "1e308 overflow a mean) and lower --lr"),
 ]}

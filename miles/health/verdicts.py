@@ -8,6 +8,7 @@ import math
 from miles.health.detectors import DETECTORS, Rollout, RunFacts
 from miles.health.history import RunHistory
 from miles.health.signals import RED, SIGNALS, WARNING, Verdict
+from miles.health.straggler import evidence as straggler_evidence
 from miles.health.watch import active_signals, replay
 from miles.record.journal import JOURNAL_NAME
 
@@ -52,6 +53,8 @@ def summarize(history: RunHistory, overrides: dict | None = None) -> list[Signal
 def evidence(rollouts: list[Rollout], signal: str, run: RunFacts) -> str:
     """What an "ok" row was judged on: each of the signal's journal keys as `name first->last [min, max]`
     over the run (grad_norm also counts the rollouts at or above --clip-grad), or "not logged"."""
+    if signal == "straggler":  # its keys are per phase (straggler/<phase>/slowdown)
+        return straggler_evidence(rollouts) or NOT_LOGGED
     if signal == "non_finite":
         bad = sum(1 for r in rollouts if any(not math.isfinite(v) for v in r.metrics.values()))
         return f"non-finite values in {bad} of {len(rollouts)} rollouts"

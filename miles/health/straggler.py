@@ -1,0 +1,80 @@
+"""The straggler signal: one training rank slower than the others in one phase, rollout after rollout.
+
+It reads the trainer's `straggler/<phase>/*` metrics (`miles.run.stragglers`: each rank's own work
+per phase, its waits for the other ranks left out). A phase straggles in a rollout when its slowest
+rank's own work is above --health-straggler-slowdown times the ranks' median and at least
+--health-straggler-lag-s seconds above it (a millisecond phase jitters far past any ratio on a
+shared machine); the red flag needs the same rank straggling in the same phase for
+--health-straggler-window rollouts in a row, so one slow step (a page fault, a noisy neighbour)
+never counts. A run with one rank, or whose ranks record no phase spans, logs none of these keys:
+the signal is off there.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from miles.config.health import HealthConfig
+from miles.health.signals import RED, Verdict
+
+PREFIX = "straggler/"
+COORDINATES = ("node", "dp", "pp", "tp")  # the axes `straggler/<phase>/slowest_<axis>` names
+
+
+def phases(metrics: dict[str, float]) -> list[str]:
+    """The phases a rollout's metrics hold straggler figures for."""
+    return sorted(k.split("/")[1] for k in metrics if k.startswith(PREFIX) and k.endswith("/slowdown"))
+
+
+def slowest_rank(metrics: dict[str, float], phase: str) -> str | None:
+    """The phase's slowest rank by its coordinates, e.g. `node0/dp1/pp0/tp0` (None: not recorded)."""
+    keys = [f"{PREFIX}{phase}/slowest_{axis}" for axis in COORDINATES]
+    if not all(k in metrics for k in keys):
+        return None
+    return "/".join(f"{axis}{int(metrics[k])}" for axis, k in zip(COORDINATES, keys))
+
+
+def straggler_in(metrics: dict[str, float], phase: str, cfg: HealthConfig) -> str | None:
+    """The rank straggling in `phase` in one rollout, or None when the phase is even enough."""
+    key = f"{PREFIX}{phase}/"
+    slowdown, high, mid = (metrics.get(key + s) for s in ("slowdown", "max", "median"))
+    if None in (slowdown, high, mid):
+        return None
+    if slowdown > cfg.health_straggler_slowdown and high - mid >= cfg.health_straggler_lag_s:
+        return slowest_rank(metrics, phase)
+    return None
+
+
+def check_straggler(history: Sequence, cfg: HealthConfig, run) -> Verdict | None:
+    """Red when one rank straggled in one phase for the last --health-straggler-window rollouts (the
+    phase with the largest slowdown now, when several did)."""
+    if not history:
+        return None
+    w = cfg.health_straggler_window
+    window = history[-w:]
+    now = window[-1].metrics
+    held = []
+    for phase in phases(now):
+        rank = straggler_in(now, phase, cfg)
+        if len(window) == w and rank and all(straggler_in(r.metrics, phase, cfg) == rank for r in window):
+            held.append((now[f"{PREFIX}{phase}/slowdown"], phase, rank))
+    if not held:
+        return None
+    slowdown, phase, rank = max(held)
+    key = f"{PREFIX}{phase}/"
+    high, mid = now[key + "max"], now[key + "median"]
+    message = (f"rank {rank} is the straggler in {phase} for {w} rollouts in a row: its own work "
+               f"{high:.3g}s, {slowdown:.2f}x the ranks' median {mid:.3g}s")
+    values = {key + "slowdown": slowdown, key + "max": high, key + "median": mid}
+    values.update({key + f"slowest_{axis}": now[key + f"slowest_{axis}"] for axis in COORDINATES})
+    return Verdict(history[-1].rollout_id, "straggler", RED, message, values)
+
+
+def evidence(rollouts: Sequence) -> str | None:
+    """What an "ok" straggler row was judged on: the largest slowdown of the run and where; None when
+    no rollout holds straggler figures."""
+    seen = [(r.metrics[f"{PREFIX}{p}/slowdown"], p, r.rollout_id) for r in rollouts for p in phases(r.metrics)]
+    if not seen:
+        return None
+    slowdown, phase, rollout_id = max(seen)
+    return (f"slowdown at most {slowdown:.3g} ({phase}, rollout {rollout_id}) over "
+            f"{len({p for _, p, _ in seen})} phases")
