@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import PurePath
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -19,12 +20,20 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 WEIGHT_UPDATE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
+def model_label(model: str) -> str:
+    """The `model_name` label of a model given as a path: its folder's name. A full path would put the user's
+    home in every series and Grafana legend and change with the cache dir; a hub id (`org/name`) stays."""
+    path = PurePath(model)
+    return path.name or model if path.is_absolute() or model.startswith(("./", "../", "~")) else model
+
+
 class EngineMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry()
         labels = ["model_name"]
+        model_name = model_label(model_name)
 
         def gauge(name: str, text: str) -> Gauge:
             return Gauge(name, text, labels, registry=self.registry).labels(model_name)
