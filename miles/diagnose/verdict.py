@@ -28,6 +28,7 @@ class Findings:
     run: RunState
     red_flags: list[Verdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be collected, and why
+    ranks: list[str] = field(default_factory=list)  # the slowest training rank and phase (`slowest_rank`)
 
 
 def _rank(name: str) -> tuple[int, str]:
@@ -97,6 +98,7 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
             errors = []
         headline = f"{f.run.ending()}{last}" + (f"; last error: {errors[-1]}" if errors else "")
     details = [phase_words(p, cfg) + f" [{p.span.lane}]" for p in f.phases]
+    details += f.ranks
     details += [process_words(s) for s in stacks]
     details += engine_words(f.engines)
     if f.router.get("error"):
@@ -117,7 +119,7 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
                            "stack": bool(s.dump), "error": s.error} for s in stacks],
             "engines": [{"index": e.index, "url": e.url, "healthy": e.healthy, "error": e.error, **e.gauges}
                         for e in f.engines],
-            "trackers_behind": dict(f.run.delivery)}
+            "trackers_behind": dict(f.run.delivery), "ranks": list(f.ranks)}
 
 
 def verdict_text(verdict: dict[str, Any]) -> str:

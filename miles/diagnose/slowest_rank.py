@@ -1,0 +1,58 @@
+"""The slowest training rank and phase of a run, in words, from the journal's straggler metrics.
+
+Each rollout's `straggler/<phase>/*` (`miles.run.stragglers`) says which rank did the most own work
+in each phase (its waits for the others left out) and by how much. A rollout straggles in a phase
+when that rank is past the health watch's bounds (--health-straggler-slowdown and -lag-s); the rank
+and phase that straggled in the most rollouts are the run's straggler. A run whose ranks are even
+gets one line saying so, with its largest slowdown; a run without the metrics (one rank) none.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from miles.config.health import HealthConfig
+from miles.record import layout
+from miles.record.journal import JournalLine, read_journal
+from miles.run.stragglers import slowest, straggling
+
+
+def _figures(metrics: dict[str, float], phase: str) -> str:
+    key = f"straggler/{phase}/"
+    return (f"{metrics[key + 'max']:.3g} s of own work vs the ranks' median "
+            f"{metrics[key + 'median']:.3g} s, {metrics[key + 'slowdown']:.2f}x")
+
+
+def slowest_rank_lines(lines: list[JournalLine], cfg: HealthConfig) -> list[str]:
+    """One line naming the run's straggler (rank coordinates, phase, how often, its last figures), or
+    one saying the ranks were even; none when the journal has no straggler metrics."""
+    rows = [ln for ln in lines if any(k.startswith("straggler/") for k in ln.metrics)]
+    if not rows:
+        return []
+    hits: Counter = Counter()
+    last: dict[tuple[str, str], JournalLine] = {}
+    for line in rows:
+        found = straggling(line.metrics, cfg.health_straggler_slowdown, cfg.health_straggler_lag_s)
+        for phase, coords in found.items():
+            hits[(phase, coords.name)] += 1
+            last[(phase, coords.name)] = line
+    if hits:
+        (phase, rank), count = hits.most_common(1)[0]
+        line = last[(phase, rank)]
+        return [f"slowest rank: {rank} in `{phase}`, the straggler in {count} of {len(rows)} rollouts "
+                f"(rollout {line.rollout_id}: {_figures(line.metrics, phase)})"]
+    peak = max(((ln.metrics[k], k.split("/")[1], ln) for ln in rows for k in ln.metrics
+                if k.startswith("straggler/") and k.endswith("/slowdown")), key=lambda t: t[0])
+    _, phase, line = peak
+    coords = slowest(line.metrics, phase)
+    where = f", {coords.name}" if coords else ""
+    return [f"training ranks even: no straggler in {len(rows)} rollouts (largest: `{phase}`{where} at "
+            f"rollout {line.rollout_id}, {_figures(line.metrics, phase)})"]
+
+
+def read_slowest_rank(run_dir: Path, cfg: HealthConfig) -> list[str]:
+    """`slowest_rank_lines` of RUN_DIR's journal (none when it cannot be read)."""
+    try:
+        return slowest_rank_lines(read_journal(layout.RunLayout(run_dir).journal), cfg)
+    except (OSError, ValueError):
+        return []
