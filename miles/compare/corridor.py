@@ -221,6 +221,15 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
               for s in sorted(set(steps) | (stale & set(run.curves.get(key, {}))))]
     error = next((p for p in points if p.verdict == ERROR), None)
     start = error or _regression(rule, axis, points)
+    notes = _signal_notes(rule, axis, points, stale, start)
+    verdict = _signal_verdict(points, error, start, bool(theirs))
+    return SignalResult(key, axis, rule, verdict, points, start, "; ".join(notes))
+
+
+def _signal_notes(rule: Rule, axis: str, points: list[Point], stale: frozenset,
+                  start: Point | None) -> list[str]:
+    """What the verdict line adds: stale rollouts left out, steps without a baseline, and steps just
+    outside that were noise."""
     notes = []
     unjudged = [p.step for p in points if p.verdict == UNJUDGED and p.step not in stale]
     if stale & {p.step for p in points}:
@@ -236,17 +245,20 @@ def judge_signal(key: str, rule: Rule, run: RunCurves, baselines: list[RunCurves
         notes.append(f"{len(outside)} step(s) just outside (at {', '.join(str(p.step) for p in outside[:5])}), "
                      f"never {need} of {2 * need - 1} steps nor past {SPIKE:g} times the "
                      f"tolerance: noise")
+    return notes
+
+
+def _signal_verdict(points: list[Point], error: Point | None, start: Point | None,
+                    has_baselines: bool) -> str:
     if error is not None:
-        verdict = ERROR
-    elif start is not None:
-        verdict = OUTSIDE
-    elif not points and theirs:
-        verdict = NOT_REACHED  # the run has not reached the baselines' first step of it yet
-    elif any(p.verdict != UNJUDGED for p in points):
-        verdict = WITHIN
-    else:
-        verdict = UNJUDGED  # nothing to judge it against (its values are finite)
-    return SignalResult(key, axis, rule, verdict, points, start, "; ".join(notes))
+        return ERROR
+    if start is not None:
+        return OUTSIDE
+    if not points and has_baselines:
+        return NOT_REACHED  # the run has not reached the baselines' first step of it yet
+    if any(p.verdict != UNJUDGED for p in points):
+        return WITHIN
+    return UNJUDGED  # nothing to judge it against (its values are finite)
 
 
 def judge(run: RunCurves, baselines: list[RunCurves], rules: tuple[Rule, ...], *,
