@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -36,11 +37,23 @@ def check_packages() -> list[Check]:
     return checks
 
 
-def check_devices() -> list[Check]:
-    import torch
+def cpu_only_torch() -> bool:
+    """A CPU build of torch (its version ends `+cpu`) sees no GPU: known without importing torch, which
+    takes seconds on a busy 2-core machine and was most of `doctor --env`'s 15 s (review N30)."""
+    try:
+        return importlib.metadata.version("torch").endswith("+cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return True
 
-    cuda = torch.cuda.is_available()
-    detail = f"{torch.cuda.device_count()} CUDA device(s)" if cuda else f"CPU only, {os.cpu_count()} cores"
+
+def check_devices() -> list[Check]:
+    if cpu_only_torch():
+        cuda, count = False, 0
+    else:
+        import torch
+
+        cuda, count = torch.cuda.is_available(), torch.cuda.device_count()
+    detail = f"{count} CUDA device(s)" if cuda else f"CPU only, {os.cpu_count()} cores"
     checks = [Check("devices", True, detail)]
     try:
         importlib.metadata.version("sglang")
@@ -87,7 +100,7 @@ def check_disk(path: str = ".") -> Check:
 
 def check_base_model() -> Check:
     from miles.tiny.defaults import MAKING_TAKES
-    from miles.tiny.warmstart import base_model_dir
+    from miles.tiny.recipes import base_model_dir  # not tiny.warmstart: that imports torch for its training
 
     path = base_model_dir()
     made = (path / "warmstart.json").exists()
@@ -106,8 +119,19 @@ def run_checks(mlflow_uri: str | None) -> list[Check]:
         check_base_model(),
         check_url("prefect api", prefect, "/health", local_prefect_server()),
         check_url("mlflow", mlflow_uri if mlflow_uri and mlflow_uri.startswith("http") else None, "/health",
-                  "file/SQLite store in the run directory"),
+                  mlflow_uri or next_mlflow_store()),
     ]
+
+
+def next_mlflow_store() -> str:
+    """The store the next `miles train` here uses without --mlflow-tracking-uri: the one its run dirs'
+    folder shares (runs/mlflow.db), and whether it holds runs yet."""
+    from miles.config.mlflow_store import default_store_uri, sqlite_path
+    from miles.config.resolve import default_run_dir
+
+    uri = default_store_uri(Path.cwd() / default_run_dir())
+    made = "exists" if sqlite_path(uri).exists() else "made by the first run"
+    return f"MLFLOW_TRACKING_URI unset: {uri} (shared by the runs beside each other; {made})"
 
 
 def env_report(mlflow_uri: str | None) -> int:
