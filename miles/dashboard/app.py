@@ -17,6 +17,7 @@ from miles.serving import auth
 from miles.dashboard import baselines as compare_view
 from miles.dashboard import views
 from miles.dashboard.diagnose_action import Busy, Failed, run_diagnose
+from miles.dashboard.rank_heatmap import rank_heatmap
 from miles.dashboard.run_files import RunFiles
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -102,6 +103,10 @@ def _timing_routes(app: FastAPI, files: RunFiles) -> None:
     def chrome() -> JSONResponse:
         return JSONResponse(views.chrome(files), headers={
             "Content-Disposition": f'attachment; filename="{files.run_dir.name}-timeline.json"'})
+
+    @app.get("/api/ranks")
+    def ranks() -> dict:
+        return rank_heatmap(files.timeline().rows)
 
     @app.get("/api/health")
     def health() -> dict:

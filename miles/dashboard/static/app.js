@@ -262,6 +262,7 @@ async function showTimeline(view) {
   const seen = new Set(data.spans.map(sp => sp.name));
   view.append(el("div", {class: "legend", id: "timeline-legend"}, ...Object.entries(PHASE_COLORS)
     .filter(([n]) => seen.has(n)).map(([n, c]) => el("span", {style: `border-left: 10px solid ${c}; padding-left: 4px`}, n))));
+  await showRankHeatmap(view);
   view.append(el("h2", {}, "Profiler windows"));
   if (!data.profiler.available) {
     view.append(el("div", {class: "legend"}, "Profiler summaries: not available (no profiler/summaries.jsonl)"));
@@ -275,6 +276,37 @@ async function showTimeline(view) {
     }
     view.append(t);
   }
+}
+
+// The rank x phase heat map (/api/ranks): each training rank's own work per phase over the run,
+// its waits for the other ranks left out; a cell's colour is its ratio to the phase's median over
+// the ranks (1x white, 2x and more red), so the rank the others wait for stands out in any phase.
+const RANK_RATIO = {low: 1, high: 2};
+
+async function showRankHeatmap(view) {
+  const data = await api("/api/ranks");
+  view.append(el("h2", {}, "Ranks x phases (own work over the run)"));
+  if (!data.available) {
+    view.append(el("div", {class: "legend", id: "rank-heatmap-na"},
+      "Rank heat map: not available (no rank phase spans with coordinates in timeline.jsonl: " +
+      "one rank, or a fake backend)"));
+    return;
+  }
+  const t = el("table", {class: "rank-heatmap", id: "rank-heatmap"},
+    el("tr", {}, el("th", {}, "rank"), ...data.phases.map(p => el("th", {}, p))));
+  data.ranks.forEach((rank, i) => {
+    const name = el("td", {}, `${rank.lane} (${rank.coords})`);
+    t.append(el("tr", {}, name, ...data.phases.map((p, j) =>
+      el("td", {class: "rank-cell", style: heat(data.ratio[i][j], RANK_RATIO),
+                title: `${rank.coords} ${p}: ${data.seconds[i][j].toFixed(3)} s, ` +
+                       `${data.ratio[i][j].toFixed(2)}x the ranks' median`},
+         data.seconds[i][j].toFixed(3) + " s"))));
+  });
+  const h = data.hottest;
+  view.append(el("div", {class: "legend", id: "rank-heatmap-hottest"},
+    `slowest: ${h.coords} in ${h.phase}, ${h.seconds.toFixed(3)} s ` +
+    `vs median ${h.median.toFixed(3)} s (${h.ratio.toFixed(2)}x) over ${data.rollouts} rollouts `,
+    el("span", {class: "scale"}), " 1x to 2x"), t);
 }
 
 // ---- rollouts --------------------------------------------------------------------------

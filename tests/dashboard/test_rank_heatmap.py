@@ -1,0 +1,71 @@
+"""Issue 54: `/api/ranks`, the rank x phase heat map: each rank's own work per phase summed over the
+run from the timeline's rank lanes (`kind` compute spans with coordinates), waits left out, the
+hottest cell naming the slow rank and phase. A hand-made timeline; the recorded run (coarse rank
+spans, no coordinates) has none."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from miles.dashboard.app import build_app
+from miles.record.timeline import Span
+
+COORDS = {"rank0": "node0/dp0/pp0/tp0", "rank1": "node0/dp1/pp0/tp0", "rank2": "node0/dp2/pp0/tp0"}
+# own work per rollout: rank1's backward is slow (1.5 s against 0.5 s); its peers wait for it
+OWN = {"forward": (0.3, 0.3, 0.32), "backward": (0.5, 1.5, 0.5), "optimizer": (0.01, 0.012, 0.011)}
+
+
+def rank_spans(rollouts: int = 2) -> list[Span]:
+    spans, t = [], 1796104100.0  # after the recorded run's own spans, as a later rollout's
+    for rollout_id in range(rollouts):
+        spans.append(Span("trainer", "train", t, t + 3.0, rollout_id))
+        for i, lane in enumerate(COORDS):
+            start = t
+            for phase, seconds in OWN.items():
+                spans.append(Span(lane, phase, start, start + seconds[i], rollout_id,
+                                  {"kind": "compute", "coords": COORDS[lane]}))
+                start += seconds[i]
+            if lane != "rank1":  # the others wait in the gradient reduction for rank1
+                spans.append(Span(lane, "wait", start, start + 1.0, rollout_id,
+                                  {"kind": "wait", "coords": COORDS[lane], "phase": "backward"}))
+        t += 10.0
+    return spans
+
+
+def ranks_of(run_dir) -> dict:
+    response = TestClient(build_app(run_dir)).get("/api/ranks")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_heat_map_sums_own_work_per_rank_and_phase_and_names_the_slow_cell(run_copy):
+    with (run_copy / "timeline.jsonl").open("a") as f:  # beside the recorded run's own spans
+        f.write("".join(s.to_json() + "\n" for s in rank_spans()))
+    data = ranks_of(run_copy)
+    assert data["available"] and data["rollouts"] == 2
+    assert data["ranks"] == [{"lane": lane, "coords": c} for lane, c in COORDS.items()]
+    # a step's order; waits are no phase
+    assert data["phases"] == ["forward", "backward", "optimizer"]
+    for i in range(3):
+        for j, phase in enumerate(data["phases"]):
+            # differences of epoch seconds: about 1e-7 s of float precision
+            assert data["seconds"][i][j] == pytest.approx(2 * OWN[phase][i], abs=1e-5)
+    assert data["ratio"][1][1] == pytest.approx(3.0, rel=1e-4)
+    assert data["ratio"][0][1] == pytest.approx(1.0, rel=1e-4)
+    hottest = data["hottest"]
+    named = (hottest["lane"], hottest["coords"], hottest["phase"])
+    assert named == ("rank1", COORDS["rank1"], "backward")
+    assert hottest["seconds"] == pytest.approx(3.0, rel=1e-4)
+    assert hottest["median"] == pytest.approx(1.0, rel=1e-4)
+
+
+def test_a_run_without_rank_phase_spans_has_no_heat_map(run_copy):
+    data = ranks_of(run_copy)  # the recorded run: coarse log_probs/actor_train spans only
+    assert data == {"available": False, "ranks": [], "phases": [], "seconds": [], "ratio": [],
+                    "rollouts": 0, "hottest": None}
+    odd = {"lane": "rank0", "name": "forward", "start": 1.0, "end": 2.0, "rollout_id": 0,
+           "args": {"kind": "compute", "coords": ["not", "text"]}}
+    (run_copy / "timeline.jsonl").write_text(json.dumps(odd) + "\n")
+    assert ranks_of(run_copy)["available"] is False

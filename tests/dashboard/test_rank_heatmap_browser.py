@@ -1,0 +1,57 @@
+"""Issue 54: the timeline view's rank x phase heat map in a real headless Chromium (skipped without
+one): a hand-made timeline whose rank1 is slow in backward shows that cell reddest and names it; the
+recorded run (no rank phase spans) says the map is not available."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from tests.dashboard.test_rank_heatmap import COORDS, rank_spans
+from tests.support.dashboard import serve
+from webdriver import Browser, missing_browser
+
+pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))
+SHOTS = Path(os.environ.get("MILES_SCREENSHOT_DIR",
+                           Path(__file__).parents[2] / "runs" / "screenshots"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def test_the_heat_map_marks_the_slow_rank_and_phase(browser, run_copy):
+    with (run_copy / "timeline.jsonl").open("a") as f:
+        f.write("".join(s.to_json() + "\n" for s in rank_spans()))
+    served = serve(run_copy)
+    try:
+        browser.open(served.url + "/#timeline")
+        rows = browser.script("return [...document.querySelectorAll('#rank-heatmap tr')].map(r => "
+                              "[...r.children].map(c => c.textContent))")
+        assert rows[0] == ["rank", "forward", "backward", "optimizer"]
+        assert [r[0] for r in rows[1:]] == [f"{lane} ({c})" for lane, c in COORDS.items()]
+        assert rows[2][2] == "3.000 s"
+        styles = browser.script("return [...document.querySelectorAll("
+                                "'#rank-heatmap td.rank-cell')]"
+                                ".map(c => getComputedStyle(c).backgroundColor)")
+        reddest = styles.index(min(styles, key=lambda s: int(s.split(",")[1])))  # least green
+        assert reddest == 1 * 3 + 1  # rank1's backward
+        hottest = browser.text("#rank-heatmap-hottest")
+        assert hottest.startswith(f"slowest: {COORDS['rank1']} in backward")
+        browser.screenshot(SHOTS / "rank-heatmap.png")
+    finally:
+        served.stop()
+
+
+def test_a_run_without_rank_phase_spans_says_so(browser, run_copy):
+    served = serve(run_copy)
+    try:
+        browser.open(served.url + "/#timeline")
+        assert browser.text("#rank-heatmap-na").startswith("Rank heat map: not available")
+    finally:
+        served.stop()
