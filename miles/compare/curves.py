@@ -18,7 +18,15 @@ from miles.record.names import STEP_KEYS, step_key
 
 
 EVAL_AXIS = "eval/step"
+# perf/ keys that exist only where the run evaluated: on the eval axis, so a run that evaluated at other steps
+# than its baselines is not "missing" them (review N28: `perf/eval_time ERROR ... missing`, listed as slower)
+EVAL_ONLY = frozenset({"perf/eval_time"})
 STALE_KEY = "rollout/staleness/max"  # > 0: generated ahead, on older weights (async)
+
+
+def axis_of(key: str) -> str:
+    """The step axis a compared key is aligned on: its tracker axis, the eval axis for an eval's own timing."""
+    return EVAL_AXIS if key in EVAL_ONLY else step_key(key)
 
 
 def _int(value: float) -> int:
@@ -35,11 +43,11 @@ class RunCurves:
     stale: frozenset[int] = frozenset()  # train steps of rollouts with stale tokens (stale_steps)
 
     def axis(self, key: str) -> str:
-        return step_key(key)
+        return axis_of(key)
 
     def eval_steps(self) -> set[int]:
         """The eval steps the run recorded (of any compared eval metric)."""
-        return {s for key, points in self.curves.items() if step_key(key) == EVAL_AXIS for s in points}
+        return {s for key, points in self.curves.items() if axis_of(key) == EVAL_AXIS for s in points}
 
 
 def require_judged(run: RunCurves, what: str = "baseline") -> RunCurves:
@@ -69,7 +77,7 @@ def curves_of(lines: list[JournalLine], rules: tuple[Rule, ...] = DEFAULT_RULES)
         for key, value in points.items():
             if key in STEP_KEYS or rule_for(key, rules) is None:
                 continue
-            curves.setdefault(key, {})[_int(line.metrics.get(step_key(key), line.rollout_id))] = float(value)
+            curves.setdefault(key, {})[_int(line.metrics.get(axis_of(key), line.rollout_id))] = float(value)
     return curves, reached
 
 
