@@ -49,6 +49,8 @@ class RankTrainResult:
     maxes: dict[str, float] = field(default_factory=dict)  # e.g. "train/is_weight_max": the driver takes the max
     # this rank's own phase spans and waits with its coordinates (miles.backends.rank_phases.RankSpans)
     rank_spans: Any = None
+    # this rank's parameter, gradient, optimizer and peak bytes (miles.backends.rank_memory.KINDS)
+    memory: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -72,21 +72,61 @@ class ModelShape:
     def from_checkpoint(cls, path: str | Path) -> "ModelShape":
         return cls.from_config(json.loads((Path(path) / "config.json").read_text()))
 
+    def layer_params(self) -> int:
+        """Weights every token multiplies by in one decoder layer: attention projections and MLP."""
+        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o; k, v
+        return attention + (3 if self.gated_mlp else 2) * self.hidden * self.ffn
+
     def matmul_params(self) -> int:
         """Weights every token multiplies by: the layers' projections and MLP, and the LM head."""
-        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o; k, v
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn
-        return self.layers * (attention + mlp) + self.hidden * self.vocab
+        return self.layers * self.layer_params() + self.hidden * self.vocab
 
-    def forward_flops(self, seq_lens: list[int], causal: bool = True) -> float:
+    def forward_flops(self, seq_lens: list[int], causal: bool = True,
+                      share: "RankShare | None" = None) -> float:
         """FLOPs of one forward pass over sequences of these lengths (causal attention: token i sees i+1;
-        `causal=False`: every pair, what a masked dense attention kernel computes)."""
+        `causal=False`: every pair, what a masked dense attention kernel computes); with `share`,
+        the part one model-parallel rank computes."""
+        share = share or WHOLE_MODEL
+        layers = share.layers(self.layers)
+        head = self.hidden * self.vocab if share.last_stage else 0
         tokens = sum(seq_lens)
         pairs = sum(s * (s + 1) // 2 if causal else s * s for s in seq_lens)
-        return 2.0 * self.matmul_params() * tokens + 4.0 * self.layers * self.heads * self.head_dim * pairs
+        matmuls = 2.0 * (layers * self.layer_params() + head) * tokens
+        return (matmuls + 4.0 * layers * self.heads * self.head_dim * pairs) / share.tp
 
-    def train_flops(self, seq_lens: list[int]) -> float:
-        return 3.0 * self.forward_flops(seq_lens)
+    def train_flops(self, seq_lens: list[int], share: "RankShare | None" = None) -> float:
+        return 3.0 * self.forward_flops(seq_lens, share=share)
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """The part of each sequence's FLOPs one rank computes in a TP x PP layout: its pipeline stage's
+    layers (an even split, as Megatron's layout requires) and, on the last stage, the LM head; of
+    those, 1/TP (heads, MLP columns and the vocabulary are split over the tensor-parallel ranks).
+    The embedding on the first stage is a lookup: no FLOPs. TP x PP ranks of a replica add up to the
+    whole model."""
+
+    tp: int = 1
+    pp: int = 1
+    pp_rank: int = 0
+
+    @classmethod
+    def of(cls, parallel: dict | None) -> "RankShare":
+        """From a rank's `ActorInfo.extra["parallel"]` (Megatron); None (FSDP): the whole model."""
+        if not parallel:
+            return WHOLE_MODEL
+        return cls(int(parallel.get("tp_size", 1)), int(parallel.get("pp_size", 1)),
+                   int(parallel.get("pp_rank", 0)))
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    def layers(self, total: int) -> float:
+        return total / self.pp
+
+
+WHOLE_MODEL = RankShare()
 
 
 def gpu_peak_flops(device_name: str) -> float | None:
@@ -140,22 +180,26 @@ def rank_peak_flops(device) -> tuple[float, str]:
     return measured_peak_flops("cpu", torch.get_num_threads()), "measured:cpu-fp32-matmul"
 
 
-def rank_perf(shape: ModelShape, seq_lens: list[int], seconds: float, peak: float) -> tuple[float, float]:
-    """(TFLOP/s, MFU) of one rank that trained on sequences of `seq_lens` in `seconds`."""
-    achieved = shape.train_flops(seq_lens) / max(seconds, 1e-9)
+def rank_perf(shape: ModelShape, seq_lens: list[int], seconds: float, peak: float,
+              share: RankShare | None = None) -> tuple[float, float]:
+    """(TFLOP/s, MFU) of one rank that trained on sequences of `seq_lens` in `seconds` (its `share`
+    of the model in a TP x PP layout)."""
+    achieved = shape.train_flops(seq_lens, share) / max(seconds, 1e-9)
     return achieved / 1e12, achieved / peak if peak > 0 else 0.0
 
 
 def mfu_metrics(shape: ModelShape, rank_seq_lens: list[list[int]], rank_seconds: list[float],
-                rank_peaks: list[float]) -> dict[str, float]:
+                rank_peaks: list[float], shares: list[RankShare] | None = None) -> dict[str, float]:
     """`perf/rank_<r>_tflops` and `perf/rank_<r>_mfu` of each rank's actor_train, `perf/tflops` (all ranks)
-    and `perf/mfu` (their achieved FLOP/s over their summed peaks)."""
+    and `perf/mfu` (their achieved FLOP/s over their summed peaks). `shares`: each rank's part of
+    the model (Megatron TP x PP: each rank of a replica trains its sequences, on its part)."""
     out: dict[str, float] = {}
     achieved_total = achieved_measured = peak_total = 0.0
+    shares = shares or [WHOLE_MODEL] * len(rank_seq_lens)
     for rank, (lens, seconds, peak) in enumerate(zip(rank_seq_lens, rank_seconds, rank_peaks)):
         if not lens or not (math.isfinite(seconds) and seconds > 0):
             continue  # a rank with no samples did no useful work (or no time of it): no point for it
-        tflops, mfu = rank_perf(shape, lens, seconds, peak)
+        tflops, mfu = rank_perf(shape, lens, seconds, peak, shares[rank])
         out[f"perf/rank_{rank}_tflops"] = tflops
         achieved_total += tflops * 1e12
         if math.isfinite(peak) and peak > 0:  # MF3: a peak of 0 or NaN made a false 0.0 (no measure: no point)

@@ -30,6 +30,7 @@ from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainR
 from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.flops import rank_peak_flops
 from miles.backends.logprobs import TokenStats
+from miles.backends.rank_memory import rank_memory
 from miles.backends.rank_phases import RankPhaseRecorder
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
@@ -202,6 +203,8 @@ class PPORank:
                                          getattr(self, "_master_store", None))
         self._init_parallel()
         self.rank_phases.coords = self.rank_coords()
+        if self.data_parallel_size < self.world_size:  # model parallel: traces name dp/pp/tp
+            self.profiler.coords = self.rank_phases.coords
         self.rank_phases.between_passes = self.collectives_in_passes
         return self.load_base(model_path)
 
@@ -396,7 +399,8 @@ class PPORank:
                 token_stats = response_token_stats(batch, mbs, old)
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, times["log_probs"],
                                times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats, maxes,
-                               rank_spans=rec.take())
+                               rank_spans=rec.take(),
+                               memory=rank_memory(self.model, self.optimizer, self.device))
 
     def _mismatch_metrics(self, mbs: list[MicroBatch], old: list[TokenStats], sums) -> dict[str, float]:
         """How far the rollout's policy is from the trained one (async: versions behind): `train/is_weight`

@@ -38,6 +38,7 @@ class RankProfiler:
 
     def __init__(self, rank: int):
         self.rank = rank
+        self.coords = None  # RankCoords of a model-parallel rank: its traces are named by them
         self.window: ProfileWindow | None = None
         self.prof: profile | None = None
         self.open_sections: dict[str, record_function] = {}  # target -> its running marker
@@ -179,7 +180,7 @@ class RankProfiler:
             for e in sliced["traceEvents"]:
                 if str(e.get("name", "")).startswith(MARK):
                     e["name"] = "ProfilerStep#" + e["name"].rsplit("#", 1)[1]
-            path = window.trace_path(target, self.rank)
+            path = window.trace_path(target, self.rank, self.coords)
             write_trace(sliced, path)
             done = self.rollouts[target]
             summaries.append(summarize_trace(path, target=target, rank=self.rank, start=min(done),

@@ -26,6 +26,14 @@ def trace_root(config, run_dir: Path) -> Path:
     return profiler_dir(run_dir).absolute()
 
 
+def worker_name(rank: int, coords=None) -> str:
+    """`rank<r>`; a rank of a model-parallel layout (its `RankCoords`) adds where it sits:
+    `rank<r>_dp<d>_pp<p>_tp<t>`, so each TP shard's and PP stage's trace says which it is."""
+    if coords is None:
+        return f"rank{rank}"
+    return f"rank{rank}_dp{coords.dp}_pp{coords.pp}_tp{coords.tp}"
+
+
 @dataclass(frozen=True)
 class ProfileWindow:
     """Rollouts [start, end) profiled on `ranks` for `targets`; sent to the ranks as is."""
@@ -45,10 +53,11 @@ class ProfileWindow:
     def label(self) -> str:
         return f"rollouts_{self.start}-{self.end}"
 
-    def trace_path(self, target: str, rank: int) -> Path:
-        """`<root>/<target>_rollouts_S-E/rank<r>.pt.trace.json.gz`: one TensorBoard run per target and
-        window, one worker per rank (the plugin's `<worker>.pt.trace.json.gz` naming)."""
-        return Path(self.trace_root) / f"{target}_{self.label}" / f"rank{rank}.pt.trace.json.gz"
+    def trace_path(self, target: str, rank: int, coords=None) -> Path:
+        """`<root>/<target>_rollouts_S-E/<worker>.pt.trace.json.gz`: one TensorBoard run per target
+        and window, one worker per rank (`worker_name`, the profile plugin's worker)."""
+        name = f"{worker_name(rank, coords)}.pt.trace.json.gz"
+        return Path(self.trace_root) / f"{target}_{self.label}" / name
 
     def engine_trace_dir(self) -> Path:
         return Path(self.trace_root) / f"rollout_{self.label}"

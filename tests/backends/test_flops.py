@@ -7,7 +7,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM
 
-from miles.backends.flops import ModelShape, gpu_peak_flops, measured_peak_flops, mfu_metrics, rank_peak_flops
+from miles.backends.flops import (ModelShape, RankShare, gpu_peak_flops, measured_peak_flops,
+                                  mfu_metrics, rank_peak_flops)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +63,36 @@ def test_peaks_from_the_table_or_measured():
 def test_a_config_without_the_shape_is_a_clear_error():
     with pytest.raises(ValueError, match="lacks what a FLOP count needs"):
         ModelShape.from_config({"hidden_size": 8})
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2), (4, 3)])
+def test_the_ranks_of_a_tp_pp_layout_add_up_to_the_whole_model(tiny, tp, pp):
+    """Each rank counts 1/TP of its stage's layers, the LM head on the last stage only: the TP x PP
+    ranks of one replica together do the model's FLOPs once (not TP x PP times)."""
+    _, whole = tiny
+    shape = ModelShape(layers=12, hidden=whole.hidden, heads=whole.heads, kv_heads=whole.kv_heads,
+                       head_dim=whole.head_dim, ffn=whole.ffn, vocab=whole.vocab)
+    lens = [17, 30]
+    shares = [RankShare(tp, pp, stage) for stage in range(pp) for _ in range(tp)]
+    total = sum(shape.train_flops(lens, s) for s in shares)
+    assert total == pytest.approx(shape.train_flops(lens), rel=1e-12)
+    if tp > 1:
+        one = shape.train_flops(lens, RankShare(tp, 1, 0))
+        assert one == pytest.approx(shape.train_flops(lens) / tp)
+    if pp > 1:  # the last stage also runs the LM head, the first only its layers
+        first, last = (shape.train_flops(lens, RankShare(tp, pp, r)) for r in (0, pp - 1))
+        head = 3 * 2.0 * shape.hidden * shape.vocab * sum(lens) / tp
+        assert last - first == pytest.approx(head)
+
+
+def test_mfu_counts_each_ranks_share_from_its_layout(tiny):
+    _, shape = tiny
+    parallel = [{"tp_rank": r, "pp_rank": 0, "dp_rank": 0, "tp_size": 2, "pp_size": 1}
+                for r in (0, 1)]
+    shares = [RankShare.of(p) for p in parallel]
+    assert RankShare.of(None) == RankShare() and shares[0] == RankShare(2, 1, 0)
+    lens = [[40, 40], [40, 40]]  # both ranks of the replica train its two sequences
+    out = mfu_metrics(shape, lens, [1.0, 1.0], [1e12, 1e12], shares)
+    assert out["perf/rank_0_tflops"] == pytest.approx(shape.train_flops([40, 40]) / 2 / 1e12)
+    assert out["perf/tflops"] == pytest.approx(shape.train_flops([40, 40]) / 1e12)
+    assert out["perf/mfu"] == pytest.approx(shape.train_flops([40, 40]) / 2e12)

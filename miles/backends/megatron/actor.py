@@ -27,6 +27,7 @@ from miles.backends.megatron import convert, gather, grads, pipeline, replica_ba
 from miles.backends.megatron.model import build_gpt, destroy_parallel, init_parallel, parallel_state
 from miles.backends.megatron.vocab_parallel import stats_from_vocab_shard
 from miles.backends.ppo import PPORank, load_state_file
+from miles.run.stragglers import RankCoords
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors, shaped like the parameter
 
@@ -57,8 +58,16 @@ class MegatronTrainActor(PPORank):
         if getattr(self, "par", None) is not None:
             info.extra["parallel"] = {"tp_rank": self.par.tp_rank, "pp_rank": self.par.pp_rank,
                                       "dp_rank": self.ps.get_data_parallel_rank(),
+                                      "tp_size": self.par.tp_size, "pp_size": self.par.pp_size,
                                       "layout": self.layout_name()}
         return info
+
+    def rank_coords(self) -> RankCoords:
+        """This rank's node and its data-parallel, pipeline and tensor-parallel indices (phase
+        spans, straggler metrics and profiler traces name the rank by them)."""
+        per_node = self.config.train.actor_num_gpus_per_node
+        return RankCoords(node=self.rank // per_node, dp=self.ps.get_data_parallel_rank(),
+                          pp=self.par.pp_rank, tp=self.par.tp_rank)
 
     def _build_models(self, model_path: str) -> None:
         from transformers import AutoConfig
