@@ -24,8 +24,8 @@ def _figures(metrics: dict[str, float], phase: str) -> str:
 
 
 def slowest_rank_lines(lines: list[JournalLine], cfg: HealthConfig) -> list[str]:
-    """One line naming the run's straggler (rank coordinates, phase, how often, its last figures), or
-    one saying the ranks were even; none when the journal has no straggler metrics."""
+    """One line naming the run's straggler (rank coordinates, phase, how often, its last
+    figures), or one saying the ranks were even; none when the journal has no straggler metrics."""
     rows = [ln for ln in lines if any(k.startswith("straggler/") for k in ln.metrics)]
     if not rows:
         return []
@@ -39,15 +39,15 @@ def slowest_rank_lines(lines: list[JournalLine], cfg: HealthConfig) -> list[str]
     if hits:
         (phase, rank), count = hits.most_common(1)[0]
         line = last[(phase, rank)]
-        return [f"slowest rank: {rank} in `{phase}`, the straggler in {count} of {len(rows)} rollouts "
-                f"(rollout {line.rollout_id}: {_figures(line.metrics, phase)})"]
+        return [f"slowest rank: {rank} in `{phase}`, the straggler in {count} of {len(rows)} "
+                f"rollouts (rollout {line.rollout_id}: {_figures(line.metrics, phase)})"]
     peak = max(((ln.metrics[k], k.split("/")[1], ln) for ln in rows for k in ln.metrics
                 if k.startswith("straggler/") and k.endswith("/slowdown")), key=lambda t: t[0])
     _, phase, line = peak
     coords = slowest(line.metrics, phase)
     where = f", {coords.name}" if coords else ""
-    return [f"training ranks even: no straggler in {len(rows)} rollouts (largest: `{phase}`{where} at "
-            f"rollout {line.rollout_id}, {_figures(line.metrics, phase)})"]
+    return [f"training ranks even: no straggler in {len(rows)} rollouts (largest: "
+            f"`{phase}`{where} at rollout {line.rollout_id}, {_figures(line.metrics, phase)})"]
 
 
 def read_slowest_rank(run_dir: Path, cfg: HealthConfig) -> list[str]:

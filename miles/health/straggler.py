@@ -1,4 +1,5 @@
-"""The straggler signal: one training rank slower than the others in one phase, rollout after rollout.
+"""The straggler signal: one training rank slower than the others in one phase, rollout after
+rollout.
 
 It reads the trainer's `straggler/<phase>/*` metrics (`miles.run.stragglers`: each rank's own work
 per phase, its waits for the other ranks left out). A phase straggles in a rollout when its slowest
@@ -22,11 +23,13 @@ COORDINATES = ("node", "dp", "pp", "tp")  # the axes `straggler/<phase>/slowest_
 
 def phases(metrics: dict[str, float]) -> list[str]:
     """The phases a rollout's metrics hold straggler figures for."""
-    return sorted(k.split("/")[1] for k in metrics if k.startswith(PREFIX) and k.endswith("/slowdown"))
+    return sorted(k.split("/")[1] for k in metrics
+                  if k.startswith(PREFIX) and k.endswith("/slowdown"))
 
 
 def slowest_rank(metrics: dict[str, float], phase: str) -> str | None:
-    """The phase's slowest rank by its coordinates, e.g. `node0/dp1/pp0/tp0` (None: not recorded)."""
+    """The phase's slowest rank by its coordinates, e.g. `node0/dp1/pp0/tp0` (None: not
+    recorded)."""
     keys = [f"{PREFIX}{phase}/slowest_{axis}" for axis in COORDINATES]
     if not all(k in metrics for k in keys):
         return None
@@ -55,7 +58,8 @@ def check_straggler(history: Sequence, cfg: HealthConfig, run) -> Verdict | None
     held = []
     for phase in phases(now):
         rank = straggler_in(now, phase, cfg)
-        if len(window) == w and rank and all(straggler_in(r.metrics, phase, cfg) == rank for r in window):
+        held_by_rank = all(straggler_in(r.metrics, phase, cfg) == rank for r in window)
+        if len(window) == w and rank and held_by_rank:
             held.append((now[f"{PREFIX}{phase}/slowdown"], phase, rank))
     if not held:
         return None
@@ -70,9 +74,10 @@ def check_straggler(history: Sequence, cfg: HealthConfig, run) -> Verdict | None
 
 
 def evidence(rollouts: Sequence) -> str | None:
-    """What an "ok" straggler row was judged on: the largest slowdown of the run and where; None when
-    no rollout holds straggler figures."""
-    seen = [(r.metrics[f"{PREFIX}{p}/slowdown"], p, r.rollout_id) for r in rollouts for p in phases(r.metrics)]
+    """What an "ok" straggler row was judged on: the largest slowdown of the run and where; None
+    when no rollout holds straggler figures."""
+    seen = [(r.metrics[f"{PREFIX}{p}/slowdown"], p, r.rollout_id)
+            for r in rollouts for p in phases(r.metrics)]
     if not seen:
         return None
     slowdown, phase, rollout_id = max(seen)

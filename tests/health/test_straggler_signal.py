@@ -1,6 +1,7 @@
 """The straggler signal on synthetic journal lines: one rank slow in one phase for
---health-straggler-window rollouts in a row is a red flag naming the rank's coordinates and the phase;
-jitter, a lone slow step and a slow rank that changes every rollout are not; `miles doctor` has its row."""
+--health-straggler-window rollouts in a row is a red flag naming the rank's coordinates and the
+phase; jitter, a lone slow step and a slow rank that changes every rollout are not; `miles doctor`
+has its row."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +25,8 @@ def phase_metrics(phase: str, seconds: list[float], dps: list[int]) -> dict[str,
     key = f"straggler/{phase}/"
     return {key + "min": ordered[0], key + "median": mid, key + "max": ordered[-1],
             key + "slowdown": ordered[-1] / mid, key + "slowest_node": 0.0,
-            key + "slowest_dp": float(dps[slowest]), key + "slowest_pp": 0.0, key + "slowest_tp": 0.0}
+            key + "slowest_dp": float(dps[slowest]), key + "slowest_pp": 0.0,
+            key + "slowest_tp": 0.0}
 
 
 def with_ranks(seed: int = 0, slow=None, ranks: int = 2) -> list:
@@ -85,7 +87,8 @@ def test_a_lone_slow_step_or_a_changing_rank_is_not_a_straggler():
 def test_the_lag_floor_and_the_bounds_are_flags():
     small = with_ranks(slow=lambda i: (1, 0.2) if i >= START else None)  # 1.25x, 0.2 s: under both
     assert stragglers(small) == []
-    strict = HealthConfig(health_straggler_slowdown=1.05, health_straggler_lag_s=0.05, health_straggler_window=1)
+    strict = HealthConfig(health_straggler_slowdown=1.05, health_straggler_lag_s=0.05,
+                          health_straggler_window=1)
     flags = stragglers(small, strict)
     assert flags and flags[0].rollout_id == START
     lax = HealthConfig(health_straggler_lag_s=5.0)
