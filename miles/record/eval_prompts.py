@@ -2,8 +2,9 @@
 
 The journal keeps only an eval set's means (`eval/<set>-pass_at_k`); comparing two runs prompt by
 prompt (`miles compare`) needs each prompt's own rewards. A line is `{"eval_set", "eval_step",
-"prompt", "label", "rewards", "pass_rate"}`; the pass rate is the share of samples with a reward
-above 0, the rule `pass@k` uses.
+"prompt", "label", "rewards", "pass_rate", "responses"}`; the pass rate is the share of samples with a
+reward above 0, the rule `pass@k` uses; `responses` are the model's answers, one per reward, each cut to
+RESPONSE_CHARS characters (the Evals view shows what the model answered, review N31).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from miles.record import layout
 from miles.record.files import write_jsonl
 
 BASE_NAME = "base"  # the eval of the starting weights (rollout id -1)
+RESPONSE_CHARS = 300  # enough for an answer and its reasoning's start; 256 prompts x 4 stay ~300 KB per eval
 
 
 def eval_prompts_path(run_dir: Path, rollout_id: int) -> Path:
@@ -32,8 +34,13 @@ def prompt_rows(eval_step: int, data: dict) -> list[dict]:
             rewards = [float(s.reward or 0.0) for s in samples]
             rows.append({"eval_set": name, "eval_step": eval_step, "prompt": samples[0].prompt,
                          "label": samples[0].label, "rewards": rewards,
-                         "pass_rate": sum(r > 0 for r in rewards) / len(rewards)})
+                         "pass_rate": sum(r > 0 for r in rewards) / len(rewards),
+                         "responses": [cut(s.response) for s in samples]})
     return rows
+
+
+def cut(response: str) -> str:
+    return response if len(response) <= RESPONSE_CHARS else response[:RESPONSE_CHARS] + "…"
 
 
 def write_eval_prompts(run_dir: Path, rollout_id: int, eval_step: int, data: dict) -> Path | None:
@@ -78,4 +85,9 @@ def _row(raw: bytes) -> dict | None:
         return None
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate <= 1:
         return None  # a pass rate is a share (NaN and a 401-digit integer fail the comparison too)
+    answers = row.get("responses")
+    if not (isinstance(answers, list) and all(isinstance(a, str) for a in answers)):
+        row.pop("responses", None)  # older runs have none; a malformed list is not shown
+    else:
+        row["responses"] = [cut(a) for a in answers]  # a hand-edited file cannot bloat the view
     return row

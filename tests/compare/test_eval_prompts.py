@@ -7,7 +7,8 @@ from miles.record.eval_prompts import eval_prompts_path, read_eval_prompts, writ
 
 
 def sample(group, prompt, reward):
-    return SimpleNamespace(group_index=group, prompt=prompt, label=str(group), reward=reward)
+    return SimpleNamespace(group_index=group, prompt=prompt, label=str(group), reward=reward,
+                           response=f" {group + 1}")
 
 
 def test_rows_per_prompt_and_the_later_eval_at_a_step_wins(tmp_path):

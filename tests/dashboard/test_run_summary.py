@@ -131,7 +131,7 @@ def test_the_summary_and_markers_in_the_browser(browser, run_copy):
         cells = browser.script("return [...document.querySelectorAll('.summary-cell')].map(c => "
                                "[c.dataset.key, c.querySelector('.summary-value').textContent])")
         cells = dict(cells)
-        assert cells["rollouts"] == "4 of 4" and cells["state"] == "finished" and cells["duration"] == "2s"
+        assert cells["rollouts"] == "4 of 4" and cells["state"] == "finished" and cells["training"] == "2s"
         assert cells["held-out arithmetic-pass_at_1"] == "0.188 → 0.219 (after rollout 3)"
         # the run ended: the header says so, and there is nothing more to follow
         assert browser.text("#run-state").endswith("· finished · the run ended: nothing more to follow")

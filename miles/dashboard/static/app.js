@@ -115,7 +115,7 @@ function summaryCard(s) {
     ` (rollouts ${s.reward_first[0]}–${s.reward_last[0]})` : "not logged";
   const cells = [
     ["state", s.state], ["rollouts", `${s.rollouts}` + (s.num_rollout ? ` of ${s.num_rollout}` : "")],
-    ["duration", s.duration ?? "–", s.duration_note], [s.eval_key ? s.eval_key.replace("eval/", "held-out ") : "held-out eval", evalText],
+    ["training", s.duration ?? "–", s.duration_note], [s.eval_key ? s.eval_key.replace("eval/", "held-out ") : "held-out eval", evalText],
     [s.reward_key, reward], ["red flags", s.red_flags], ["model", s.checkpoint ?? "no checkpoint saved"]];
   const ok = !s.red.length;
   return el("div", {class: "summary", id: "run-summary"},
@@ -479,15 +479,25 @@ async function showEvals(view) {
     view.append(el("div", {class: "legend", "data-set": name}, `${name}: ${st.prompts} prompts, mean pass rate ` +
       `${fmt(st.mean_pass_rate)}, never solved at this step: ${st.never_solved}`));
   }
-  const t = el("table", {id: "eval-prompts"}, el("tr", {}, ...["set", "pass rate", "rewards", "prompt", "label"].map(h =>
+  const t = el("table", {id: "eval-prompts"}, el("tr", {}, ...["set", "pass rate", "rewards", "prompt", "label", "answers"].map(h =>
     el("th", {}, h))));
   for (const r of data.prompts) {
     t.append(el("tr", {class: "eval-row"}, el("td", {}, r.eval_set),
       el("td", {class: r.pass_rate === 0 ? "flag" : (r.pass_rate === 1 ? "ok" : "")}, String(fmt(r.pass_rate))),
       el("td", {}, Array.isArray(r.rewards) ? r.rewards.map(v => fmt(v)).join(" ") : ""),
-      el("td", {class: "text"}, asText(r.prompt).slice(-160)), el("td", {class: "text"}, asText(r.label).slice(0, 80))));
+      el("td", {class: "text"}, asText(r.prompt).slice(-160)), el("td", {class: "text"}, asText(r.label).slice(0, 80)),
+      answersCell(r)));
   }
   view.append(t);
+}
+
+// What the model answered, one per reward in order (review N31): the start of each in the cell, all of them
+// whole (as recorded: cut at 300 characters) in its tooltip; runs recorded before answers were kept show "–".
+function answersCell(r) {
+  if (!Array.isArray(r.responses)) return el("td", {class: "na-text"}, "–");
+  const answers = r.responses.map(a => asText(a).trim());
+  return el("td", {class: "text eval-answers", title: answers.join("\n")},
+    answers.map(a => a.slice(0, 40)).join(" · "));
 }
 
 // ---- compare with baselines -----------------------------------------------------------

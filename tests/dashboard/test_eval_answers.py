@@ -1,0 +1,49 @@
+"""Review N31: the Evals view listed which held-out prompts fail, not what the model answered. The rows carry
+their answers (`samples/eval/`, `responses`), /api/evals passes them, and the view shows them beside the rewards
+(under node: the cell's function from app.js, with a stand-in for the DOM)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from miles.dashboard.app import build_app
+
+EVAL_RUN = Path(__file__).parents[1] / "compare" / "recorded" / "default-1"
+APP_JS = Path(__file__).parents[2] / "miles" / "dashboard" / "static" / "app.js"
+
+
+def test_the_api_passes_each_prompts_answers(tmp_path):
+    run = shutil.copytree(EVAL_RUN, tmp_path / "run")
+    path = run / "samples" / "eval" / "rollout_000007.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        row["responses"] = [f" answer {i}" for i in range(len(row["rewards"]))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = TestClient(build_app(run)).get("/api/evals").json()
+    assert data["step"] == 7
+    assert all(r["responses"][0] == " answer 0" and len(r["responses"]) == len(r["rewards"])
+               for r in data["prompts"])
+
+
+NODE = r"""
+const fs = require("fs");
+const src = fs.readFileSync(process.argv[1], "utf8");
+const asText = (v) => (v === null || v === undefined) ? "" : (typeof v === "string" ? v : JSON.stringify(v));
+const el = (tag, attrs, ...children) => ({tag, attrs, text: children.join("")});
+const body = src.slice(src.indexOf("function answersCell"), src.indexOf("\n}\n", src.indexOf("function answersCell")) + 2);
+eval(body);
+console.log(JSON.stringify([answersCell({responses: [" 12", "x".repeat(60)]}), answersCell({rewards: [1]})]));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no node")
+def test_the_answers_cell():
+    out = subprocess.run(["node", "-e", NODE, str(APP_JS)], capture_output=True, text=True, check=True).stdout
+    answered, old = json.loads(out)
+    assert answered["text"] == "12 · " + "x" * 40 and answered["attrs"]["title"] == "12\n" + "x" * 60
+    assert old["text"] == "–"  # a run recorded before answers were kept
