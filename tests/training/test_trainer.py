@@ -49,6 +49,9 @@ def test_first_iteration_is_on_policy_and_reports_miles_metrics(small_config, ra
         assert all(math.isfinite(v) for v in m.values())
         # the rank's own phases reach the metrics line (one rank: never slower than itself)
         assert m["straggler/forward/slowdown"] == 1.0 and m["straggler/optimizer/slowest_dp"] == 0.0
+        # what the rank holds reaches the line too (AdamW: two moments per weight, more than it)
+        assert m["perf/rank_0_param_bytes"] == m["perf/max_rank_param_bytes"] > 0
+        assert m["perf/rank_0_optimizer_bytes"] > 2 * m["perf/rank_0_param_bytes"]
         assert {s.weight_version for s in first.samples} == {"0"}
         assert len(first.samples) == 16 and all(s.reward in (0.0, 1.0) for s in first.samples)
         # the router's snapshot of the iteration: 16 samples went through it (as batched /generate calls)
