@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from tests.dashboard.test_rank_heatmap import COORDS, rank_spans
 from tests.support.dashboard import serve
+from tests.support.rank_timelines import COORDS, rank_spans
 from webdriver import Browser, missing_browser
 
 pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))

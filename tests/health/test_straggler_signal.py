@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from types import SimpleNamespace
 
 from miles.config.health import HealthConfig
 from miles.health import RED, replay
 from miles.health.cli import main as doctor
 from miles.health.watch import health_metrics
 from tests.health.synthetic_streams import CFG, RUN, START, stream
-from tests.health.test_watch import run_live
 
 W = CFG.health_straggler_window
 
@@ -44,6 +44,21 @@ def with_ranks(seed: int = 0, slow=None, ranks: int = 2) -> list:
                    **phase_metrics("optimizer", optimizer, list(range(ranks)))}
         out.append(dataclasses.replace(r, metrics=metrics))
     return out
+
+
+def recorded(run_dir, rollouts):
+    """A run dir holding `rollouts` as its journal and the default config, as `miles doctor` reads."""
+    import yaml
+
+    from miles.config import parse_config, redacted_flat_dict
+    from miles.record.journal import JournalLine
+    from miles.tracking.state import CONFIG_ARTIFACT
+
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(
+        JournalLine(r.rollout_id, float(r.rollout_id), r.metrics).to_json() + "\n" for r in rollouts))
+    (run_dir / CONFIG_ARTIFACT).parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_ARTIFACT).write_text(yaml.safe_dump(redacted_flat_dict(parse_config([]))))
 
 
 def stragglers(rollouts, cfg=CFG):
@@ -96,12 +111,9 @@ def test_the_lag_floor_and_the_bounds_are_flags():
 
 
 def test_doctor_has_a_straggler_row(tmp_path, capsys):
-    for name in ("slow", "even", "one"):
-        (tmp_path / name).mkdir()
-    run_live(tmp_path / "slow", with_ranks(slow=lambda i: (1, 3.0) if i >= START else None))
-    run_live(tmp_path / "even", with_ranks())
-    run_live(tmp_path / "one", stream())
-    capsys.readouterr()
+    recorded(tmp_path / "slow", with_ranks(slow=lambda i: (1, 3.0) if i >= START else None))
+    recorded(tmp_path / "even", with_ranks())
+    recorded(tmp_path / "one", stream())
     rows = {}
     for name in ("slow", "even", "one"):
         code = doctor([str(tmp_path / name)])
@@ -114,3 +126,32 @@ def test_doctor_has_a_straggler_row(tmp_path, capsys):
     assert code == 0 and row.split()[1] == "ok" and "slowdown at most" in row
     code, row = rows["one"]  # one rank: no straggler figures, the signal is off
     assert code == 0 and row.split()[1] == "off" and "straggler/<phase>/slowdown" in row
+
+
+def test_on_red_flag_stop_and_profile_react_to_a_straggler(tmp_path):
+    from miles.config import parse_config
+    from miles.health import HealthWatch
+    from miles.run.observer import IterationResult
+    from miles.run.red_flags import RedFlagProfiler, RedFlagStopper
+
+    class Profiler:
+        def __init__(self):
+            self.windows = []
+
+        def request_window(self, start, end):
+            self.windows.append((start, end))
+            return SimpleNamespace(start=start, end=end)
+
+    config = parse_config(["--on-red-flag", "stop"])
+    watch, stopper = HealthWatch(config, tmp_path), RedFlagStopper(config)
+    profiler = Profiler()
+    profiling = RedFlagProfiler(parse_config(["--on-red-flag", "profile"]), profiler)
+    reasons = []
+    for r in with_ranks(slow=lambda i: (1, 3.0) if i >= START else None)[: START + W]:
+        report = watch.observe(r.rollout_id, r.metrics)
+        result = IterationResult(r.rollout_id, r.metrics, [], report)
+        reasons.append(stopper.after_iteration(result))
+        profiling.after_iteration(result)
+    assert reasons[:-1] == [None] * (START + W - 1)  # nothing before the window held
+    assert "straggler at rollout" in reasons[-1] and "node0/dp1/pp0/tp0" in reasons[-1]
+    assert profiler.windows == [(START + W, START + W + 2)]  # --health-profile-rollouts 2
