@@ -47,7 +47,8 @@ def with_ranks(seed: int = 0, slow=None, ranks: int = 2) -> list:
 
 
 def recorded(run_dir, rollouts):
-    """A run dir holding `rollouts` as its journal and the default config, as `miles doctor` reads."""
+    """A run dir holding `rollouts` as its journal and the default config (what `miles doctor`
+    reads)."""
     import yaml
 
     from miles.config import parse_config, redacted_flat_dict
@@ -55,8 +56,8 @@ def recorded(run_dir, rollouts):
     from miles.tracking.state import CONFIG_ARTIFACT
 
     run_dir.mkdir()
-    (run_dir / "metrics.jsonl").write_text("".join(
-        JournalLine(r.rollout_id, float(r.rollout_id), r.metrics).to_json() + "\n" for r in rollouts))
+    lines = [JournalLine(r.rollout_id, float(r.rollout_id), r.metrics) for r in rollouts]
+    (run_dir / "metrics.jsonl").write_text("".join(line.to_json() + "\n" for line in lines))
     (run_dir / CONFIG_ARTIFACT).parent.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_ARTIFACT).write_text(yaml.safe_dump(redacted_flat_dict(parse_config([]))))
 
