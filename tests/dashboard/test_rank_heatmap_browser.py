@@ -44,6 +44,16 @@ def test_the_heat_map_marks_the_slow_rank_and_phase(browser, run_copy):
         hottest = browser.text("#rank-heatmap-hottest")
         assert hottest.startswith(f"slowest: {COORDS['rank1']} in backward")
         browser.screenshot(SHOTS / "rank-heatmap.png")
+        # a click on that cell picks rank1's backward spans on the timeline; a second one clears it
+        cell = "#rank-heatmap tr:nth-child(3) td:nth-child(3)"
+        picked = ("return [...document.querySelectorAll('#timeline-svg rect.span.picked')]"
+                  ".map(r => r.dataset.lane + ' ' + r.dataset.name)")
+        faded = "return document.querySelectorAll('#timeline-svg rect.span.faded').length"
+        browser.click(cell)
+        assert browser.script(picked) == ["rank1 backward"] * 2  # one per rollout
+        assert browser.script(faded) == len(browser.find_all("#timeline-svg rect.span")) - 2
+        browser.click(cell)
+        assert browser.script(picked) == [] and browser.script(faded) == 0
     finally:
         served.stop()
 

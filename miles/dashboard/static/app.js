@@ -226,7 +226,8 @@ async function showTimeline(view) {
       const i = data.lanes.indexOf(s.lane);
       const x0 = Math.max(px(s.start), left), x1 = Math.min(px(s.end), W - 10);
       const r = svgEl("rect", {x: x0, y: top + i * laneH + 3, height: laneH - 6, class: "span",
-                               width: Math.max(x1 - x0, 1), fill: PHASE_COLORS[s.name] || "#cbd5e1"}, svg);
+                               width: Math.max(x1 - x0, 1), fill: PHASE_COLORS[s.name] || "#cbd5e1",
+                               "data-lane": s.lane, "data-name": s.name}, svg);
       svgEl("title", {}, r).textContent =
         `${s.lane} ${s.name}` + (s.rollout_id !== null && s.rollout_id !== undefined ? ` rollout ${s.rollout_id}` : "") +
         `: ${(s.end - s.start).toFixed(3)} s` + (s.args ? " " + JSON.stringify(s.args) : "");
@@ -242,6 +243,7 @@ async function showTimeline(view) {
       svgEl("text", {x: px(t), y: 12, "text-anchor": k === 4 ? "end" : "middle", class: "time-tick"}, svg)
         .textContent = (t - data.start).toFixed(2) + " s";
     }
+    markPicked(svg);
     svg._toTime = (clientX) => {
       const box = svg.getBoundingClientRect();
       return range[0] + ((clientX - box.left) / box.width * W - left) / (W - left - 10) * span;
@@ -283,6 +285,26 @@ async function showTimeline(view) {
 // the ranks (1x white, 2x and more red), so the rank the others wait for stands out in any phase.
 const RANK_RATIO = {low: 1, high: 2};
 
+// A heat map cell's click picks that rank's spans of that phase on the timeline above: they get
+// the class `picked` (outlined), the rest fade; a second click on the same cell clears it.
+function markPicked(svg) {
+  const pick = svg.dataset.pick ? JSON.parse(svg.dataset.pick) : null;
+  for (const r of svg.querySelectorAll("rect.span")) {
+    const hit = pick && r.dataset.lane === pick.lane && r.dataset.name === pick.phase;
+    r.classList.toggle("picked", !!hit);
+    r.classList.toggle("faded", !!pick && !hit);
+  }
+}
+
+function pickRankPhase(lane, phase) {
+  const svg = document.getElementById("timeline-svg");
+  if (!svg) return;
+  const pick = JSON.stringify({lane, phase});
+  svg.dataset.pick = svg.dataset.pick === pick ? "" : pick;
+  markPicked(svg);
+  svg.scrollIntoView({block: "nearest"});
+}
+
 async function showRankHeatmap(view) {
   const data = await api("/api/ranks");
   view.append(el("h2", {}, "Ranks x phases (own work over the run)"));
@@ -298,6 +320,7 @@ async function showRankHeatmap(view) {
     const name = el("td", {}, `${rank.lane} (${rank.coords})`);
     t.append(el("tr", {}, name, ...data.phases.map((p, j) =>
       el("td", {class: "rank-cell", style: heat(data.ratio[i][j], RANK_RATIO),
+                onclick: () => pickRankPhase(rank.lane, p),
                 title: `${rank.coords} ${p}: ${data.seconds[i][j].toFixed(3)} s, ` +
                        `${data.ratio[i][j].toFixed(2)}x the ranks' median`},
          data.seconds[i][j].toFixed(3) + " s"))));
