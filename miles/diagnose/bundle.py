@@ -145,26 +145,44 @@ def collect(run_dir: Path, cfg: HealthConfig | None = None, scrubber: Scrubber |
     return Diagnosis(out, verdict)
 
 
-def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
-            staging: Path) -> tuple[dict[str, Any], list[int]]:
-    notes: list[str] = []
-    root.mkdir(parents=True)
-    # files that resolve outside the run dir are neither read nor packed: the readers get a copy of the rest
+def _readable_view(run_dir: Path, staging: Path, notes: list[str]) -> Path:
+    """The run dir as diagnose reads it: files that resolve outside it, or are not regular files,
+    are neither read nor packed (the readers get a confined copy of the rest), each named in a note."""
     escaped = escaping(run_dir)
     notes += [f"left out RUN_DIR/{rel}: it resolves outside the run dir (a link out of it); diagnose reads and "
               f"packs only the run's own files" for rel in escaped]
     odd = [rel for rel in not_regular(run_dir) if rel not in escaped]
     notes += [f"left out RUN_DIR/{rel}: not a regular file (a FIFO, socket, device or folder); diagnose reads "
               f"only regular files" for rel in odd]
-    view = confined_view(run_dir, staging / "view", escaped + odd) if escaped or odd else run_dir
+    return confined_view(run_dir, staging / "view", escaped + odd) if escaped or odd else run_dir
+
+
+def _listed_processes(view: Path, notes: list[str]) -> dict[str, int]:
+    """The run's process list (name -> pid); empty, with a note, when it is missing or not one."""
     try:
-        listed = read_processes(view)
+        return read_processes(view)
     except FileNotFoundError:
-        listed = {}
         notes.append(f"no process list ({layout.PROFILER_PROCESSES}): no pids of the run to dump")
     except (ValueError, TypeError, AttributeError, OSError) as exc:
-        listed = {}
         notes.append(f"no process list: {layout.PROFILER_PROCESSES} is not a name -> pid object ({str(exc)[:100]})")
+    return {}
+
+
+def _open_phases(view: Path, now: float, notes: list[str]):
+    """The phases open now; starts in the future or over a year old are skipped, with a note."""
+    odd_starts = sum(not plausible(s, now) for s in open_spans(view))
+    if odd_starts:
+        notes.append(f"skipped {odd_starts} phase start(s) in {layout.TIMELINE_OPEN} in the future or more than a "
+                     f"year ago: no phase of a live run")
+    return open_phases(view, now)
+
+
+def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
+            staging: Path) -> tuple[dict[str, Any], list[int]]:
+    notes: list[str] = []
+    root.mkdir(parents=True)
+    view = _readable_view(run_dir, staging, notes)
+    listed = _listed_processes(view, notes)
     services = read_services(view)
     ray = services.get("ray", {})
     trainer = listed.get("trainer")  # the run lives as long as its trainer (without one listed: any process)
@@ -203,11 +221,7 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
     run = read_run_state(view, alive, logs_from=run_dir)
     run.delivery_pid = lock_holder(run_dir / layout.DELIVERY_LOCK)  # catching up on its own (N27)
     red = [v for v in read_health_log(view) if v.severity == RED]
-    phases = open_phases(view, now)
-    odd_starts = sum(not plausible(s, now) for s in open_spans(view))
-    if odd_starts:
-        notes.append(f"skipped {odd_starts} phase start(s) in {layout.TIMELINE_OPEN} in the future or more than a "
-                     f"year ago: no phase of a live run")
+    phases = _open_phases(view, now, notes)
     _copy_run_files(view, root, run.logs, notes)
     findings = Findings(alive, phases, stacks, engines, router, run, red, notes,
                         ranks=read_slowest_rank(view, cfg))
