@@ -110,43 +110,58 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[trainer] run dir {run_dir} (journal {RunLayout(run_dir).journal}); watch it live: "
           f"{dashboard_command(run_dir)}", flush=True)
     make_base_model(config)
-    mlflow_uri = config.tracking.mlflow_tracking_uri
+    mlflow_uri, ui_url = config.tracking.mlflow_tracking_uri, None
     if config.tracking.mlflow_ui:
         ui = start_ui(mlflow_uri, run_dir)
+        ui_url = ui.url
         print(f"[trainer] MLflow UI {ui.url} (pid {ui.pid}, left up: stop it with `kill {ui.pid}`)", flush=True)
     try:
         outcome = train(config)
     except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
         print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
-        print_scorecard(config, time.time() - started_at)  # what the run did before it stopped
+        print_scorecard(config, time.time() - started_at, ui_url)  # what the run did before it stopped
         return 1
     except EnginesLost as exc:  # the engines are gone: what was trained is checkpointed (miles.loop)
         print(f"python -m miles.train: error: {exc}", file=sys.stderr, flush=True)
-        print_scorecard(config, time.time() - started_at)
+        print_scorecard(config, time.time() - started_at, ui_url)
         return 1
     except RedFlagStop as exc:  # --on-red-flag stop: checkpointed; a failed run, not a crash
         print(f"[trainer] stopped: {exc}", flush=True)
-        print_scorecard(config, time.time() - started_at)
+        print_scorecard(config, time.time() - started_at, ui_url)
         return 1
     if outcome.stop_reason:
         print(f"[trainer] stopped early: {outcome.stop_reason}", flush=True)
-    print_scorecard(config, time.time() - started_at)
+    print_scorecard(config, time.time() - started_at, ui_url)
     compare_at_end(config)  # with --baseline-run-dirs: the verdicts, and the MLflow run's tags
     return 0
 
 
-def print_scorecard(config: MilesConfig, seconds: float) -> None:
+def print_scorecard(config: MilesConfig, seconds: float, ui_url: str | None = None) -> None:
     """The run's scorecard in the terminal and as its MLflow run's description, whether it finished or was
-    stopped (a red flag, a non-finite gradient): read back from what the run dir holds."""
+    stopped (a red flag, a non-finite gradient): read back from what the run dir holds. With MLflow, its
+    MLflow row is the run's page (in `ui_url`'s UI, `--mlflow-ui`), as `miles train`'s card gives it."""
     from miles.config.run_info import describe
     from miles.tracking.run_description import describe_mlflow_run
 
     run_dir = Path(config.train.run_dir)
-    steps = next_steps(config, ui_running=config.tracking.mlflow_ui)
+    link = mlflow_run_link(config, run_dir, ui_url) if config.tracking.use_mlflow else None
+    steps = next_steps(config, {"mlflow-run": link} if link else None, ui_running=config.tracking.mlflow_ui)
     card = scorecard(run_dir, config.train.save, seconds, steps)
     print(card.text("python -m miles.train: scorecard"), flush=True)
     if config.tracking.use_mlflow:
         describe_mlflow_run(run_dir, config.tracking.mlflow_tracking_uri, describe(config, run_dir), card.markdown())
+
+
+def mlflow_run_link(config: MilesConfig, run_dir: Path, ui_url: str | None) -> str | None:
+    """The MLflow run's page (review N33: this driver's card gave only the `mlflow ui` command). A link is a
+    convenience: a store that cannot be read leaves the card with the command, not without a card."""
+    from miles.mlflow_ui.launch import mlflow_link
+
+    try:
+        return mlflow_link(config, run_dir, ui_url)
+    except Exception as exc:  # noqa: BLE001 - any store error (MLflow raises its own and sqlite's)
+        print(f"[trainer] no MLflow run link: {type(exc).__name__}: {exc}", flush=True)
+        return None
 
 
 if __name__ == "__main__":
