@@ -1,6 +1,7 @@
 """Review N31: the Evals view listed which held-out prompts fail, not what the model answered. The rows carry
 their answers (`samples/eval/`, `responses`), /api/evals passes them, and the view shows them beside the rewards
-(under node: the cell's function from app.js, with a stand-in for the DOM)."""
+(under node: the cell's function from app.js, with a stand-in for the DOM). Also under node: the run
+summary's model path wraps at its slashes (N34)."""
 from __future__ import annotations
 
 import json
@@ -47,3 +48,22 @@ def test_the_answers_cell():
     answered, old = json.loads(out)
     assert answered["text"] == "12 · " + "x" * 40 and answered["attrs"]["title"] == "12\n" + "x" * 60
     assert old["text"] == "–"  # a run recorded before answers were kept
+
+
+PATHS = r"""
+const fs = require("fs");
+const src = fs.readFileSync(process.argv[1], "utf8");
+globalThis.Node = class {};
+const el = (tag, attrs) => ({tag});
+const start = src.indexOf("function pathBreaks");
+eval(src.slice(start, src.indexOf("\n}\n", start) + 2));
+console.log(JSON.stringify(pathBreaks("runs/20261207-030252/checkpoints/iter_0000099")));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no node")
+def test_the_summarys_model_path_wraps_at_its_slashes():
+    """Review N34: the run summary's model path broke mid-name; it wraps after a slash now."""
+    out = subprocess.run(["node", "-e", PATHS, str(APP_JS)], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == ["runs/", {"tag": "wbr"}, "20261207-030252/", {"tag": "wbr"}, "checkpoints/",
+                               {"tag": "wbr"}, "iter_0000099"]

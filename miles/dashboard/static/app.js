@@ -107,6 +107,12 @@ function flaggedLine(h) {
 
 // ---- metrics ---------------------------------------------------------------------------
 // The run's headline (first-hour N9): the scorecard's numbers, as the terminal, Prefect and MLflow show them.
+// A path that wraps at its slashes, not mid-name (review N34: "runs/20261207-" / "030252/checkpoints/iter_000"):
+// each "/" is followed by a line-break opportunity (<wbr>).
+function pathBreaks(path) {
+  return path.split("/").flatMap((part, i, parts) => i < parts.length - 1 ? [part + "/", el("wbr", {})] : [part]);
+}
+
 function summaryCard(s) {
   const num = (v, d = 3) => (v === null || v === undefined) ? "–" : v.toFixed(d);
   const evalText = s.eval_key ? `${num(s.base_eval)} → ${num(s.final_eval)}` +
@@ -122,7 +128,7 @@ function summaryCard(s) {
     el("div", {class: "summary-verdict " + (ok ? "ok" : "flag"), id: "summary-verdict"}, s.verdict),
     el("div", {class: "summary-grid"}, ...cells.map(([k, v, title]) => el("div", {class: "summary-cell",
       "data-key": k, ...(title ? {title} : {})}, el("div", {class: "summary-label"}, k),
-      el("div", {class: "summary-value"}, String(v))))));
+      el("div", {class: "summary-value"}, ...(k === "model" ? pathBreaks(String(v)) : [String(v)]))))));
 }
 
 // x positions of the resumes on a chart's step axis
