@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from miles.run import checkpoint
 from miles.run.engine_loss import NoEngineLeft, engines_lost, when
-from miles.backends.flops import ModelShape, RankShare, mfu_metrics
+from miles.backends.flops import IterationFlops
 from miles.backends.rank_memory import rank_memory_metrics
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_replicas
@@ -105,7 +105,7 @@ class RLTrainer:
         self.tracker, self.health, self.group, self.sync, self.profiler = tracker, health, group, sync, profiler
         self.weight_version = 0
         self._phase = "rollout"  # the iteration's phase now (what an engine loss happened in)
-        self._flops: tuple | None = None  # (ModelShape or False, rank peaks, rank shares): asked once
+        self.flops = IterationFlops(Path(config.rollout.hf_checkpoint), group)  # MFU: asked once
         self.timeline = TimelineWriter(run_dir / TIMELINE_NAME, starts=run_dir / OPEN_NAME)
         make = RolloutMaker(config, rollout_url, self.generate_fn, self.reward, self.args)
         new_tokenizer = partial(AutoTokenizer.from_pretrained, r.hf_checkpoint)  # for a producer
@@ -203,7 +203,7 @@ class RLTrainer:
         step_time = time.perf_counter() - start
         metrics = iteration_metrics(self.config, rollout_id, summary, times, step_time,  # 7. log
                                     router=self._router_stats(), supervisor=self.sync.supervisor,
-                                    more=[self._mfu_metrics(batches, results), self.sync.last_times,
+                                    more=[self.flops.metrics(batches, results), self.sync.last_times,
                                           rollout.metrics(step_time), rank_straggler_metrics(results),
                                           rank_memory_metrics(results)])
         evaluated = {}
@@ -262,25 +262,6 @@ class RLTrainer:
             self.weight_version = version
             self.sync.push(version, pause_mode=self.rollouts.pause_mode)
             self.rollouts.pushed(version)
-
-    def _mfu_metrics(self, batches, results) -> dict[str, float]:
-        """Each rank's TFLOP/s and MFU in actor_train: FLOPs counted from the model's config, peaks asked
-        of the ranks once (a GPU from the table, a CPU measured on the rank)."""
-        if self._flops is None:
-            try:
-                shape = ModelShape.from_checkpoint(Path(self.config.rollout.hf_checkpoint))
-            except (OSError, ValueError) as exc:
-                print(f"{PREFIX}no perf/mfu: {exc}", flush=True)
-                shape = False
-            infos = self.group.call("info")
-            peaks = [float(info.extra.get("peak_flops") or 0.0) for info in infos]
-            shares = [RankShare.of(info.extra.get("parallel")) for info in infos]  # TP x PP part
-            self._flops = (shape, peaks, shares)
-        shape, peaks, shares = self._flops
-        if not shape:
-            return {}
-        return mfu_metrics(shape, [[len(t) for t in b.tokens] for b in batches],
-                           [r.actor_train_time for r in results], peaks, shares)
 
     def _router_stats(self) -> dict[str, float]:
         """The router's counters since the last iteration or the eval after it (a new window)."""

@@ -210,3 +210,33 @@ def mfu_metrics(shape: ModelShape, rank_seq_lens: list[list[int]], rank_seconds:
         out["perf/tflops"] = achieved_total / 1e12
         out["perf/mfu"] = achieved_measured / peak_total
     return out
+
+
+class IterationFlops:
+    """Each rank's TFLOP/s and MFU in actor_train, per iteration: FLOPs counted from the model's
+    config, the ranks' peaks and TP x PP shares asked of them once (a GPU from the table, a CPU
+    measured on the rank)."""
+
+    def __init__(self, checkpoint: Path, group):
+        self.checkpoint, self.group = checkpoint, group
+        self._known: tuple | None = None  # (ModelShape or False, rank peaks, rank shares)
+
+    def _ask(self) -> tuple:
+        try:
+            shape = ModelShape.from_checkpoint(self.checkpoint)
+        except (OSError, ValueError) as exc:
+            print(f"[trainer] no perf/mfu: {exc}", flush=True)
+            shape = False
+        infos = self.group.call("info")
+        peaks = [float(info.extra.get("peak_flops") or 0.0) for info in infos]
+        shares = [RankShare.of(info.extra.get("parallel")) for info in infos]
+        return shape, peaks, shares
+
+    def metrics(self, batches, results) -> dict[str, float]:
+        if self._known is None:
+            self._known = self._ask()
+        shape, peaks, shares = self._known
+        if not shape:
+            return {}
+        return mfu_metrics(shape, [[len(t) for t in b.tokens] for b in batches],
+                           [r.actor_train_time for r in results], peaks, shares)
