@@ -67,3 +67,20 @@ def test_the_summarys_model_path_wraps_at_its_slashes():
     out = subprocess.run(["node", "-e", PATHS, str(APP_JS)], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == ["runs/", {"tag": "wbr"}, "20261207-030252/", {"tag": "wbr"}, "checkpoints/",
                                {"tag": "wbr"}, "iter_0000099"]
+
+
+VERDICT = r"""
+const fs = require("fs");
+const src = fs.readFileSync(process.argv[1], "utf8");
+const start = src.indexOf("function verdictLine");
+eval(src.slice(start, src.indexOf("\n}\n", start) + 2));
+console.log(JSON.stringify([verdictLine({status: "finished", headline: "finished: all 12 rollouts (0..11)"}),
+                            verdictLine({status: "dead", headline: "the trainer died"})]));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no node")
+def test_the_diagnosis_line_says_its_status_once():
+    """Review N34: the dashboard's Diagnose read "finished: finished: all 12 rollouts ..."."""
+    out = subprocess.run(["node", "-e", VERDICT, str(APP_JS)], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == ["finished: all 12 rollouts (0..11)", "dead: the trainer died"]

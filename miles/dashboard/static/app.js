@@ -51,7 +51,7 @@ async function diagnose() {
     if (!res.ok) throw new Error(body.detail || body.error || `${res.status}`);
     const v = body.verdict;
     box.replaceChildren(
-      el("div", {class: "diagnosis-headline " + v.status, id: "diagnosis-headline"}, `${v.status}: ${v.headline}`),
+      el("div", {class: "diagnosis-headline " + v.status, id: "diagnosis-headline"}, verdictLine(v)),
       el("ul", {class: "diagnosis-details"}, ...v.details.map((d) => el("li", {}, d))),
       el("div", {class: "diagnosis-bundle"}, "bundle: ", el("code", {id: "diagnosis-bundle"}, body.bundle)));
   } catch (err) {
@@ -107,6 +107,12 @@ function flaggedLine(h) {
 
 // ---- metrics ---------------------------------------------------------------------------
 // The run's headline (first-hour N9): the scorecard's numbers, as the terminal, Prefect and MLflow show them.
+// The diagnosis's first line: its status, unless the headline already starts with it (review N34: a finished
+// run read "finished: finished: all 12 rollouts ...").
+function verdictLine(v) {
+  return v.headline.startsWith(v.status + ":") ? v.headline : `${v.status}: ${v.headline}`;
+}
+
 // A path that wraps at its slashes, not mid-name (review N34: "runs/20261207-" / "030252/checkpoints/iter_000"):
 // each "/" is followed by a line-break opportunity (<wbr>).
 function pathBreaks(path) {
