@@ -1,15 +1,16 @@
-"""The default run's result (`make run`), measured once and written once: docs/developer/default-run.json
-holds the figures, and every page that quotes them carries them between markers this script rewrites.
+"""The default run's result (`make run`), measured once and written once:
+docs/developer/default-run.json holds the figures, and every page that quotes them carries them
+between markers this script rewrites.
 
-    .venv/bin/python benchmarks/default_run.py --measure          # run `make run`'s command, record, write
+    .venv/bin/python benchmarks/default_run.py --measure   # run `make run`'s command, record, write
     .venv/bin/python benchmarks/default_run.py --run-dir RUN_DIR --wall-seconds S --machine "..."
     .venv/bin/python benchmarks/default_run.py --write            # rewrite the pages from the JSON
     .venv/bin/python benchmarks/default_run.py --check            # exit 1 where a page disagrees
 
-A marker is `<!-- default-run:NAME -->TEXT<!-- /default-run -->`; TEXT is TEMPLATES[NAME] filled from the
-JSON (a marker around a fenced block keeps its fences inside). tests/docs/test_default_result.py runs the
-check, so a page cannot quote another figure than the one measured.
-"""
+A marker is `<!-- default-run:NAME -->TEXT<!-- /default-run -->`; TEXT is TEMPLATES[NAME] filled
+from the JSON (a marker around a fenced block keeps its fences inside).
+tests/docs/test_default_result.py runs the check, so a page cannot quote another figure than the one
+measured."""
 from __future__ import annotations
 
 import argparse
@@ -24,13 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "docs/developer/default-run.json"
 COMMAND = ["miles", "train", "--config", "configs/tiny-cpu.yaml", "--use-wandb", "--use-mlflow"]
-MARKER = re.compile(r"<!-- default-run:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /default-run -->", re.S)
+MARKER = re.compile(r"<!-- default-run:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /default-run -->",
+                    re.S)
 
 
 def _evals(f: dict) -> str:
     ids = list(f["evals"])
     values = [f"{f['evals'][i]:.3f}" for i in ids]
-    return f"{', '.join(values[:-1])} and {values[-1]} after rollouts {', '.join(ids[:-1])} and {ids[-1]}"
+    return (f"{', '.join(values[:-1])} and {values[-1]} after rollouts {', '.join(ids[:-1])} "
+            f"and {ids[-1]}")
 
 
 def _duration(seconds: float) -> str:
@@ -54,7 +57,8 @@ TEMPLATES = {
         f"(after rollout {f['rollouts'] - 1}), {f['final'] - f['base']:+.3f}",
         f"  reward         rollout/raw_reward: {f['reward_first']:.3f} (rollout 0) -> "
         f"{f['reward_last']:.3f} (rollout {f['rollouts'] - 1})",
-        f"  rollouts       {f['rollouts']} (0..{f['rollouts'] - 1}) in {_duration(f['wall_seconds'])} "
+        f"  rollouts       {f['rollouts']} (0..{f['rollouts'] - 1}) in "
+        f"{_duration(f['wall_seconds'])} "
         f"wall time (training {_duration(f['training_seconds'])})",
         f"  red flags      none ({f['signals']} signals checked)",
         f"  model          /work/runs/20261207-030252/checkpoints/iter_{f['rollouts'] - 1:07d}",
@@ -97,8 +101,9 @@ def figures_of(run_dir: Path, wall_seconds: float, machine: str) -> dict:
     from miles.run.scorecard import scorecard
 
     card = scorecard(run_dir)
-    evals = {str(ln.rollout_id): ln.metrics[card.eval_key] for ln in read_journal(RunLayout(run_dir).journal)
-             if ln.rollout_id >= 0 and card.eval_key in ln.metrics and ln.rollout_id != card.rollouts[-1]}
+    journal = read_journal(RunLayout(run_dir).journal)
+    evals = {str(ln.rollout_id): ln.metrics[card.eval_key] for ln in journal  # before the final one
+             if 0 <= ln.rollout_id != card.rollouts[-1] and card.eval_key in ln.metrics}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     return {"date": dt.date.today().isoformat(), "commit": commit, "machine": machine,
@@ -110,7 +115,7 @@ def figures_of(run_dir: Path, wall_seconds: float, machine: str) -> dict:
 
 
 def measure(machine: str) -> dict:
-    """Run `make run`'s command once (the base model cached first is the caller's business) and read it."""
+    """Run `make run`'s command once (have the base model cached first) and read its figures."""
     runs = ROOT / "runs"
     before = set(runs.iterdir()) if runs.exists() else set()
     start = time.monotonic()
@@ -145,7 +150,8 @@ def main(argv=None) -> int:
             print(f"rewrote {page.relative_to(ROOT)}")
     stale = stale_pages(figures)
     for page in stale:
-        print(f"{page.relative_to(ROOT)}: a default-run figure differs from {SOURCE.relative_to(ROOT)}")
+        print(f"{page.relative_to(ROOT)}: a default-run figure differs from "
+              f"{SOURCE.relative_to(ROOT)}")
     return 1 if args.check and stale else 0
 
 

@@ -1,13 +1,12 @@
-"""The host's speed gauge the suite's times are quoted beside: one training step of the tiny warm start (the
-tiny policy, a batch of 64 problems: forward, backward, AdamW) on one torch thread, as the models the suite
-makes are trained, in a fresh process; the median milliseconds of `--repeats` processes of `--steps` steps,
-each after an untimed first step.
+"""The host's speed gauge the suite's times are quoted beside: one training step of the tiny warm
+start (the tiny policy, a batch of 64 problems: forward, backward, AdamW) on one torch thread, as
+the models the suite makes are trained, in a fresh process; the median milliseconds of `--repeats`
+processes of `--steps` steps, each after an untimed first step.
 
     .venv/bin/python benchmarks/warm_start_step.py [--steps 100] [--repeats 3]
 
-A suite time divided by this gauge is roughly constant across hours and hosts (about 35,000 steps), so two
-suite times are compared through it. Prints one JSON line.
-"""
+A suite time divided by this gauge is roughly constant across hours and hosts (about 35,000 steps),
+so two suite times are compared through it. Prints one JSON line."""
 from __future__ import annotations
 
 import argparse

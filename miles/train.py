@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = train(config)
     except NonFiniteError as exc:  # nothing non-finite was applied or saved; say why the run stopped
         print(f"python -m miles.train: error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
-        print_scorecard(config, time.time() - started_at, ui_url)  # what the run did before it stopped
+        print_scorecard(config, time.time() - started_at, ui_url)  # what it did before it stopped
         return 1
     except EnginesLost as exc:  # the engines are gone: what was trained is checkpointed (miles.loop)
         print(f"python -m miles.train: error: {exc}", file=sys.stderr, flush=True)
@@ -138,14 +138,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_scorecard(config: MilesConfig, seconds: float, ui_url: str | None = None) -> None:
     """The run's scorecard in the terminal and as its MLflow run's description, whether it finished or was
-    stopped (a red flag, a non-finite gradient): read back from what the run dir holds. With MLflow, its
-    MLflow row is the run's page (in `ui_url`'s UI, `--mlflow-ui`), as `miles train`'s card gives it."""
+    stopped (a red flag, a non-finite gradient): read back from what the run dir holds. With MLflow,
+    its MLflow row is the run's page (in `ui_url`'s UI, `--mlflow-ui`), as `miles train`'s card
+    gives it."""
     from miles.config.run_info import describe
     from miles.tracking.run_description import describe_mlflow_run
 
     run_dir = Path(config.train.run_dir)
     link = mlflow_run_link(config, run_dir, ui_url) if config.tracking.use_mlflow else None
-    steps = next_steps(config, {"mlflow-run": link} if link else None, ui_running=config.tracking.mlflow_ui)
+    steps = next_steps(config, {"mlflow-run": link} if link else None,
+                       ui_running=config.tracking.mlflow_ui)
     card = scorecard(run_dir, config.train.save, seconds, steps)
     print(card.text("python -m miles.train: scorecard"), flush=True)
     if config.tracking.use_mlflow:
@@ -153,8 +155,8 @@ def print_scorecard(config: MilesConfig, seconds: float, ui_url: str | None = No
 
 
 def mlflow_run_link(config: MilesConfig, run_dir: Path, ui_url: str | None) -> str | None:
-    """The MLflow run's page (review N33: this driver's card gave only the `mlflow ui` command). A link is a
-    convenience: a store that cannot be read leaves the card with the command, not without a card."""
+    """The MLflow run's page (review N33: this driver's card gave only the `mlflow ui` command). A
+    link is a convenience: a store that cannot be read leaves the card with the command."""
     from miles.mlflow_ui.launch import mlflow_link
 
     try:

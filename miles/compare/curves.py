@@ -18,14 +18,16 @@ from miles.record.names import STEP_KEYS, step_key
 
 
 EVAL_AXIS = "eval/step"
-# perf/ keys that exist only where the run evaluated: on the eval axis, so a run that evaluated at other steps
-# than its baselines is not "missing" them (review N28: `perf/eval_time ERROR ... missing`, listed as slower)
+# perf/ keys that exist only where the run evaluated: on the eval axis, so a run that evaluated at
+# other steps than its baselines is not "missing" them (review N28: `perf/eval_time ERROR ...
+# missing`, listed as slower)
 EVAL_ONLY = frozenset({"perf/eval_time"})
 STALE_KEY = "rollout/staleness/max"  # > 0: generated ahead, on older weights (async)
 
 
 def axis_of(key: str) -> str:
-    """The step axis a compared key is aligned on: its tracker axis, the eval axis for an eval's own timing."""
+    """The step axis a compared key is aligned on: its tracker axis; the eval axis for an eval's
+    own timing."""
     return EVAL_AXIS if key in EVAL_ONLY else step_key(key)
 
 
@@ -47,7 +49,8 @@ class RunCurves:
 
     def eval_steps(self) -> set[int]:
         """The eval steps the run recorded (of any compared eval metric)."""
-        return {s for key, points in self.curves.items() if axis_of(key) == EVAL_AXIS for s in points}
+        return {s for key, points in self.curves.items() if axis_of(key) == EVAL_AXIS
+                for s in points}
 
 
 def require_judged(run: RunCurves, what: str = "baseline") -> RunCurves:
@@ -77,7 +80,8 @@ def curves_of(lines: list[JournalLine], rules: tuple[Rule, ...] = DEFAULT_RULES)
         for key, value in points.items():
             if key in STEP_KEYS or rule_for(key, rules) is None:
                 continue
-            curves.setdefault(key, {})[_int(line.metrics.get(axis_of(key), line.rollout_id))] = float(value)
+            step = _int(line.metrics.get(axis_of(key), line.rollout_id))
+            curves.setdefault(key, {})[step] = float(value)
     return curves, reached
 
 

@@ -97,9 +97,11 @@ class TrainConfig:
         if self.min_lr is not None and self.min_lr > self.lr:
             raise ConfigError("--min-lr", f"must be <= --lr ({self.lr}), got {self.min_lr}")
         if self.max_weight_staleness > 0 and not self.use_tis:
-            raise ConfigError("--max-weight-staleness", f"async training ({self.max_weight_staleness} "
-                              f"version{'s' * (self.max_weight_staleness != 1)} stale) needs a loss correction against the rollout's log-probs: add --use-tis "
-                              "(and --tis-clip, default 2.0); uncorrected async GRPO is refused")
+            k = self.max_weight_staleness
+            raise ConfigError("--max-weight-staleness",
+                              f"async training ({k} version{'s' * (k != 1)} stale) needs a loss "
+                              "correction against the rollout's log-probs: add --use-tis (and "
+                              "--tis-clip, default 2.0); uncorrected async GRPO is refused")
         if self.tis_clip_low > self.tis_clip:
             raise ConfigError("--tis-clip-low", f"must be <= --tis-clip ({self.tis_clip}), got {self.tis_clip_low}")
         check_tis_flags(self)

@@ -19,7 +19,7 @@ WATCH_SIGNALS = ("loss", "raw_reward", "kl_loss", "train_rollout_logprob_abs_dif
                  "rollout_train_time", "pg_clipfrac")
 # The page's "What to watch" table: (healthy pattern, red flag) per panel, in panel order.
 WATCH_NOTES = (
-    # GRPO's policy loss averages advantages of mean 0: it sits near 0 (1e-8 on the tiny run) by construction
+    # GRPO's policy loss averages advantages of mean 0: near 0 (1e-8 on the tiny run)
     ("near 0 by construction in GRPO (zero-mean advantages)", "spike -> crash within an iteration"),
     ("trending up, with healthy variance", "saturates near a single value (collapse)"),
     ("bounded, drifts up over time", "sudden jump (policy diverged from ref)"),

@@ -16,17 +16,19 @@ NUMBER = re.compile(r"-?[0-9]{1,15}(\.[0-9]{1,15})?")  # a weight version that i
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TOKEN_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# where an engine's weights come from (server.py's update routes): each labels its updates and refusals
+# where an engine's weights come from (server.py's update routes): each labels updates and refusals
 WEIGHT_UPDATE_SOURCES = ("disk", "tensor", "distributed")
 # a weight update on the tiny model takes milliseconds; a 7B checkpoint from disk, tens of seconds
 WEIGHT_UPDATE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def model_label(model: str) -> str:
-    """The `model_name` label of a model given as a path: its folder's name. A full path would put the user's
-    home in every series and Grafana legend and change with the cache dir; a hub id (`org/name`) stays."""
+    """The `model_name` label of a model given as a path: its folder's name. A full path would put
+    the user's home in every series and Grafana legend and change with the cache dir; a hub id
+    (`org/name`) stays."""
     path = PurePath(model)
-    return path.name or model if path.is_absolute() or model.startswith(("./", "../", "~")) else model
+    local = path.is_absolute() or model.startswith(("./", "../", "~"))
+    return (path.name or model) if local else model
 
 
 class EngineMetrics:
@@ -76,7 +78,8 @@ class EngineMetrics:
         self.weight_update_failures = Counter("miles_engine_weight_update_failures",
                                               "Weight updates refused (bad path, tensors or values).", ["source"],
                                               registry=self.registry)
-        for source in WEIGHT_UPDATE_SOURCES:  # a series at 0 from the start: "refused" is a line, not "No data"
+        # a series at 0 from the start: the dashboard's "refused" is a line, not "No data"
+        for source in WEIGHT_UPDATE_SOURCES:
             self.weight_update_failures.labels(source)
 
     def record_finish(self, request, finish_type: str, latency: float) -> None:

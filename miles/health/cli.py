@@ -38,8 +38,8 @@ def check_packages() -> list[Check]:
 
 
 def cpu_only_torch() -> bool:
-    """A CPU build of torch (its version ends `+cpu`) sees no GPU: known without importing torch, which
-    takes seconds on a busy 2-core machine and was most of `doctor --env`'s 15 s (review N30)."""
+    """A CPU build of torch (its version ends `+cpu`) sees no GPU: known without importing torch,
+    which takes seconds on a busy 2-core machine and was most of `doctor --env`'s 15 s (N30)."""
     try:
         return importlib.metadata.version("torch").endswith("+cpu")
     except importlib.metadata.PackageNotFoundError:
@@ -100,7 +100,7 @@ def check_disk(path: str = ".") -> Check:
 
 def check_base_model() -> Check:
     from miles.tiny.defaults import MAKING_TAKES
-    from miles.tiny.recipes import base_model_dir  # not tiny.warmstart: that imports torch for its training
+    from miles.tiny.recipes import base_model_dir  # not tiny.warmstart: that imports torch
 
     path = base_model_dir()
     made = (path / "warmstart.json").exists()
@@ -124,8 +124,8 @@ def run_checks(mlflow_uri: str | None) -> list[Check]:
 
 
 def next_mlflow_store() -> str:
-    """The store the next `miles train` here uses without --mlflow-tracking-uri: the one its run dirs'
-    folder shares (runs/mlflow.db), and whether it holds runs yet."""
+    """The store the next `miles train` here uses without --mlflow-tracking-uri: the one its run
+    dirs' folder shares (runs/mlflow.db), and whether it holds runs yet."""
     from miles.config.mlflow_store import default_store_uri, sqlite_path
     from miles.config.resolve import default_run_dir
 

@@ -89,6 +89,6 @@ class Verdict:
     def line(self) -> str:
         """The WARN line: signal, rollout, observed values, the page's advice."""
         shown = " ".join(f"{k}={v:.4g}" for k, v in self.values.items())
-        label = "RED FLAG " if self.severity == RED else ""  # a warning is the WARN itself (review N34)
-        return (f"[health] WARN {label}{self.signal} at rollout {self.rollout_id}: {self.message} ({shown}) "
-                f"-> {SIGNALS[self.signal].advice}")
+        label = "RED FLAG " if self.severity == RED else ""  # a warning is the WARN itself (N34)
+        return (f"[health] WARN {label}{self.signal} at rollout {self.rollout_id}: {self.message} "
+                f"({shown}) -> {SIGNALS[self.signal].advice}")

@@ -2,9 +2,9 @@
 
 The journal keeps only an eval set's means (`eval/<set>-pass_at_k`); comparing two runs prompt by
 prompt (`miles compare`) needs each prompt's own rewards. A line is `{"eval_set", "eval_step",
-"prompt", "label", "rewards", "pass_rate", "responses"}`; the pass rate is the share of samples with a
-reward above 0, the rule `pass@k` uses; `responses` are the model's answers, one per reward, each cut to
-RESPONSE_CHARS characters (the Evals view shows what the model answered, review N31).
+"prompt", "label", "rewards", "pass_rate", "responses"}`; the pass rate is the share of samples
+with a reward above 0, the rule `pass@k` uses; `responses` are the model's answers, one per reward,
+each cut to RESPONSE_CHARS characters (the Evals view shows what the model answered, review N31).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from miles.record import layout
 from miles.record.files import write_jsonl
 
 BASE_NAME = "base"  # the eval of the starting weights (rollout id -1)
-RESPONSE_CHARS = 300  # enough for an answer and its reasoning's start; 256 prompts x 4 stay ~300 KB per eval
+# enough for an answer and its reasoning's start; 256 prompts x 4 samples stay ~300 KB per eval
+RESPONSE_CHARS = 300
 
 
 def eval_prompts_path(run_dir: Path, rollout_id: int) -> Path:

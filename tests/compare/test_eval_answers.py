@@ -1,21 +1,24 @@
-"""Review N31: `samples/eval/` held each held-out prompt's rewards but not what the model answered, so the
-Evals view could say which prompts fail but not how. Each row keeps its samples' responses, cut short."""
+"""Review N31: `samples/eval/` held each held-out prompt's rewards but not what the model answered,
+so the Evals view could say which prompts fail but not how. Each row keeps its samples' responses,
+cut short."""
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
-from miles.record.eval_prompts import RESPONSE_CHARS, eval_prompts_path, read_eval_prompts, write_eval_prompts
+from miles.record.eval_prompts import (RESPONSE_CHARS, eval_prompts_path, read_eval_prompts,
+                                       write_eval_prompts)
 
 
 def sample(group, response, reward):
-    return SimpleNamespace(group_index=group, prompt=f"{group}+{group}=", label=str(2 * group), reward=reward,
-                           response=response)
+    return SimpleNamespace(group_index=group, prompt=f"{group}+{group}=", label=str(2 * group),
+                           reward=reward, response=response)
 
 
 def test_each_prompt_keeps_its_answers_beside_their_rewards(tmp_path):
     long = "7" * (RESPONSE_CHARS + 50)
-    data = {"arith": {"samples": [sample(1, " 2", 1.0), sample(1, long, 0.0), sample(3, " 5", 0.0)]}}
+    samples = [sample(1, " 2", 1.0), sample(1, long, 0.0), sample(3, " 5", 0.0)]
+    data = {"arith": {"samples": samples}}
     write_eval_prompts(tmp_path, 9, 9, data)
     rows = {r["prompt"]: r for r in read_eval_prompts(tmp_path)[9]}
     assert rows["1+1="]["responses"] == [" 2", "7" * RESPONSE_CHARS + "…"]

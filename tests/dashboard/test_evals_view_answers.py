@@ -1,7 +1,7 @@
-"""Review N31: the Evals view listed which held-out prompts fail, not what the model answered. The rows carry
-their answers (`samples/eval/`, `responses`), /api/evals passes them, and the view shows them beside the rewards
-(under node: the cell's function from app.js, with a stand-in for the DOM). Also under node: the run
-summary's model path wraps at its slashes (N34)."""
+"""Review N31: the Evals view listed which held-out prompts fail, not what the model answered. The
+rows carry their answers (`samples/eval/`, `responses`), /api/evals passes them, and the view shows
+them beside the rewards (under node: the cell's function from app.js, with a stand-in for the DOM).
+Also under node: the run summary's model path wraps at its slashes (N34)."""
 from __future__ import annotations
 
 import json
@@ -34,19 +34,29 @@ def test_the_api_passes_each_prompts_answers(tmp_path):
 NODE = r"""
 const fs = require("fs");
 const src = fs.readFileSync(process.argv[1], "utf8");
-const asText = (v) => (v === null || v === undefined) ? "" : (typeof v === "string" ? v : JSON.stringify(v));
+const asText = (v) => (v === null || v === undefined) ? "" :
+  (typeof v === "string" ? v : JSON.stringify(v));
 const el = (tag, attrs, ...children) => ({tag, attrs, text: children.join("")});
-const body = src.slice(src.indexOf("function answersCell"), src.indexOf("\n}\n", src.indexOf("function answersCell")) + 2);
+const start = src.indexOf("function answersCell");
+const body = src.slice(start, src.indexOf("\n}\n", start) + 2);
 eval(body);
-console.log(JSON.stringify([answersCell({responses: [" 12", "x".repeat(60)]}), answersCell({rewards: [1]})]));
+console.log(JSON.stringify([answersCell({responses: [" 12", "x".repeat(60)]}),
+                            answersCell({rewards: [1]})]));
 """
+
+
+def node(script: str) -> str:
+    """What `script` prints under node, given app.js's path as its first argument."""
+    return subprocess.run(["node", "-e", script, str(APP_JS)], capture_output=True, text=True,
+                          check=True).stdout
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="no node")
 def test_the_answers_cell():
-    out = subprocess.run(["node", "-e", NODE, str(APP_JS)], capture_output=True, text=True, check=True).stdout
+    out = node(NODE)
     answered, old = json.loads(out)
-    assert answered["text"] == "12 · " + "x" * 40 and answered["attrs"]["title"] == "12\n" + "x" * 60
+    assert answered["text"] == "12 · " + "x" * 40
+    assert answered["attrs"]["title"] == "12\n" + "x" * 60
     assert old["text"] == "–"  # a run recorded before answers were kept
 
 
@@ -64,9 +74,9 @@ console.log(JSON.stringify(pathBreaks("runs/20261207-030252/checkpoints/iter_000
 @pytest.mark.skipif(shutil.which("node") is None, reason="no node")
 def test_the_summarys_model_path_wraps_at_its_slashes():
     """Review N34: the run summary's model path broke mid-name; it wraps after a slash now."""
-    out = subprocess.run(["node", "-e", PATHS, str(APP_JS)], capture_output=True, text=True, check=True).stdout
-    assert json.loads(out) == ["runs/", {"tag": "wbr"}, "20261207-030252/", {"tag": "wbr"}, "checkpoints/",
-                               {"tag": "wbr"}, "iter_0000099"]
+    wbr = {"tag": "wbr"}
+    assert json.loads(node(PATHS)) == ["runs/", wbr, "20261207-030252/", wbr, "checkpoints/", wbr,
+                                       "iter_0000099"]
 
 
 VERDICT = r"""
@@ -74,7 +84,8 @@ const fs = require("fs");
 const src = fs.readFileSync(process.argv[1], "utf8");
 const start = src.indexOf("function verdictLine");
 eval(src.slice(start, src.indexOf("\n}\n", start) + 2));
-console.log(JSON.stringify([verdictLine({status: "finished", headline: "finished: all 12 rollouts (0..11)"}),
+const finished = {status: "finished", headline: "finished: all 12 rollouts (0..11)"};
+console.log(JSON.stringify([verdictLine(finished),
                             verdictLine({status: "dead", headline: "the trainer died"})]));
 """
 
@@ -82,5 +93,5 @@ console.log(JSON.stringify([verdictLine({status: "finished", headline: "finished
 @pytest.mark.skipif(shutil.which("node") is None, reason="no node")
 def test_the_diagnosis_line_says_its_status_once():
     """Review N34: the dashboard's Diagnose read "finished: finished: all 12 rollouts ..."."""
-    out = subprocess.run(["node", "-e", VERDICT, str(APP_JS)], capture_output=True, text=True, check=True).stdout
-    assert json.loads(out) == ["finished: all 12 rollouts (0..11)", "dead: the trainer died"]
+    assert json.loads(node(VERDICT)) == ["finished: all 12 rollouts (0..11)",
+                                         "dead: the trainer died"]

@@ -1,7 +1,8 @@
-"""The default run's result is measured once and quoted the same everywhere (issue 55, review A2 and N10: the
-README said 0.292 -> 0.910, getting-started 0.275 -> 0.918 "same code, same curve", run-output.md's scorecard
-0.229 -> 0.796, while a clean clone gave 0.294 -> 0.926). docs/developer/default-run.json is the one source;
-benchmarks/default_run.py writes every quote of it between markers."""
+"""The default run's result is measured once and quoted the same everywhere (issue 55, review A2 and
+N10: the README said 0.292 -> 0.910, getting-started 0.275 -> 0.918 "same code, same curve",
+run-output.md's scorecard 0.229 -> 0.796, while a clean clone gave 0.294 -> 0.926).
+docs/developer/default-run.json is the one source; benchmarks/default_run.py writes every quote of
+it between markers."""
 from __future__ import annotations
 
 import re
@@ -19,14 +20,17 @@ PAIR = re.compile(r"\b0\.\d{3}\)? *(?:\(base\) *)?(?:->|→|to) *0\.\d{3}\b")
 
 def test_every_quote_is_the_measured_figure():
     stale = stale_pages(load())
-    assert not stale, f"pages quoting another default-run figure: {stale} (benchmarks/default_run.py --write)"
+    assert not stale, \
+        f"pages quoting another default-run figure: {stale} (benchmarks/default_run.py --write)"
 
 
 def test_the_pages_that_describe_the_default_run_quote_it():
     wanted = {"README.md": "headline", "docs/getting-started.md": "headline",
-              "docs/developer/benchmarks.md": "headline", "docs/user-guide/run-output.md": "scorecard"}
+              "docs/developer/benchmarks.md": "headline",
+              "docs/user-guide/run-output.md": "scorecard"}
     for page, name in wanted.items():
-        assert f"<!-- default-run:{name} -->" in (ROOT / page).read_text(), f"{page} lacks the {name} figure"
+        assert f"<!-- default-run:{name} -->" in (ROOT / page).read_text(), \
+            f"{page} lacks the {name} figure"
 
 
 def test_no_unmarked_result_on_the_first_pages():

@@ -1,7 +1,7 @@
-"""Review N24: the fleet dashboard's "refused" line of "seconds per weight update" showed No data on a healthy
-run (a labelled counter has no series before its first increment), and its `__inputs` declared a data source
-no panel used. Each source's failure counter is exposed at 0 from the start, and the file declares nothing
-it does not use."""
+"""Review N24: the fleet dashboard's "refused" line of "seconds per weight update" showed No data on
+a healthy run (a labelled counter has no series before its first increment), and its `__inputs`
+declared a data source no panel used. Each source's failure counter is exposed at 0 from the start,
+and the file declares nothing it does not use."""
 from __future__ import annotations
 
 import json
@@ -28,4 +28,5 @@ def test_the_sources_are_the_ones_the_server_labels():
 def test_the_dashboard_declares_no_unused_input():
     raw = (ROOT / "deployments/grafana/miles-fleet.json").read_text()
     for declared in json.loads(raw).get("__inputs", []):
-        assert raw.count("${" + declared["name"] + "}"), f"{declared['name']} is declared but no panel uses it"
+        assert raw.count("${" + declared["name"] + "}"), \
+            f"{declared['name']} is declared but no panel uses it"

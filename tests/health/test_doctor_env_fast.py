@@ -1,6 +1,6 @@
-"""Review N30: `miles doctor --env` took 15 s, most of it importing torch (to ask a CPU build for GPUs)
-and the tiny model's trainer (to name the base model's folder); and its MLflow line named a store in the
-run dir, which moved beside the run dirs (runs/mlflow.db)."""
+"""Review N30: `miles doctor --env` took 15 s, most of it importing torch (to ask a CPU build for
+GPUs) and the tiny model's trainer (to name the base model's folder); and its MLflow line named a
+store in the run dir, which moved beside the run dirs (runs/mlflow.db)."""
 from __future__ import annotations
 
 import json

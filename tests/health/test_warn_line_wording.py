@@ -1,5 +1,5 @@
-"""Review N34: a warning's line read `[health] WARN warning rollout_train_time ...` ("warning" twice); a warning
-is the WARN itself, and a red flag keeps `WARN RED FLAG`."""
+"""Review N34: a warning's line read `[health] WARN warning rollout_train_time ...` ("warning"
+twice); a warning is the WARN itself, and a red flag keeps `WARN RED FLAG`."""
 from __future__ import annotations
 
 from miles.health import RED, Verdict

@@ -1,5 +1,6 @@
-"""Review N33: `python -m miles.train --use-mlflow` ended with `MLflow  mlflow ui --backend-store-uri ...` and
-no link to its run, while `miles train`'s card gives the run's page beside the same command."""
+"""Review N33: `python -m miles.train --use-mlflow` ended with `MLflow  mlflow ui
+--backend-store-uri ...` and no link to its run, while `miles train`'s card gives the run's page
+beside the same command."""
 from __future__ import annotations
 
 from miles.config import parse_config
@@ -22,4 +23,4 @@ def test_the_plain_drivers_card_links_its_mlflow_run(tmp_path, capsys):
     card = capsys.readouterr().out
     mlflow_row = next(line for line in card.splitlines() if line.strip().startswith("MLflow"))
     assert f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run.info.run_id}" in mlflow_row
-    assert "serve it first" in mlflow_row  # a local store: the command that serves it stays beside the link
+    assert "serve it first" in mlflow_row  # a local store: the serving command stays beside it
