@@ -106,19 +106,20 @@ function flaggedLine(h) {
 }
 
 // ---- metrics ---------------------------------------------------------------------------
-// The run's headline (first-hour N9): the scorecard's numbers, as the terminal, Prefect and MLflow show them.
-// The diagnosis's first line: its status, unless the headline already starts with it (review N34: a finished
-// run read "finished: finished: all 12 rollouts ...").
+// The diagnosis's first line: its status, unless the headline already starts with it (review N34:
+// a finished run read "finished: finished: all 12 rollouts ...").
 function verdictLine(v) {
   return v.headline.startsWith(v.status + ":") ? v.headline : `${v.status}: ${v.headline}`;
 }
 
-// A path that wraps at its slashes, not mid-name (review N34: "runs/20261207-" / "030252/checkpoints/iter_000"):
-// each "/" is followed by a line-break opportunity (<wbr>).
+// A path that wraps at its slashes, not mid-name (review N34: "runs/20261207-" /
+// "030252/checkpoints/iter_000"): each "/" is followed by a line-break opportunity (<wbr>).
 function pathBreaks(path) {
-  return path.split("/").flatMap((part, i, parts) => i < parts.length - 1 ? [part + "/", el("wbr", {})] : [part]);
+  return path.split("/").flatMap((part, i, parts) =>
+    i < parts.length - 1 ? [part + "/", el("wbr", {})] : [part]);
 }
 
+// The run's headline (first-hour N9): the scorecard's numbers, as the terminal, Prefect and MLflow show them.
 function summaryCard(s) {
   const num = (v, d = 3) => (v === null || v === undefined) ? "–" : v.toFixed(d);
   const evalText = s.eval_key ? `${num(s.base_eval)} → ${num(s.final_eval)}` +
@@ -134,7 +135,8 @@ function summaryCard(s) {
     el("div", {class: "summary-verdict " + (ok ? "ok" : "flag"), id: "summary-verdict"}, s.verdict),
     el("div", {class: "summary-grid"}, ...cells.map(([k, v, title]) => el("div", {class: "summary-cell",
       "data-key": k, ...(title ? {title} : {})}, el("div", {class: "summary-label"}, k),
-      el("div", {class: "summary-value"}, ...(k === "model" ? pathBreaks(String(v)) : [String(v)]))))));
+      el("div", {class: "summary-value"},
+        ...(k === "model" ? pathBreaks(String(v)) : [String(v)]))))));
 }
 
 // x positions of the resumes on a chart's step axis
@@ -526,8 +528,8 @@ async function showEvals(view) {
   view.append(t);
 }
 
-// What the model answered, one per reward in order (review N31): the start of each in the cell, all of them
-// whole (as recorded: cut at 300 characters) in its tooltip; runs recorded before answers were kept show "–".
+// What the model answered, one per reward in order (review N31): the start of each in the cell, all
+// of them whole (as recorded: cut at 300 characters) in its tooltip; older runs have none: "–".
 function answersCell(r) {
   if (!Array.isArray(r.responses)) return el("td", {class: "na-text"}, "–");
   const answers = r.responses.map(a => asText(a).trim());
