@@ -49,9 +49,11 @@ def jitter(curve: dict[int, float]) -> float:
 def pooled_spread(stds: dict[int, float], step: int) -> float:
     """The baselines' spread at `step`: the root mean square of their spreads (`stds`, step -> std,
     only steps where two or more baselines have a value) at the steps within SPREAD_WINDOW of it."""
-    near = [sd for s, sd in stds.items() if abs(s - step) <= SPREAD_WINDOW and math.isfinite(sd)]
+    near = [sd for s, sd in stds.items() if abs(s - step) <= SPREAD_WINDOW]
     if not near:
         return 0.0
+    if not all(math.isfinite(sd) for sd in near):  # a spread past the float limit: no corridor
+        return math.inf
     scale = max(near) or 1.0
     return scale * math.sqrt(math.fsum((sd / scale) ** 2 for sd in near) / len(near))
 
