@@ -38,7 +38,10 @@ def test_the_slow_rank_is_named_with_its_phase(iterations):
     metrics = rank_straggler_metrics(iterations[SLOW_ROLLOUT])
     assert stragglers(metrics) == {"forward"}, metrics
     assert slowest(metrics, "forward") == RankCoords(node=0, dp=1)  # --actor-num-gpus-per-node 2
-    assert metrics["straggler/forward/max"] - metrics["straggler/forward/min"] >= SLEEP
+    # the slow rank's own forward holds its sleep; the other's holds none (its forward work can be
+    # longer than the slow rank's, so their difference may fall a few ms short of SLEEP: CI3)
+    assert metrics["straggler/forward/max"] >= SLEEP
+    assert metrics["straggler/forward/min"] < SLEEP / 2
     # rank 0 waited for it after that forward, in a wait span
     waited = iterations[SLOW_ROLLOUT][0].rank_spans.seconds(WAIT)
     assert waited.get("forward", 0.0) >= SLEEP * 0.9, waited
