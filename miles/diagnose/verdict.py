@@ -101,7 +101,8 @@ def compose(f: Findings, cfg: HealthConfig) -> dict[str, Any]:
     details += f.ranks
     details += [process_words(s) for s in stacks]
     details += engine_words(f.engines)
-    if f.router.get("error"):
+    # a run that closed cleanly took its router down with it: "not probed (run dead)" is no finding (N34)
+    if f.router.get("error") and (f.alive or f.run.status == "dead"):
         details.append(f"router: {f.router['error']}")
     elif "list_workers" in f.router:
         details.append(f"router {f.router['url']} lists {f.router['list_workers']}")
@@ -126,5 +127,7 @@ def verdict_text(verdict: dict[str, Any]) -> str:
     """The verdict as the terminal shows it: a lane, phase name or log line comes from run files anyone who
     could write the run dir may have shaped, so control characters are printed as escapes (probe DG3: a
     lane holding `\x1b[2J` cleared the terminal, as compare and doctor no longer let it, N33)."""
-    return "\n".join([terminal_safe(f"VERDICT ({verdict['status']}): {verdict['headline']}"), ""] +
+    headline, said = verdict["headline"], f"{verdict['status']}: "
+    headline = headline[len(said):] if headline.startswith(said) else headline  # status once (N34)
+    return "\n".join([terminal_safe(f"VERDICT ({verdict['status']}): {headline}"), ""] +
                       [terminal_safe(f"- {line}") for line in verdict["details"]]) + "\n"
