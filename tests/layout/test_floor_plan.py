@@ -17,6 +17,7 @@ FLOORS = [
     {"miles.serving"},                                              # what servers (and their clients) share
     {"miles.rollout"},                                              # rollout functions, the /generate client
     {"miles.tiny"},                                                 # the tiny task and model
+    {"miles.moe"},                                                  # MoE routers' statistics and capture
     {"miles.pretrained", "miles.compare"},                          # real checkpoints by name; a run against its baselines
     {"miles.engines", "miles.router", "miles.health"},              # inference servers; training signals
     {"miles.cluster", "miles.tracking", "miles.mlflow_ui", "miles.run"},  # Ray and services; trackers; loop support
