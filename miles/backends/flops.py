@@ -230,13 +230,30 @@ class IterationFlops:
         infos = self.group.call("info")
         peaks = [float(info.extra.get("peak_flops") or 0.0) for info in infos]
         shares = [RankShare.of(info.extra.get("parallel")) for info in infos]
+        if shape:
+            print("[trainer] perf/mfu divides by each rank's peak: " + ", ".join(
+                f"rank {r} {p / 1e12:.4g} TFLOP/s ({peak_source_words(info.extra.get('peak_source'))})"
+                for r, (p, info) in enumerate(zip(peaks, infos))), flush=True)
         return shape, peaks, shares
 
     def metrics(self, batches, results) -> dict[str, float]:
-        if self._known is None:
+        first = self._known is None
+        if first:
             self._known = self._ask()
         shape, peaks, shares = self._known
         if not shape:
             return {}
-        return mfu_metrics(shape, [[len(t) for t in b.tokens] for b in batches],
-                           [r.actor_train_time for r in results], peaks, shares)
+        out = mfu_metrics(shape, [[len(t) for t in b.tokens] for b in batches],
+                          [r.actor_train_time for r in results], peaks, shares)
+        if first:  # the denominator, once per trainer (review N25: two runs' MFU compared need it)
+            out.update({f"perf/rank_{r}_peak_tflops": p / 1e12 for r, p in enumerate(peaks)
+                        if math.isfinite(p) and p > 0})
+        return out
+
+
+def peak_source_words(source: str | None) -> str:
+    """`rank_peak_flops`'s source as a reader takes it: "data sheet: NAME" or "measured: HOW"."""
+    kind, _, what = (source or "").partition(":")
+    if kind == "table":
+        return f"data sheet: {what}"
+    return f"measured: {what}" if kind == "measured" else "source unknown"
