@@ -50,7 +50,7 @@ def test_llama_round_trip_is_exact_without_qk_norms(llama_dir):
 def test_other_architectures_are_refused_by_name():
     config = AutoConfig.for_model("mistral", vocab_size=32, hidden_size=32, intermediate_size=64,
                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
-    with pytest.raises(ValueError, match="converts llama and qwen3 checkpoints; this one is 'mistral'"):
+    with pytest.raises(ValueError, match="converts llama, qwen3 and qwen3_moe checkpoints; this one is 'mistral'"):
         check_supported(config)
 
 

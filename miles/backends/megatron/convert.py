@@ -9,11 +9,18 @@ Two groups of HF tensors become fused Megatron tensors:
 - q/k/v_proj -> linear_qkv, interleaved per query group: rows [q heads of group g, k_g, v_g] for g in groups;
 - gate_proj, up_proj -> linear_fc1, concatenated (Megatron's GLU applies silu to the first half).
 Everything else is a rename; Qwen3 has per-head q/k RMSNorms that Llama has not (`Layout.qk_norm`).
+Qwen3-MoE (`Layout.num_experts` > 0): every layer's MLP is a router and E experts. transformers
+keeps the experts fused in memory (`mlp.experts.gate_up_proj` [E, 2I, H], gate rows first;
+`mlp.experts.down_proj` [E, H, I]); Megatron has one local MLP per expert
+(`mlp.experts.local_experts.{e}.linear_fc1.weight` = that expert's [gate; up], `linear_fc2.weight`)
+and the router as `mlp.router.weight` (HF `mlp.gate.weight`). Under expert parallelism a rank
+holds a contiguous slice of the experts, numbered from 0 (`Parallel.ep_rank`).
 With tied embeddings Megatron has no output_layer; the HF side
 gets `lm_head.weight` = the embedding (as HF's own `state_dict()` does).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +56,7 @@ class Layout:
     tied: bool
     qk_norm: bool = True
     vocab_size: int | None = None  # HF embedding rows: the sharded conversion pads and strips to it
+    num_experts: int = 0  # routed experts per layer (every layer's MLP); 0: dense MLPs
 
     @classmethod
     def of(cls, hf_config) -> "Layout":
@@ -56,23 +64,47 @@ class Layout:
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         return cls(hf_config.num_hidden_layers, heads, hf_config.num_key_value_heads, head_dim,
                    bool(getattr(hf_config, "tie_word_embeddings", False)), qk_norm(hf_config),
-                   hf_config.vocab_size)
+                   hf_config.vocab_size, int(getattr(hf_config, "num_experts", 0) or 0))
 
     def renames(self) -> dict[str, str]:
-        """The per-layer renames this layout has (no q/k norms without qk_norm)."""
-        return {m: h for m, h in LAYER_RENAMES.items() if self.qk_norm or m not in QK_NORMS}
+        """The per-layer renames this layout has (no q/k norms without qk_norm; no dense fc2 with
+        experts)."""
+        return {m: h for m, h in LAYER_RENAMES.items()
+                if (self.qk_norm or m not in QK_NORMS)
+                and not (self.num_experts and m == DENSE_FC2)}
+
+    def hf_layer_names(self) -> list[str]:
+        """One layer's HF parameter names (without `model.layers.N.`), in conversion order."""
+        mlp = MOE_HF if self.num_experts else FC1_PARTS
+        return [*self.renames().values(), *QKV_PARTS, *mlp]
 
 
 QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+DENSE_FC2 = "mlp.linear_fc2.weight"
+# MoE layers: the router and the fused experts (HF, in memory) <-> Megatron's per-expert MLPs.
+ROUTER = ("mlp.router.weight", "mlp.gate.weight")
+GATE_UP, DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"
+MOE_HF = (ROUTER[1], GATE_UP, DOWN)
+LOCAL_EXPERT = "mlp.experts.local_experts."
+_EXPERT_NAME = re.compile(r"(.*mlp\.experts\.local_experts\.)(\d+)(\..*)")
+
+
+def expert_fc1(e: int) -> str:
+    return f"{LOCAL_EXPERT}{e}.linear_fc1.weight"
+
+
+def expert_fc2(e: int) -> str:
+    return f"{LOCAL_EXPERT}{e}.linear_fc2.weight"
 # model_type -> whether attention normalises q and k per head; the architectures the conversion covers.
-QK_NORM_BY_MODEL = {"qwen3": True, "llama": False}
+QK_NORM_BY_MODEL = {"qwen3": True, "qwen3_moe": True, "llama": False}
 
 
 def qk_norm(hf_config) -> bool:
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in QK_NORM_BY_MODEL:
-        raise ValueError(f"--train-backend megatron converts {' and '.join(sorted(QK_NORM_BY_MODEL))} checkpoints; "
-                         f"this one is {model_type!r}")
+        *others, last = sorted(QK_NORM_BY_MODEL)
+        raise ValueError(f"--train-backend megatron converts {', '.join(others)} and {last} "
+                         f"checkpoints; this one is {model_type!r}")
     return QK_NORM_BY_MODEL[model_type]
 
 
@@ -99,7 +131,13 @@ def _layer_to_megatron(hf: dict[str, torch.Tensor], lay: Layout,
     h = f"model.layers.{index}."
     out = {m_name: hf[h + h_name] for m_name, h_name in lay.renames().items()}
     out[QKV] = _fuse_qkv(*(hf[h + part] for part in QKV_PARTS), lay)
-    out[FC1] = torch.cat([hf[h + part] for part in FC1_PARTS], dim=0)
+    if not lay.num_experts:
+        out[FC1] = torch.cat([hf[h + part] for part in FC1_PARTS], dim=0)
+        return out
+    out[ROUTER[0]] = hf[h + ROUTER[1]]
+    gate_up, down = hf[h + GATE_UP], hf[h + DOWN]
+    for e in range(lay.num_experts):
+        out[expert_fc1(e)], out[expert_fc2(e)] = gate_up[e], down[e]
     return out
 
 
@@ -109,8 +147,33 @@ def _layer_to_hf(mg: dict[str, torch.Tensor], lay: Layout, index: int) -> dict[s
     out = {h + h_name: mg[m_name] for m_name, h_name in lay.renames().items()}
     for part, tensor in zip(QKV_PARTS, _split_qkv(mg[QKV], lay)):
         out[h + part] = tensor
-    for part, tensor in zip(FC1_PARTS, mg[FC1].chunk(2, dim=0)):
-        out[h + part] = tensor
+    if not lay.num_experts:
+        for part, tensor in zip(FC1_PARTS, mg[FC1].chunk(2, dim=0)):
+            out[h + part] = tensor
+        return out
+    experts = range(lay.num_experts)
+    out[h + ROUTER[1]] = mg[ROUTER[0]]
+    out[h + GATE_UP] = torch.stack([mg[expert_fc1(e)] for e in experts])
+    out[h + DOWN] = torch.stack([mg[expert_fc2(e)] for e in experts])
+    return out
+
+
+def fuse_expert_files(hf: dict[str, torch.Tensor], lay: Layout) -> dict[str, torch.Tensor]:
+    """A checkpoint as `save_pretrained` writes a Qwen3-MoE (one tensor per expert and projection:
+    `mlp.experts.{e}.gate_proj.weight`, `up_proj`, `down_proj`) in the in-memory names the
+    conversion reads (`gate_up_proj`, `down_proj`); a checkpoint already fused is returned as
+    it is."""
+    if not lay.num_experts:
+        return hf
+    out = dict(hf)
+    for i in range(lay.num_layers):
+        h = f"model.layers.{i}.mlp.experts."
+        if h + "0.gate_proj.weight" not in hf:
+            continue
+        parts = [[out.pop(f"{h}{e}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
+                 for e in range(lay.num_experts)]
+        out[h + "gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u, _ in parts])
+        out[h + "down_proj"] = torch.stack([d for _, _, d in parts])
     return out
 
 
@@ -147,6 +210,8 @@ def megatron_source(hf_name: str, lay: Layout) -> str:
         return m + QKV
     if local in FC1_PARTS:
         return m + FC1
+    if lay.num_experts and local in MOE_HF:  # the fused experts: expert 0's (all step together)
+        return m + {ROUTER[1]: ROUTER[0], GATE_UP: expert_fc1(0), DOWN: expert_fc2(0)}[local]
     for m_name, h_name in lay.renames().items():
         if local == h_name:
             return m + m_name
@@ -165,16 +230,20 @@ COLUMN_PARALLEL = (QKV, FC1)
 
 @dataclass(frozen=True)
 class Parallel:
-    """One training rank's place in the tensor x pipeline parallel grid (data parallel does not
-    matter here: every DP replica holds the same shards)."""
+    """One training rank's place in the tensor x pipeline x expert parallel grid (data parallel
+    does not matter here: every DP replica holds the same shards; expert parallel ranks are carved
+    out of the DP ones and hold the same dense tensors, each its slice of the experts)."""
 
     tp_size: int = 1
     tp_rank: int = 0
     pp_size: int = 1
     pp_rank: int = 0
+    ep_size: int = 1
+    ep_rank: int = 0
 
     def __post_init__(self):
-        groups = ((self.tp_size, self.tp_rank, "tp"), (self.pp_size, self.pp_rank, "pp"))
+        groups = ((self.tp_size, self.tp_rank, "tp"), (self.pp_size, self.pp_rank, "pp"),
+                  (self.ep_size, self.ep_rank, "ep"))
         for size, rank, what in groups:
             if size < 1 or not 0 <= rank < size:
                 raise ValueError(f"{what}_rank {rank} is outside a {what} group of size {size}")
@@ -227,28 +296,81 @@ def _vocab_of(lay: Layout, full: torch.Tensor | None) -> int:
     return lay.vocab_size
 
 
+def _is_fc1(name: str) -> bool:
+    """A [gate; up] tensor: the dense MLP's, or an expert's (expert TP splits it alike)."""
+    return name == FC1 or (name.startswith(LOCAL_EXPERT) and name.endswith(".linear_fc1.weight"))
+
+
+def _is_row_parallel(name: str) -> bool:
+    return name in ROW_PARALLEL or (name.startswith(LOCAL_EXPERT)
+                                    and name.endswith(".linear_fc2.weight"))
+
+
 def _tp_shard(name: str, full: torch.Tensor, par: Parallel) -> torch.Tensor:
-    """This TP rank's slice of one per-layer tensor (Megatron per-layer name, fused layout)."""
+    """This TP rank's slice of one per-layer tensor (Megatron per-layer name, fused layout). The
+    experts are split over TP as the dense MLP (megatron's expert TP size is TP); the router is
+    replicated."""
     tp, r = par.tp_size, par.tp_rank
-    if name == FC1:  # [gate; up]: each half split on its own, the rank's halves concatenated
+    if _is_fc1(name):  # [gate; up]: each half split on its own, the rank's halves concatenated
         return torch.cat([half.chunk(tp, dim=0)[r] for half in full.chunk(2, dim=0)])
     if name == QKV:  # rows are whole query groups, so a row chunk is a chunk of groups
         return full.chunk(tp, dim=0)[r]
-    if name in ROW_PARALLEL:
+    if _is_row_parallel(name):
         return full.chunk(tp, dim=1)[r].contiguous()
     return full
 
 
 def _tp_gather(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
     """The inverse of `_tp_shard`: the whole tensor from every TP rank's slice (rank order)."""
-    if name == FC1:
+    if _is_fc1(name):
         halves = [p.chunk(2, dim=0) for p in parts]
         return torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
     if name == QKV:
         return torch.cat(parts, dim=0)
-    if name in ROW_PARALLEL:
+    if _is_row_parallel(name):
         return torch.cat(parts, dim=1)
     return parts[0]
+
+
+# --- Expert parallel: each EP rank holds a contiguous slice of every layer's experts ------------
+def local_experts(lay: Layout, ep_size: int) -> int:
+    """Experts per EP rank (megatron-core's even split); raises ValueError when it is not even."""
+    if lay.num_experts % ep_size:
+        raise ValueError(f"{lay.num_experts} experts do not split evenly over {ep_size} expert "
+                         "parallel ranks")
+    return lay.num_experts // ep_size
+
+
+def renumber_experts(tensors: dict[str, torch.Tensor], offset: int,
+                     keep: range | None = None) -> dict[str, torch.Tensor]:
+    """Expert names shifted by `offset` (local -> global: + first expert; global -> local: -),
+    keeping only experts whose (old) index is in `keep` when given; other names unchanged."""
+    out = {}
+    for name, tensor in tensors.items():
+        match = _EXPERT_NAME.fullmatch(name)
+        if match is None:
+            out[name] = tensor
+        elif keep is None or int(match[2]) in keep:
+            out[f"{match[1]}{int(match[2]) + offset}{match[3]}"] = tensor
+    return out
+
+
+def expert_range(lay: Layout, par: Parallel) -> range:
+    """Global indices of the experts this rank holds."""
+    per_rank = local_experts(lay, par.ep_size)
+    return range(par.ep_rank * per_rank, (par.ep_rank + 1) * per_rank)
+
+
+def merge_expert_shards(parts: list[dict[str, torch.Tensor]],
+                        lay: Layout) -> dict[str, torch.Tensor]:
+    """The EP ranks' dicts (rank order, local expert names) as one with every expert, numbered
+    globally; the dense tensors (the same on every EP rank) from the first."""
+    per_rank = local_experts(lay, len(parts))
+    merged = renumber_experts(parts[0], 0)
+    for rank, part in enumerate(parts[1:], start=1):
+        merged.update({n: t for n, t in renumber_experts(part, rank * per_rank).items()
+                       if _EXPERT_NAME.fullmatch(n)})
+    return merged
 
 
 def check_tp_divides(lay: Layout, tp_size: int, ffn_size: int | None = None) -> None:
@@ -272,7 +394,9 @@ def hf_to_megatron_shard(hf: dict[str, torch.Tensor], lay: Layout,
     - TP: embedding and output layer padded to `padded_vocab` (zero rows) and split by vocab rows;
       linear_qkv split by whole query groups (rows); linear_fc1 split gate and up separately,
       each rank holding [gate slice; up slice]; linear_proj and linear_fc2 split on dim 1; norms
-      replicated.
+      replicated;
+    - EP: the layers' experts `expert_range` only, numbered from 0 (`local_experts.0`: the rank's
+      first); each expert split over TP as the dense MLP; the router whole on every rank.
     Works for any tensors shaped like the weights (the optimizer's moments too).
     """
     check_tp_divides(lay, par.tp_size)
@@ -285,18 +409,29 @@ def hf_to_megatron_shard(hf: dict[str, torch.Tensor], lay: Layout,
             out[OUTPUT[0]] = _vocab_shard(hf[OUTPUT[1]], lay, par)
         elif par.pp_size > 1:
             out[OUTPUT[0]] = _vocab_shard(hf[EMBED[1]], lay, par)
+    mine = expert_range(lay, par)
     for local, index in enumerate(stage_layers(lay.num_layers, par.pp_size, par.pp_rank)):
-        for name, full in _layer_to_megatron(hf, lay, index).items():
+        layer = renumber_experts(_layer_to_megatron(hf, lay, index), -mine.start, keep=mine)
+        for name, full in layer.items():
             out[f"decoder.layers.{local}.{name}"] = _tp_shard(name, full, par)
     return out
 
 
-def megatron_shards_to_hf(shards: dict[tuple[int, int], dict[str, torch.Tensor]], lay: Layout,
-                          tp_size: int, pp_size: int) -> dict[str, torch.Tensor]:
-    """The inverse of `hf_to_megatron_shard` over all ranks: `shards[(tp_rank, pp_rank)]` is one
-    rank's dict. TP slices are gathered (fused layouts undone), the vocab pad stripped, layers
-    numbered globally; the keys are the HF model's `state_dict()` (tied: lm_head = embedding)."""
+def megatron_shards_to_hf(shards: dict[tuple, dict[str, torch.Tensor]], lay: Layout,
+                          tp_size: int, pp_size: int, ep_size: int = 1) -> dict[str, torch.Tensor]:
+    """The inverse of `hf_to_megatron_shard` over all ranks: `shards[(tp_rank, pp_rank)]` (with
+    `ep_size` > 1: `shards[(tp_rank, pp_rank, ep_rank)]`) is one rank's dict. Experts are merged
+    over EP (numbered globally), TP slices gathered (fused layouts undone), the vocab pad
+    stripped, layers numbered globally; the keys are the HF model's `state_dict()` (tied: lm_head
+    = embedding)."""
     _vocab_of(lay, None)
+    if ep_size > 1:
+        missing = [(t, p, e) for t in range(tp_size) for p in range(pp_size)
+                   for e in range(ep_size) if (t, p, e) not in shards]
+        if missing:
+            raise KeyError(f"no shards for (tp_rank, pp_rank, ep_rank) {missing}")
+        shards = {(t, p): merge_expert_shards([shards[(t, p, e)] for e in range(ep_size)], lay)
+                  for t in range(tp_size) for p in range(pp_size)}
     missing = [(t, p) for t in range(tp_size) for p in range(pp_size) if (t, p) not in shards]
     if missing:
         raise KeyError(f"no shards for (tp_rank, pp_rank) {missing}")

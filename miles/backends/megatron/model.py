@@ -59,15 +59,62 @@ def check_supported(hf_config) -> None:
         problems.append(f"hidden_act={hf_config.hidden_act!r}")
     if getattr(hf_config, "use_sliding_window", False):
         problems.append("use_sliding_window=True")
-    if getattr(hf_config, "num_experts", 0):
-        problems.append("mixture of experts")
+    problems += moe_problems(hf_config)
     if problems:
-        raise ValueError(f"--train-backend megatron supports Qwen3- and Llama-style dense models; this checkpoint "
-                         f"({hf_config.model_type}) has {', '.join(problems)}")
+        raise ValueError(f"--train-backend megatron supports Qwen3- and Llama-style dense models "
+                         f"and Qwen3-MoE; this checkpoint ({hf_config.model_type}) has "
+                         f"{', '.join(problems)}")
 
 
-def transformer_config(hf_config, tp: int = 1, pp: int = 1):
+def num_experts(hf_config) -> int:
+    """Routed experts per MoE layer (0: a dense model)."""
+    return int(getattr(hf_config, "num_experts", 0) or 0)
+
+
+def moe_problems(hf_config) -> list[str]:
+    """What of a Qwen3-MoE config megatron-core's MoE layer, as configured below, does not do."""
+    if not num_experts(hf_config):
+        return []
+    problems = []
+    step = getattr(hf_config, "decoder_sparse_step", 1)
+    dense = getattr(hf_config, "mlp_only_layers", None) or []
+    if step != 1 or dense:
+        problems.append(f"dense MLP layers among the MoE ones (decoder_sparse_step={step}, "
+                        f"mlp_only_layers={list(dense)})")
+    if getattr(hf_config, "shared_expert_intermediate_size", 0):
+        problems.append("shared experts")
+    if hf_config.num_experts_per_tok == 1 and getattr(hf_config, "norm_topk_prob", False):
+        problems.append("top-1 routing with norm_topk_prob=True")
+    return problems
+
+
+def moe_settings(hf_config, ep: int) -> dict:
+    """TransformerConfig's MoE fields for a Qwen3-MoE config, routed as HF routes (nothing for a
+    dense model). HF: softmax over all E logits, top-k, renormalised over the k (norm_topk_prob).
+    Softmax is monotone, so the top-k of the logits are the top-k of the probabilities, and
+    renormalised probabilities are the softmax of the k chosen logits: megatron's top-k on the
+    logits then softmax over the k (`moe_router_pre_softmax=False`). Without renormalising, HF's
+    weights are the full softmax's: `moe_router_pre_softmax=True`."""
+    experts = num_experts(hf_config)
+    if not experts:
+        return {}
+    return dict(
+        num_moe_experts=experts,
+        moe_router_topk=hf_config.num_experts_per_tok,
+        moe_ffn_hidden_size=hf_config.moe_intermediate_size,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not getattr(hf_config, "norm_topk_prob", False),
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0),
+        moe_grouped_gemm=False,  # SequentialMLP: one local (torch) MLP per expert
+        expert_model_parallel_size=ep,  # tokens dispatched all-to-all (transformer_config)
+    )
+
+
+def transformer_config(hf_config, tp: int = 1, pp: int = 1, ep: int = 1):
     check_supported(hf_config)
+    if ep > 1 and not num_experts(hf_config):
+        raise ValueError(f"--expert-model-parallel-size {ep}: the model has no experts")
     _, _, _, TransformerConfig = _megatron()
     heads = hf_config.num_attention_heads
     return TransformerConfig(
@@ -97,10 +144,11 @@ def transformer_config(hf_config, tp: int = 1, pp: int = 1):
         gradient_accumulation_fusion=False,
         pipeline_dtype=torch.float32,  # the activations sent between stages
         variable_seq_lengths=True,  # RL micro-batches differ in length: stages send shapes first
-        # no experts here; the default dispatcher (allgather) refuses variable lengths
+        # the default dispatcher (allgather) refuses variable lengths, with or without experts
         moe_token_dispatcher_type="alltoall",
         batch_p2p_sync=False,
         enable_autocast=False,
+        **moe_settings(hf_config, ep),
     )
 
 
@@ -109,9 +157,13 @@ def build_gpt(hf_config, device: torch.device, vocab_size: int):
     `convert.hf_to_megatron_shard`), its vocabulary padded to `vocab_size` (a multiple of TP)."""
     parallel_state, GPTModel, local_spec, _ = _megatron()
     config = transformer_config(hf_config, parallel_state.get_tensor_model_parallel_world_size(),
-                                parallel_state.get_pipeline_model_parallel_world_size())
+                                parallel_state.get_pipeline_model_parallel_world_size(),
+                                parallel_state.get_expert_model_parallel_world_size())
+    if num_experts(hf_config):
+        shim.define_te_gemm_absent()  # the router's matmul without Transformer Engine (shim 7)
     with _quiet():
-        spec = local_spec(qk_layernorm=qk_norm(hf_config), normalization="RMSNorm")
+        spec = local_spec(num_experts=num_experts(hf_config) or None, moe_grouped_gemm=False,
+                          qk_layernorm=qk_norm(hf_config), normalization="RMSNorm")
     with shim.cuda_to_cpu():  # the last stage's tied output layer is copied with `.cuda()` (shim 5)
         model = GPTModel(
             config=config,
@@ -146,14 +198,17 @@ def _mark_tensor_parallel(model) -> None:
             tpl.set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=dim, stride=1)
 
 
-def init_parallel(seed: int, tp: int = 1, pp: int = 1) -> None:
+def init_parallel(seed: int, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
     """TP x PP (x DP, the rest of the world) over the default process group (gloo on CPU, NCCL
-    on GPU), seeded RNG tracker."""
+    on GPU), experts split over EP ranks carved out of DP (expert TP = TP), seeded RNG tracker."""
     parallel_state = _megatron()[0]
     shim.install()
     # No extra gloo groups: the actor's own reductions use megatron's groups of the default backend.
-    parallel_state.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
-    shim.seed_model_parallel_rng(seed, parallel_state.get_tensor_model_parallel_rank())
+    parallel_state.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep,
+                                             create_gloo_process_groups=False)
+    shim.seed_model_parallel_rng(seed, parallel_state.get_tensor_model_parallel_rank(),
+                                 parallel_state.get_expert_model_parallel_rank(),
+                                 parallel_state.get_expert_tensor_parallel_rank())
 
 
 def parallel_state():

@@ -25,6 +25,17 @@ smallest change that lets it through; the math is untouched.
    too) and the last pipeline stage's copy of tied embeddings (`weight.data.cuda()` while the
    model is built). `cuda_to_cpu()` is a TorchFunctionMode entered only around those two calls:
    it rewrites `device="cuda"` to the CPU and makes `Tensor.cuda()` the identity.
+6. The MoE all-to-all token dispatcher (`MoEAlltoAllTokenDispatcher`) creates a side CUDA stream
+   when built and, on every forward, copies its token counts (splits, tokens per expert) from
+   the device to the host on that stream, the all-to-all splits as numpy arrays (what
+   `all_to_all_single` takes as split sizes), and waits on a CUDA event. Its copy skips tensors
+   already on the host, so on the CPU the splits would stay tensors and the all-to-all refuse
+   them. The stream is never made (a placeholder stands in) and the copy-and-wait step becomes:
+   the splits as numpy arrays, at the same point, nothing to wait for.
+7. Not a CUDA assumption but a missing name: without Transformer Engine, `moe_utils` never
+   defines `te_general_gemm`, which the router's gating linear tests against None on every call
+   (NameError). `define_te_gemm_absent()` defines it as None, so the router takes its torch
+   matmul. This one applies on a GPU without Transformer Engine too.
 
 The configuration keeps megatron-core off its other CUDA-only paths
 (`model.transformer_config`): CPU initialisation, no sequence parallelism, no
@@ -114,10 +125,35 @@ def install() -> None:
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *args, **kwargs: None
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
+    _host_token_counts()
     _installed = True
 
 
-def seed_model_parallel_rng(seed: int, tp_rank: int = 0) -> None:
+def define_te_gemm_absent() -> None:
+    """`moe_utils.te_general_gemm = None` where Transformer Engine did not define it (7)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _host_token_counts() -> None:
+    """The all-to-all dispatcher without its device-to-host stream and event (6)."""
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    def counts_on_host(self, point, tokens_per_expert=None):
+        if not self.drop_and_pad and point == self.cuda_dtoh_point:
+            for name in ("input_splits", "output_splits", "output_splits_tp"):
+                if torch.is_tensor(getattr(self, name)):
+                    setattr(self, name, getattr(self, name).numpy())
+        return tokens_per_expert
+
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "no stream: the counts are on the host"
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = counts_on_host
+
+
+def seed_model_parallel_rng(seed: int, tp_rank: int = 0, ep_rank: int = 0,
+                            etp_rank: int = 0) -> None:
     """`model_parallel_cuda_manual_seed` on a GPU; on CPU the same named states, seeded alike (4)."""
     from megatron.core.tensor_parallel import random as mrandom
 
@@ -126,9 +162,10 @@ def seed_model_parallel_rng(seed: int, tp_rank: int = 0) -> None:
         return
     tracker = _cpu_rng_tracker_class()()
     # The names and seeds of model_parallel_cuda_manual_seed: the model-parallel state differs per
-    # TP rank (dropout inside a TP region draws different masks on each shard); no experts here.
+    # TP rank (dropout inside a TP region draws different masks on each shard), the experts' per
+    # expert-parallel and expert-TP rank (each rank's experts are other weights).
     tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
-    tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024)
+    tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * ep_rank + etp_rank)
     mrandom._CUDA_RNG_STATE_TRACKER = tracker
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
