@@ -25,7 +25,7 @@ class ClusterInfo:
 
 
 # A task's log line reaches the terminal through Ray, which already puts `(train_chunk pid=N)` before it;
-# Prefect's own console prefix (time | level | Task run 'train_chunk[0-10]' - ) on top made ~95 columns
+# Prefect's own console prefix (time | level | Task run 'train_chunk[iter 0..9]' - ) on top made ~95 columns
 # before each row. On the Ray workers the console shows the message alone; the Prefect UI keeps the
 # task run, level and time of every line (its API handler does not use this format).
 TERSE_TASK_LOGS = {"PREFECT_LOGGING_FORMATTERS_STANDARD_TASK_RUN_FMT": "%(message)s"}

@@ -119,13 +119,13 @@ def start_supervisor(config: MilesConfig, services: RunServices):
                             on_event=on_event)
 
 
-@task(name="train_chunk", task_run_name="train_chunk[{chunk.first}-{chunk.stop}]", log_prints=True)
+@task(name="train_chunk", task_run_name="train_chunk[{chunk.iters}]", log_prints=True)
 def train_chunk(config: MilesConfig, chunk: Chunk, services: RunServices) -> LoopOutcome:
     """Rollouts chunk.first .. chunk.stop-1; a resubmission resumes from the chunk's last checkpoint."""
     return run_chunk(config, chunk, services)
 
 
-@task(name="profile_window", task_run_name="profile_window[{chunk.first}-{chunk.stop}]", log_prints=True)
+@task(name="profile_window", task_run_name="profile_window[{chunk.iters}]", log_prints=True)
 def profile_window(config: MilesConfig, chunk: Chunk, services: RunServices) -> LoopOutcome:
     """Exactly the profiled rollouts (--profile-step-start .. --profile-step-end), as their own task:
     the trainer's profiler opens the window for these ids; the task keeps the window visible and
@@ -136,6 +136,6 @@ def profile_window(config: MilesConfig, chunk: Chunk, services: RunServices) -> 
     run_dir = Path(config.train.run_dir)
     create_table_artifact(summary_rows(read_summaries(run_dir, chunk.first, chunk.stop)),
                           key=f"profile-window-{chunk.first}-{chunk.stop}",
-                          description=f"Profiled rollouts {chunk.first}-{chunk.stop - 1}: top operators by self "
+                          description=f"Profiled rollouts ({chunk.iters}): top operators by self "
                                       f"time and span totals per trace (files under {run_dir})")
     return result

@@ -16,6 +16,13 @@ class Chunk:
     def rollouts(self) -> range:
         return range(self.first, self.stop)
 
+    @property
+    def iters(self) -> str:
+        """The chunk's rollouts as the terminal's rows and scorecard write them (`iter 80..99`, both ends
+        included), for its Prefect task run's name: a half-open `[80-100]` read as 21 rollouts (N18)."""
+        last = self.stop - 1
+        return f"iter {self.first}" if last == self.first else f"iter {self.first}..{last}"
+
 
 def plan_chunks(num_rollout: int, chunk_size: int, window: tuple[int, int] | None = None) -> list[Chunk]:
     """Chunks of at most `chunk_size` covering 0..num_rollout-1, cut at the window's edges so that

@@ -26,7 +26,7 @@ def test_a_stopped_engine_is_healed_inside_the_chunk(run_grpo):
     training = state.result().links["prefect-training-run"]
     assert "/runs/flow-run/" in training and str(state.state_details.flow_run_id) not in training
     chunks = [r for r in task_runs_of(state.state_details.flow_run_id) if r.name.startswith("train_chunk[")]
-    assert sorted(r.name for r in chunks) == ["train_chunk[0-2]", "train_chunk[2-4]"]  # none resubmitted
+    assert sorted(r.name for r in chunks) == ["train_chunk[iter 0..1]", "train_chunk[iter 2..3]"]  # none resubmitted
     assert all(r.state.is_completed() and r.run_count == 1 for r in chunks)
     lines = [ln for ln in read_journal(run_dir / "metrics.jsonl") if ln.rollout_id >= 0]
     assert sum(ln.metrics["rollout/engine_restarts"] for ln in lines) == 1

@@ -48,7 +48,7 @@ def test_a_raising_chunk_is_resubmitted_and_resumes_from_the_interval_checkpoint
     run = completed(flow_run)
     assert journal_steps(run.run_dir) == list(range(SessionFlow.NUM_ROLLOUT))  # nothing lost, nothing doubled
     chunks = attempts_of(run.flow_run)
-    attempts = chunks["train_chunk[0-2]"]
+    attempts = chunks["train_chunk[iter 0..1]"]
     # one retry layer: the flow resubmits the chunk (no Prefect retry inside it), and the API shows both
     assert [r.state.type.value for r in attempts] == ["FAILED", "COMPLETED"] and attempts[0].run_count == 1
     # the chunk without a fault ran once, and so did the finish
@@ -67,7 +67,7 @@ def test_a_chunk_whose_worker_is_killed_is_resubmitted(flow_run):
 
     run = completed(flow_run)
     assert journal_steps(run.run_dir) == list(range(SessionFlow.NUM_ROLLOUT))
-    attempts = attempts_of(run.flow_run)["train_chunk[2-4]"]
+    attempts = attempts_of(run.flow_run)["train_chunk[iter 2..3]"]
     assert [r.state.type.value for r in attempts] == ["CRASHED", "COMPLETED"]
     # the run against its baseline reaches Prefect as the comparison artifact (miles compare's verdicts)
     compared = Artifact.get("grpo-compare").data
@@ -85,7 +85,7 @@ def test_a_killed_engine_is_relaunched_and_reregistered_and_every_engine_flag_re
     run = completed(flow_run)
     run_dir = run.run_dir
     assert journal_steps(run_dir) == list(range(SessionFlow.NUM_ROLLOUT))
-    assert [r.state.type.value for r in attempts_of(run.flow_run)["train_chunk[5-6]"]] == ["FAILED", "COMPLETED"]
+    assert [r.state.type.value for r in attempts_of(run.flow_run)["train_chunk[iter 5]"]] == ["FAILED", "COMPLETED"]
     counts = names(task_runs_of(run.flow_run.id))
     # two engines launched and registered at start, engine 0 once more after it was killed
     assert counts["launch_engine"] == 3 and counts["register_engine"] == 3

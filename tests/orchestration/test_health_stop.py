@@ -54,7 +54,7 @@ def test_a_red_flag_stops_the_flow_with_a_checkpoint_a_failed_state_and_a_scorec
     assert "truncated_ratio at rollout 0" in flow_run.state.message
     assert "stopped by --on-red-flag stop" in flow_run.state.message
     assert (run_dir / "checkpoints" / "iter_0000000" / "manifest.json").exists()
-    chunks = [r for r in task_runs_of(flow_run.id) if r.name == "train_chunk[0-2]"]
+    chunks = [r for r in task_runs_of(flow_run.id) if r.name == "train_chunk[iter 0..1]"]
     assert len(chunks) == 1 and chunks[0].run_count == 1 and chunks[0].state.is_failed()  # not retried
     assert "`truncated_ratio` from rollout 0" in Artifact.get("grpo-health").data
     scorecard = Artifact.get("grpo-scorecard")
@@ -87,6 +87,6 @@ def test_a_non_finite_step_stops_the_flow_once_with_a_scorecard(prefect_api, tmp
     assert "rollouts       none trained" in card
     flow_run = flow_run_named(run_dir.name)
     assert flow_run.state.is_failed()
-    chunks = [r for r in task_runs_of(flow_run.id) if r.name == "train_chunk[0-2]"]
+    chunks = [r for r in task_runs_of(flow_run.id) if r.name == "train_chunk[iter 0..1]"]
     assert len(chunks) == 1 and chunks[0].state.is_failed()  # not resubmitted
     assert f"## Scorecard of `{run_dir.name}`" in Artifact.get("grpo-scorecard").data

@@ -44,3 +44,17 @@ def test_bad_sizes_are_rejected():
     with pytest.raises(ValueError, match="chunk_size"):
         plan_chunks(4, 0)
 
+
+
+def test_chunk_task_runs_are_named_by_the_iters_the_rows_print():
+    # review N18: `train_chunk[80-100]` beside rows `iter 80..99` read as 21 rollouts; both ends included now
+    from prefect._internal.engine import resolve_custom_task_run_name
+
+    from tasks.training import profile_window, train_chunk
+
+    def name(task, chunk):
+        return resolve_custom_task_run_name(task, {"config": None, "chunk": chunk, "services": None})
+
+    assert name(train_chunk, Chunk(80, 100)) == "train_chunk[iter 80..99]"
+    assert name(train_chunk, Chunk(5, 6)) == "train_chunk[iter 5]"
+    assert name(profile_window, Chunk(10, 12, profiled=True)) == "profile_window[iter 10..11]"

@@ -35,7 +35,7 @@ def test_profile_window_task_profiles_its_rollouts_and_leaves_a_summary(flow_run
     run_dir = flow_run.run_dir
     assert flow_run.code == 0 and flow_run.flow_run.state.is_completed(), flow_run.flow_run.state
     assert journal_steps(run_dir) == list(range(SessionFlow.NUM_ROLLOUT))
-    task = next(r for r in task_runs_of(flow_run.flow_run.id) if r.name == f"profile_window[{window}]")
+    task = next(r for r in task_runs_of(flow_run.flow_run.id) if r.name == f"profile_window[iter {start}]")
     (artifact,) = [a for a in artifacts_of(task.id) if a.type == "table"]
     rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
     assert {row["target"] for row in rows} == {"train_overall", "train_actor", "rollout"}

@@ -38,8 +38,9 @@ class SessionFlow:
     """The flags of the session's flow, and what each check needs to know of them."""
 
     NUM_ROLLOUT = 6
-    # chunks of 2 with a profile window at 4: train_chunk[0-2], train_chunk[2-4], profile_window[4-5],
-    # train_chunk[5-6]; one fault in each of the three training chunks, each chunk resubmitted once
+    # chunks of 2 with a profile window at 4: train_chunk[iter 0..1], train_chunk[iter 2..3],
+    # profile_window[iter 4], train_chunk[iter 5]; one fault in each of the three training chunks,
+    # each chunk resubmitted once
     FAULTS = "raise@1,kill@3,kill-engine@5"
     PROFILE = (4, 5)
     WANDB_KEY, ROUTER_TOKEN = "probe-wandb-key-5f1c", "probe-router-token-9a7e"
