@@ -46,13 +46,17 @@ def _model_shape(config):
     it is not made yet; None when neither is at hand."""
     from pathlib import Path
 
-    from miles.tiny.defaults import tiny_model_missing, uses_tool_task
+    from miles.tiny.defaults import tiny_model_missing, uses_moe, uses_tool_task
 
     model = config.rollout.hf_checkpoint
     if model and (Path(model) / "config.json").is_file():
         from transformers import AutoConfig, AutoTokenizer
 
         return AutoTokenizer.from_pretrained(model), AutoConfig.from_pretrained(model)
+    if tiny_model_missing(config) is not None and uses_moe(config):
+        from miles.tiny.moe_model import tiny_moe_shape
+
+        return tiny_moe_shape()
     if tiny_model_missing(config) is not None:
         from miles.tiny.model import tiny_shape
 

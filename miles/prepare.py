@@ -23,7 +23,7 @@ def resolve_run(config: MilesConfig) -> MilesConfig:
     """`resolve` with a fallback model and data: a catalog checkpoint's directory and chat task when
     --hf-checkpoint names one, else the tiny task. Pure: makes no file."""
     config, task = pretrained.with_named_checkpoint(config)
-    return resolve(config, task or tiny.task_defaults(tiny.uses_tool_task(config)))
+    return resolve(config, task or tiny.run_task_defaults(config))
 
 
 def base_model_missing(config: MilesConfig):

@@ -120,6 +120,10 @@ class MilesConfig:
             raise ConfigError("--sglang-tp-size", f"{self.engine.sglang_tp_size} disagrees with "
                                                   f"--rollout-num-gpus-per-engine {gpus} (one GPU per TP rank)")
         self._fits_the_engine_queue()
+        if self.rollout.tiny_policy == "moe" and self.generate.custom_generate_function_path:
+            raise ConfigError("--tiny-policy", "moe is made for the addition task; the multi-turn "
+                                               "calculator task (--custom-generate-function-path) has "
+                                               "a dense tiny model only")
         if self.rollout.n_samples_per_prompt == 1 and self.train.advantage_estimator == "grpo":
             raise ConfigError("--n-samples-per-prompt", "GRPO needs groups of at least 2 samples per prompt")
         t = self.tracking

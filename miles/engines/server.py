@@ -34,6 +34,7 @@ from miles.engines.openai_api import add_openai_routes
 from miles.engines.sglang_request import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import Scheduler, TokenEvent
 from miles.engines.profiler import EngineProfiler, parse_profile_request
+from miles.engines.fused_experts import fuse_experts
 from miles.record.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
@@ -345,6 +346,7 @@ class EngineServer:
 
     def _read_checked_dir(self, path: str):
         named = weight_update.read_checkpoint_dir(path, self.runner.config)
+        named = fuse_experts(named, self.runner.model.state_dict())  # a MoE's per-expert files
         weight_update.check_tensors(named, self.runner.model, require_all=True)
         return named
 

@@ -18,14 +18,27 @@ def uses_tool_task(config) -> bool:
     return config.generate.custom_generate_function_path is not None
 
 
-def task_defaults(multi_turn: bool) -> TaskDefaults:
-    """The cached files of the tiny task (they may not exist yet: `make_task_files` makes them)."""
+def uses_moe(config) -> bool:
+    """The run falls back on the tiny mixture-of-experts policy (--tiny-policy moe)."""
+    return config.rollout.tiny_policy == "moe"
+
+
+def task_defaults(multi_turn: bool, moe: bool = False) -> TaskDefaults:
+    """The cached files of the tiny task (they may not exist yet: `make_task_files` makes them); with
+    `moe`, the addition task's mixture-of-experts base model."""
     if multi_turn:
         from miles.tiny.recipes import tool_model_dir as model_dir, tool_task_dir as data_dir
+    elif moe:
+        from miles.tiny.recipes import moe_base_model_dir as model_dir, task_data_dir as data_dir
     else:
         from miles.tiny.recipes import base_model_dir as model_dir, task_data_dir as data_dir
     data = data_dir()
     return TaskDefaults(model=model_dir(), train_data=data / "train.jsonl", eval_data=data / "eval.jsonl")
+
+
+def run_task_defaults(config) -> TaskDefaults:
+    """`task_defaults` of the run's flags: the multi-turn task, or the addition task's dense or MoE model."""
+    return task_defaults(uses_tool_task(config), uses_moe(config))
 
 
 def make_task_data(config) -> None:
@@ -42,7 +55,7 @@ def make_task_data(config) -> None:
 
 def tiny_model_missing(config) -> Path | None:
     """The tiny base model's directory when the run uses it and it is not made yet, else None."""
-    model = task_defaults(uses_tool_task(config)).model
+    model = run_task_defaults(config).model
     if config.rollout.hf_checkpoint != str(model) or (model / "warmstart.json").exists():
         return None
     return model
@@ -56,6 +69,8 @@ def make_tiny_model(config, progress: bool = True) -> Path | None:
         return None
     if uses_tool_task(config):
         from miles.tiny.tool_warmstart import ensure_tool_model as ensure
+    elif uses_moe(config):
+        from miles.tiny.warmstart import ensure_moe_base_model as ensure
     else:
         from miles.tiny.warmstart import ensure_base_model as ensure
     print(f"[prepare] making the tiny base model (first run on this machine only, {MAKING_TAKES}): {target}",

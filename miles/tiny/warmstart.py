@@ -23,7 +23,7 @@ from miles.config.cache import cache_root
 from miles.record.files import file_lock
 from miles.tiny.model import build_tiny_model
 from miles.tiny.sft import Check, one_thread, token_ids, train_until
-from miles.tiny.recipes import ADDITION, base_model_dir, default_task_data, task_data_dir  # noqa: F401 (named here too: their callers import them from here)
+from miles.tiny.recipes import ADDITION, ADDITION_MOE, base_model_dir, default_task_data, moe_base_model_dir, task_data_dir  # noqa: F401 (named here too: their callers import them from here)
 from miles.tiny.task import Problem, split_problems
 
 RECIPE = ADDITION
@@ -76,6 +76,13 @@ def ensure_base_model(progress: bool = True) -> Path:
     return ensure_cached(base_model_dir(), lambda out, show: warm_start(out, progress=show), progress)
 
 
+def ensure_moe_base_model(progress: bool = True) -> Path:
+    """The cached tiny mixture-of-experts base checkpoint (`ADDITION_MOE`), made first if missing."""
+    default_task_data()
+    return ensure_cached(moe_base_model_dir(),
+                         lambda out, show: warm_start(out, progress=show, moe=True), progress)
+
+
 def _encode(tokenizer, problems: list[Problem], ids_of) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (B, T) ids, attention mask, and labels that score only the answer and EOS (`ids_of`: the
     remembered ids of `token_ids(tokenizer)`)."""
@@ -112,41 +119,59 @@ def eval_accuracy(model, tokenizer, problems: list[Problem], sample: bool, seed:
     return sum(t.strip() == p.label for t, p in zip(texts, problems)) / len(problems)
 
 
-def smoothed_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V) predicts tokens 1..T-1
+def smoothed_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                  router_aux_loss: bool = False) -> torch.Tensor:
+    """Label-smoothed cross entropy on the answer tokens; with `router_aux_loss` (a mixture-of-experts
+    model), plus the router's load-balancing loss at the model's `router_aux_loss_coef`."""
+    routers = {"output_router_logits": True} if router_aux_loss else {}
+    out = model(input_ids=ids, attention_mask=mask, **routers)
+    logits = out.logits[:, :-1]  # (B, T-1, V) predicts tokens 1..T-1
     targets = labels[:, 1:]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
                            label_smoothing=RECIPE["label_smoothing"])
+    if router_aux_loss:
+        loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+    return loss
 
 
-def warm_start(out_dir: Path, progress: bool = True) -> dict:
-    """Supervised training on the train split until held-out greedy accuracy reaches the target."""
+def warm_start(out_dir: Path, progress: bool = True, moe: bool = False) -> dict:
+    """Supervised training on the train split until held-out greedy accuracy reaches the target (the
+    dense tiny policy, or with `moe` the tiny mixture-of-experts one)."""
     with one_thread():
-        return _warm_start(out_dir, progress)
+        return _warm_start(out_dir, progress, ADDITION_MOE if moe else RECIPE)
 
 
-def _warm_start(out_dir: Path, progress: bool) -> dict:
-    seed = RECIPE["seed"]
+def _build(recipe: dict):
+    if recipe.get("policy") == "moe":
+        from miles.tiny.moe_model import build_tiny_moe_model
+
+        return build_tiny_moe_model(recipe["seed"])
+    return build_tiny_model(recipe["seed"])
+
+
+def _warm_start(out_dir: Path, progress: bool, recipe: dict) -> dict:
+    seed, target = recipe["seed"], recipe["target_greedy"]
     train, evals = split_problems(seed)
-    evals = evals[: RECIPE["eval_prompts"]]
-    model, tokenizer = build_tiny_model(seed)
+    evals = evals[: recipe["eval_prompts"]]
+    model, tokenizer = _build(recipe)
     ids_of = token_ids(tokenizer)
     start, greedy = time.time(), 0.0
+    aux = bool(recipe.get("router_aux_loss"))
 
     def batch_loss(generator: torch.Generator) -> torch.Tensor:
-        idx = torch.randint(len(train), (RECIPE["batch_size"],), generator=generator)
-        return smoothed_loss(model, *_encode(tokenizer, [train[i] for i in idx], ids_of))
+        idx = torch.randint(len(train), (recipe["batch_size"],), generator=generator)
+        return smoothed_loss(model, *_encode(tokenizer, [train[i] for i in idx], ids_of), aux)
 
     def check(step: int) -> Check:
         nonlocal greedy
         greedy = eval_accuracy(model, tokenizer, evals, sample=False)
-        said = (f"warm start step {step}/{RECIPE['max_steps']}: held-out greedy accuracy "
-                f"{greedy:.2f} (target {TARGET_GREEDY})")
-        return Check(said, greedy >= TARGET_GREEDY, f"greedy={greedy:.2f}")
+        said = (f"warm start step {step}/{recipe['max_steps']}: held-out greedy accuracy "
+                f"{greedy:.2f} (target {target})")
+        return Check(said, greedy >= target, f"greedy={greedy:.2f}")
 
-    step = train_until(model, batch_loss, check, RECIPE, "warm start (SFT)", progress,
-                       f"greedy={greedy:.2f}")
+    label = "warm start (SFT, MoE)" if recipe.get("policy") == "moe" else "warm start (SFT)"
+    step = train_until(model, batch_loss, check, recipe, label, progress, f"greedy={greedy:.2f}")
     sampled = eval_accuracy(model, tokenizer, evals, sample=True, seed=seed)
     save_checkpoint(model, tokenizer, out_dir)
-    return dict(recipe=RECIPE, steps=step, eval_greedy_accuracy=greedy, eval_pass_at_1=sampled,
+    return dict(recipe=recipe, steps=step, eval_greedy_accuracy=greedy, eval_pass_at_1=sampled,
                 seconds=round(time.time() - start, 1))

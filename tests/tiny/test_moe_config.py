@@ -1,0 +1,49 @@
+"""How a run picks the tiny mixture-of-experts policy: --tiny-policy moe (configs/tiny-moe-cpu.yaml)
+falls back on its own cached base model, and a bad value or combination fails naming the flag."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from miles.config import ConfigError, parse_config
+from miles.prepare import resolve_run
+from miles.tiny.recipes import base_model_dir, moe_base_model_dir
+
+YAML = Path(__file__).resolve().parents[2] / "configs" / "tiny-moe-cpu.yaml"
+
+
+def test_the_moe_yaml_is_the_defaults_on_the_moe_policy():
+    data = yaml.safe_load(YAML.read_text())
+    assert data["tiny-policy"] == "moe"
+    flags = [x for k, v in data.items() for x in (f"--{k}", str(v))]
+    assert parse_config(["--config", str(YAML)]) == parse_config(flags)
+    config = parse_config(["--config", str(YAML)])
+    assert config.rollout.hf_checkpoint is None and config.rollout.prompt_data is None
+
+
+def test_the_policy_picks_the_fallback_model():
+    moe = resolve_run(parse_config(["--config", str(YAML)])).rollout.hf_checkpoint
+    dense = resolve_run(parse_config([])).rollout.hf_checkpoint
+    assert (Path(moe), Path(dense)) == (moe_base_model_dir(), base_model_dir())
+    assert moe_base_model_dir() != base_model_dir()
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--tiny-policy", "sparse"], "not allowed"),
+    (["--tiny-policy", "moe", "--hf-checkpoint", "smollm2-135m-instruct"], "give one of them"),
+    (["--tiny-policy", "moe", "--custom-generate-function-path",
+      "miles.rollout.multi_turn.generate"], "dense tiny model only"),
+])
+def test_bad_policy_values_name_the_flag(argv, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_config(argv)
+    assert err.value.flag == "--tiny-policy" and fragment in str(err.value)
+
+
+def test_the_tiny_moe_shape_is_checked_before_it_is_made(tmp_path, monkeypatch):
+    """The preflight's context check reads the MoE model's shape in memory while it is not made."""
+    from miles import preflight
+    monkeypatch.setenv("MILES_CACHE_DIR", str(tmp_path))  # an empty cache: the model is not made
+    config = resolve_run(parse_config(["--config", str(YAML)]))
+    tokenizer, model = preflight._model_shape(config)
+    assert model.model_type == "qwen3_moe" and model.num_experts == 4
