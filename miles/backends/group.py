@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
@@ -87,6 +87,41 @@ class ActorGroup:
             seconds[done[0]] = time.perf_counter() - start
         return ray.get(refs), [seconds[ref] for ref in refs]
 
+    def call_bounded(self, method: str, *args: Any, grace_s: float,
+                     gone: Callable[[int], bool] = lambda rank: False
+                     ) -> tuple[list[Any], list[float]]:
+        """`call_timed` of a collective whose waits the ranks bound themselves: once one rank has
+        failed, the others get `grace_s` to fail too (or answer), and a rank that `gone(rank)`
+        says will never answer (stopped, dead) is not waited for. Raises `RankCallError` naming
+        each rank that failed or did not answer."""
+        start = time.perf_counter()
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        seconds: dict[int, float] = {}
+        errors: dict[int, str] = {}
+        pending, failed_at = list(refs), None
+        while pending:
+            if failed_at is not None:
+                if time.perf_counter() > failed_at + grace_s:
+                    break
+                pending = [ref for ref in pending if not gone(rank_of[ref])]
+                if not pending:
+                    break
+            done, pending = ray.wait(pending, num_returns=1,
+                                     timeout=None if failed_at is None else 1.0)
+            for ref in done:
+                rank = rank_of[ref]
+                seconds[rank] = time.perf_counter() - start
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # named in the RankCallError
+                    errors[rank] = rank_error(exc)
+                    failed_at = failed_at or time.perf_counter()
+        silent = [rank_of[ref] for ref in refs if rank_of[ref] not in seconds]
+        if errors or silent:
+            raise RankCallError(method, errors, silent)
+        return ray.get(refs), [seconds[rank] for rank in range(len(refs))]
+
     def train(self, batches: list[RankBatch]) -> list[RankTrainResult]:
         return ray.get([a.train.remote(b) for a, b in zip(self.actors, batches)])
 
@@ -96,6 +131,28 @@ class ActorGroup:
             stop_ranks(self.actors)
         finally:
             self.actors = []
+
+
+class RankCallError(RuntimeError):
+    """A collective call failed on some ranks: each one's error, and the ranks that never
+    answered."""
+
+    def __init__(self, method: str, errors: dict[int, str], silent: list[int]):
+        self.method, self.errors, self.silent = method, errors, silent
+        parts = [f"rank {rank}: {error}" for rank, error in sorted(errors.items())]
+        parts += [f"rank {rank} did not answer (stopped or hung)" for rank in silent]
+        super().__init__(f"{method} failed on the training ranks: " + "; ".join(parts))
+
+
+def rank_error(exc: BaseException) -> str:
+    """A rank's error in one line: the raised exception's own line, not Ray's traceback."""
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return "its process died (" + str(exc).strip().splitlines()[0][:200] + ")"
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {str(cause).strip()[:2000]}"
+    lines = str(exc).strip().splitlines()
+    return lines[-1][:2000] if lines else type(exc).__name__
 
 
 def stop_ranks(actors: list[Any]) -> None:

@@ -31,11 +31,12 @@ from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.flops import rank_peak_flops
 from miles.backends.logprobs import TokenStats
 from miles.backends.rank_memory import rank_memory
+from miles.backends.push_deadline import PushWatch
 from miles.backends.rank_phases import RankPhaseRecorder
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
 from miles.backends.weight_broadcast import RankSender, SendTarget
-from miles.run.faults import slow_rank
+from miles.run.faults import push_fault, slow_rank
 from miles.run.phases import add_phase_hook, timed
 from miles.run.stragglers import RankCoords
 from miles.profiling.rank import RankProfiler
@@ -44,6 +45,9 @@ from miles.profiling.window import ProfileWindow
 
 
 GROUP_TIMEOUT = timedelta(minutes=30)
+# What a weight push's gather is, per backend, for a failed push's message
+PUSH_GATHERS = {"fsdp": "all-gather of the FSDP shards (get_model_state_dict)",
+                "megatron": "all_gather_object of the TP/PP shards (model-parallel group)"}
 
 
 def open_master_store(master_addr: str, world_size: int, port: int = 0) -> dist.TCPStore:
@@ -206,6 +210,10 @@ class PPORank:
         if self.data_parallel_size < self.world_size:  # model parallel: traces name dp/pp/tp
             self.profiler.coords = self.rank_phases.coords
         self.rank_phases.between_passes = self.collectives_in_passes
+        t = self.config.train
+        self.push_watch = PushWatch(self.rank, self.world_size, self.rank_phases.coords,
+                                    t.update_weight_timeout, t.run_dir,
+                                    push_fault(self.config.orchestration.inject_fault, self.rank))
         return self.load_base(model_path)
 
     def load_base(self, model_path: str) -> ActorInfo:
@@ -324,10 +332,19 @@ class PPORank:
         except Exception as exc:  # disk full, export error: reported by the trainer, training goes on
             return [], f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
-    def stage_weights(self) -> None:
+    def push_export(self, directory: str | None, version: int) -> dict | None:
+        """`export_weights` as a weight push's: its gather bounded by --update-weight-timeout
+        and recorded for whoever waits on it (`miles.backends.push_deadline`)."""
+        watch = self.push_watch
+        watch.rollout_id = self.rank_phases.rollout_id  # faults aim at the rollout just trained
+        gather = PUSH_GATHERS.get(self.config.train.train_backend, "gather of the HF weights")
+        with watch.collective(version, "weight_gather", gather):
+            return self.export_weights(directory)
+
+    def stage_weights(self, version: int = 0) -> None:
         """Collective (FSDP gathers on every rank): the source rank keeps its HF export for
         `send_weights` (--update-weight-transfer-mode broadcast)."""
-        self._sender().stage(self.export_weights(None))
+        self._sender().stage(self.push_export(None, version))
 
     def send_weights(self, target: SendTarget, version: int) -> dict[str, float]:
         """The source rank: stream the staged weights to `target`'s engines in buckets; the

@@ -6,6 +6,12 @@ HF tensors in buckets over SGLang's `/update_weights_from_distributed` (weight_b
 co-located, rank 0's full state dict is pushed in memory.
 The router is told the new version so it can report which weights serve traffic.
 
+Nothing in a push waits forever: each collective on the ranks (the weight gather) and each engine
+call is bounded by --update-weight-timeout; a rank that died or stopped mid-push fails the push on
+every other rank within it, with a message naming the phase, the collective and that rank
+(`miles.backends.push_deadline`), and the ranks are then ended (their groups are out of step), so
+the run's fault-tolerance path starts them afresh from the last checkpoint.
+
 In async training requests are in flight during a push: each engine is paused first (SGLang's
 `/pause_generation` with mode `in_place` or `retract`), updated, then continued, so the requests go on
 under the new weights instead of holding the update back until they end.
@@ -21,11 +27,12 @@ from typing import Iterator
 
 import httpx
 
-from miles.backends.group import ActorGroup
+from miles.backends.group import ActorGroup, RankCallError
 from miles.backends.weight_broadcast import DEFAULT_BUFFER_BYTES, SendTarget
 from miles.serving.auth import bearer
 from miles.serving.router_client import RouterClient
 from miles.serving.control_http import control_client
+from miles.run.collective_waits import gone
 
 
 class WeightSyncError(RuntimeError):
@@ -44,8 +51,8 @@ def push_disk(engine_urls: list[str], model_dir: Path, version: int, token: str 
         raise next(iter(failures.values()))
 
 
-def push_disk_each(engine_urls: list[str], model_dir: Path, version: int,
-                   token: str | None = None) -> tuple[dict[str, Exception], dict[str, float]]:
+def push_disk_each(engine_urls: list[str], model_dir: Path, version: int, token: str | None = None,
+                   timeout_s: float = 600.0) -> tuple[dict[str, Exception], dict[str, float]]:
     """Push to every engine in parallel; the engines that failed, with their error, and each push's seconds."""
     weights = _engine_weights()
     seconds: dict[str, float] = {}
@@ -53,7 +60,8 @@ def push_disk_each(engine_urls: list[str], model_dir: Path, version: int,
     def push(url: str) -> Exception | None:
         start = time.perf_counter()
         try:
-            weights.push_weights_from_disk(url, str(model_dir), str(version), token=token)
+            weights.push_weights_from_disk(url, str(model_dir), str(version), timeout=timeout_s,
+                                           token=token)
         except Exception as exc:  # reported per engine: with supervision one dead engine must not fail the push
             return exc
         finally:
@@ -73,7 +81,8 @@ def push_disk_each(engine_urls: list[str], model_dir: Path, version: int,
 
 
 @contextmanager
-def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -> Iterator[None]:
+def paused(engine_urls: list[str], mode: str | None, token: str | None = None,
+           timeout_s: float = 120.0) -> Iterator[None]:
     """Pause every engine's generation in `mode` for the body, continue it after (even on failure);
     None: nothing (a synchronous push has nothing in flight). An engine that cannot be reached is left
     to the push, which reports it."""
@@ -84,8 +93,8 @@ def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -
     reached = []
     for url in engine_urls:
         try:
-            response = control_client().post(f"{url}/pause_generation", json={"mode": mode}, headers=headers,
-                                             timeout=120)
+            response = control_client().post(f"{url}/pause_generation", json={"mode": mode},
+                                             headers=headers, timeout=timeout_s)
         except httpx.TransportError:
             continue
         if response.status_code != 200:
@@ -97,7 +106,8 @@ def paused(engine_urls: list[str], mode: str | None, token: str | None = None) -
     finally:
         for url in reached:
             try:
-                control_client().post(f"{url}/continue_generation", json={}, headers=headers, timeout=120)
+                control_client().post(f"{url}/continue_generation", json={}, headers=headers,
+                                      timeout=timeout_s)
             except httpx.TransportError:  # a dead engine: its supervisor relaunches it unpaused
                 pass
 
@@ -120,6 +130,8 @@ class WeightSync:
         train = getattr(getattr(group, "config", None), "train", None)
         self.transfer_mode = getattr(train, "update_weight_transfer_mode", "disk")
         self.buffer_bytes = getattr(train, "update_weight_buffer_size", DEFAULT_BUFFER_BYTES)
+        self.timeout_s = getattr(train, "update_weight_timeout", 300.0)  # each wait of a push
+        self.run_dir = getattr(train, "run_dir", None)  # where the ranks record their collectives
         self.lock = threading.Lock()
         self._current: tuple[Path, int] | None = None
         # the last push's seconds per rank (export) and per engine (load), as journal keys
@@ -152,19 +164,21 @@ class WeightSync:
         if self.transfer_mode == "broadcast" and not self.in_memory:
             self._push_broadcast(version, pause_mode)
         elif self.in_memory:
-            states = self._export(None)
+            states = self._export(None, version)
             weights = _engine_weights()
             seconds = {}
-            with paused(self.engine_urls, pause_mode, self.admin_token):
+            with paused(self.engine_urls, pause_mode, self.admin_token, self.timeout_s):
                 for url in self.engine_urls:
                     start = time.perf_counter()
-                    weights.push_weights_in_memory(url, states[0], str(version), token=self.admin_token)
+                    weights.push_weights_in_memory(url, states[0], str(version), self.timeout_s,
+                                                   token=self.admin_token)
                     seconds[url] = time.perf_counter() - start
             self._engine_times(seconds)
         else:
             target = self._export_to_disk(version)
-            with paused(self.engine_urls, pause_mode, self.admin_token):
-                failures, seconds = push_disk_each(self.engine_urls, target, version, self.admin_token)
+            with paused(self.engine_urls, pause_mode, self.admin_token, self.timeout_s):
+                failures, seconds = push_disk_each(self.engine_urls, target, version,
+                                                   self.admin_token, self.timeout_s)
             self._engine_times(seconds)
             if failures:
                 raise next(iter(failures.values()))
@@ -177,12 +191,13 @@ class WeightSync:
         in buckets over their weight update group (weight_broadcast.py); the engines apply them
         with the last bucket. Only the transfer runs paused."""
         self.last_times = {}
-        _, seconds = self.group.call_timed("stage_weights")
+        _, seconds = self._on_ranks("stage_weights", version)
         self.last_times.update({f"perf/update_weights_rank_{r}_time": s
                                 for r, s in enumerate(seconds)})
-        target = SendTarget(tuple(self.engine_urls), self.admin_token, self.buffer_bytes)
+        target = SendTarget(tuple(self.engine_urls), self.admin_token, self.buffer_bytes,
+                            timeout_s=self.timeout_s)
         start = time.perf_counter()
-        with paused(self.engine_urls, pause_mode, self.admin_token):
+        with paused(self.engine_urls, pause_mode, self.admin_token, self.timeout_s):
             try:
                 metrics = self._on_rank0("send_weights", target, version)
             except Exception as exc:  # a Ray task error wraps the rank's WeightBroadcastError
@@ -201,7 +216,7 @@ class WeightSync:
     def _export_to_disk(self, version: int) -> Path:
         """Every rank exports `version`'s weights to their directory under export_root, which is returned."""
         target = self.export_root / f"v{version:06d}"
-        self._export(str(target))
+        self._export(str(target), version)
         return target
 
     def _keep_only(self, target: Path) -> None:
@@ -214,12 +229,26 @@ class WeightSync:
         """The ranks' weight version (their journal and checkpoints carry it) is `version` from now on."""
         self.group.call("set_weight_version", version)
 
-    def _export(self, directory: str | None) -> list:
-        """Every rank's export_weights (rank 0 writes or returns the full state), timed per rank."""
+    def _export(self, directory: str | None, version: int) -> list:
+        """Every rank's export (rank 0 writes or returns the full state), timed per rank."""
         self.last_times = {}
-        results, seconds = self.group.call_timed("export_weights", directory)
+        results, seconds = self._on_ranks("push_export", version, directory)
         self.last_times.update({f"perf/update_weights_rank_{r}_time": s for r, s in enumerate(seconds)})
         return results
+
+    def _on_ranks(self, method: str, version: int, *args) -> tuple[list, list[float]]:
+        """A collective step of the push of `version` on every rank, bounded: the ranks fail their
+        own waits at --update-weight-timeout; here the others get that long again once one failed,
+        and a rank recorded dead or silent in the collective is not waited for. A failure ends the
+        ranks (their groups are out of step) and is a WeightSyncError naming each rank's part."""
+        try:
+            return self.group.call_bounded(method, *args, version, grace_s=self.timeout_s + 10.0,
+                                           gone=lambda rank: gone(self.run_dir, rank, version))
+        except RankCallError as exc:
+            self.group.kill()
+            raise WeightSyncError(f"the weight push of version {version} failed on the training "
+                                  f"ranks and they were ended (a relaunch starts them from the "
+                                  f"last checkpoint): {exc}") from None
 
     def _engine_times(self, seconds: dict[str, float]) -> None:
         """Per engine, named by its index in the run's engine list (a URL is no metric name; a relaunched
@@ -234,8 +263,9 @@ class WeightSync:
         target = self._export_to_disk(version)
         ready = self.supervisor.ready_urls()
         try:
-            with paused(ready, pause_mode, self.admin_token):
-                failures, seconds = push_disk_each(ready, target, version, self.admin_token)
+            with paused(ready, pause_mode, self.admin_token, self.timeout_s):
+                failures, seconds = push_disk_each(ready, target, version, self.admin_token,
+                                                   self.timeout_s)
             self._engine_times(seconds)
         except WeightSyncError as exc:  # an engine refused the pause: the supervisor's to heal, like a failed push
             failures = {url: exc for url in ready}

@@ -24,7 +24,9 @@ class OrchestrationConfig:
                                           "request of the rollout (an abort storm), kill-router@ITER SIGKILLs the "
                                           "router, all as rollout ITER starts; slow-rank:N:PHASE[:SECONDS]@ITER makes "
                                           "training rank N sleep SECONDS (default 1) at the end of PHASE (forward, "
-                                          "backward, ...) in rollout ITER, a straggler; a comma-separated list fires "
+                                          "backward, ...) in rollout ITER, a straggler; kill-rank[:N]@ITER SIGKILLs "
+                                          "and stall-rank[:N]@ITER SIGSTOPs training rank N as it enters the "
+                                          "weight gather of the push after rollout ITER; a comma-separated list fires "
                                           "each once (raise@1,kill-engine:1@3), one fault per rollout")
     use_fault_tolerance: bool = flag(False, "supervise the engines and the router (both drivers): "
                                             "relaunch a dead or hung engine on its port, readmit it once it serves "

@@ -73,6 +73,10 @@ class TrainConfig:
     update_weight_buffer_size: int = flag(
         512 * 2**20, "bytes per weight-sync bucket with --update-weight-transfer-mode broadcast "
                      "(a larger tensor goes alone)", minimum=1)
+    update_weight_timeout: float = flag(
+        300.0, "seconds each collective and engine call of a weight push may wait: a training "
+               "rank or engine that died or stopped mid-push fails the push on every rank within "
+               "it, naming the phase, the collective and the peer", minimum=1.0)
     use_tis: bool = flag(False, "truncated importance sampling: weight each token's policy loss by "
                                 "min(exp(old - rollout log-prob), --tis-clip)")
     tis_clip: float = flag(2.0, "upper clip of the TIS weight", minimum=0.0)

@@ -49,6 +49,8 @@ ENTRIES: dict[str, Entry] = dict([
     ("checkpoints", Entry("checkpoints/", "trainer", "iter_NNNNNNN checkpoints (the default --save)")),
     ("weights", Entry("weights/", "trainer", "weights staged for the engines (weight sync from disk)")),
     ("faults", Entry("faults/", "--inject-fault", "markers of faults already fired")),
+    ("collectives", Entry("collectives/", "training ranks", "rank-<N>.json: the weight-push collective "
+                          "each rank is in, with a heartbeat (whom a stuck push waits for)")),
     ("lock", Entry(".lock", "trainer", "one trainer per run dir")),
     ("mlflow_db", Entry("mlflow.db", "MLflow sink", "a run's own MLflow store (--mlflow-tracking-uri "
                         "sqlite:///RUN_DIR/mlflow.db; by default the runs in one folder share FOLDER/mlflow.db)")),
@@ -90,6 +92,7 @@ DIAGNOSE = _name("diagnose")
 CHECKPOINTS = _name("checkpoints")
 WEIGHTS = _name("weights")
 FAULTS = _name("faults")
+COLLECTIVES = _name("collectives")
 LOCK = _name("lock")
 MLFLOW_DB = _name("mlflow_db")
 MLARTIFACTS = _name("mlartifacts")

@@ -13,6 +13,11 @@ one engine the client waits for its relaunch), or held by a stopped one until th
 `slow-rank:N:PHASE[:SECONDS]@R` makes training rank N (its index in the world) a straggler: it sleeps
 SECONDS (default 1) at the end of its first span of PHASE (`miles.run.stragglers.RANK_PHASES`) in
 rollout R, inside the rank (`miles.backends.rank_phases`); the loop's injector leaves it alone.
+
+`kill-rank:N@R` (SIGKILL) and `stall-rank:N@R` (SIGSTOP: alive, never answering) hit training rank N
+inside the weight push after rollout R, as it enters the push's weight gather (a collective): the
+other ranks are in it and wait for it until the push's deadline (--update-weight-timeout) fails them
+(`miles.backends.push_deadline`). Also fired inside the rank, not by the loop's injector.
 """
 from __future__ import annotations
 
@@ -28,8 +33,11 @@ from miles.record import layout
 from miles.run.observer import Observer
 from miles.run.stragglers import RANK_PHASES
 
-KINDS = ("raise", "kill", "kill-engine", "stop-engine", "abort-engine", "kill-router", "slow-rank")
+KINDS = ("raise", "kill", "kill-engine", "stop-engine", "abort-engine", "kill-router", "slow-rank",
+         "kill-rank", "stall-rank")
 ENGINE_KINDS = ("kill-engine", "stop-engine", "abort-engine")
+PUSH_RANK_KINDS = ("kill-rank", "stall-rank")  # fired inside a training rank's weight push
+NUMBERED = ENGINE_KINDS + PUSH_RANK_KINDS
 SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<engine>\d+))?@(?P<at>\d+)$")
 SLOW_SPEC = re.compile(r"^slow-rank:(?P<rank>\d+):(?P<phase>[a-z_]+)"
                        r"(?::(?P<seconds>\d+(?:\.\d+)?))?@(?P<at>\d+)$")
@@ -65,7 +73,7 @@ class Fault:
     def name(self) -> str:
         if self.kind == "slow-rank":
             return f"slow-rank:{self.engine}:{self.phase}:{self.seconds:g}@{self.rollout_id}"
-        return f"{self.kind}:{self.engine}@{self.rollout_id}" if self.kind in ENGINE_KINDS else \
+        return f"{self.kind}:{self.engine}@{self.rollout_id}" if self.kind in NUMBERED else \
             f"{self.kind}@{self.rollout_id}"
 
 
@@ -86,6 +94,14 @@ def slow_rank(spec: str | None, rank: int) -> SlowRank | None:
     return None
 
 
+def push_fault(spec: str | None, rank: int) -> Fault | None:
+    """The kill-rank or stall-rank fault of `--inject-fault` aimed at training rank `rank`."""
+    for fault in parse_faults(spec):
+        if fault.kind in PUSH_RANK_KINDS and fault.engine == rank:
+            return fault
+    return None
+
+
 def _parse_slow_rank(spec: str) -> Fault:
     match = SLOW_SPEC.match(spec)
     if match is None or match["phase"] not in RANK_PHASES:
@@ -102,10 +118,11 @@ def parse_fault(spec: str | None) -> Fault | None:
     if spec.strip().startswith("slow-rank"):
         return _parse_slow_rank(spec.strip())
     match = SPEC.match(spec.strip())
-    if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in ENGINE_KINDS):
+    if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in NUMBERED):
         raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
-                                            f"stop-engine[:N]@ITER, abort-engine[:N]@ITER, kill-router@ITER or "
-                                            f"slow-rank:RANK:PHASE[:SECONDS]@ITER, got {spec!r}")
+                                            f"stop-engine[:N]@ITER, abort-engine[:N]@ITER, kill-router@ITER, "
+                                            f"slow-rank:RANK:PHASE[:SECONDS]@ITER, kill-rank[:N]@ITER or "
+                                            f"stall-rank[:N]@ITER, got {spec!r}")
     return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 
@@ -128,7 +145,7 @@ def parse_faults(spec: str | None) -> tuple[Fault, ...]:
 def check_faults(spec: str | None, world_size: int) -> None:
     """Before a run starts: the spec parses, and a slow rank is one of the run's training ranks."""
     for fault in parse_faults(spec):
-        if fault.kind == "slow-rank" and fault.engine >= world_size:
+        if fault.kind in ("slow-rank", *PUSH_RANK_KINDS) and fault.engine >= world_size:
             raise ConfigError("--inject-fault", f"{fault.name}: there is no training rank {fault.engine} "
                                                 f"(ranks 0..{world_size - 1})")
 
@@ -158,7 +175,8 @@ class FaultInjector(Observer):
 
     def before_iteration(self, rollout_id: int) -> None:
         for fault in self.faults:
-            if fault.rollout_id == rollout_id and fault.kind != "slow-rank":  # fired inside the rank
+            inside_rank = fault.kind == "slow-rank" or fault.kind in PUSH_RANK_KINDS
+            if fault.rollout_id == rollout_id and not inside_rank:
                 self._fire(fault, rollout_id)
 
     def _fire(self, fault: Fault, rollout_id: int) -> None:

@@ -19,8 +19,8 @@ class Ranks:
     def __init__(self):
         self.version = None
 
-    def call_timed(self, method, directory):
-        assert method == "export_weights"
+    def call_bounded(self, method, directory, version, grace_s, gone):
+        assert method == "push_export" and grace_s > 0 and not gone(1)
         Path(directory).mkdir(parents=True)
         return [None, None], [0.01, 0.02]
 
@@ -35,7 +35,7 @@ class Engines:
     def __init__(self):
         self.loaded = []
 
-    def push_weights_from_disk(self, url, model_dir, version, token=None):
+    def push_weights_from_disk(self, url, model_dir, version, timeout=None, token=None):
         if url == DEAD:
             raise ConnectionError(f"{url} is down")
         self.loaded.append((url, Path(model_dir).name, version))

@@ -1,0 +1,136 @@
+"""What each training rank is doing in a collective of a weight push, and whom it waits for.
+
+A rank in a push collective keeps one small JSON file, RUN_DIR/collectives/rank-<N>.json: the
+push's weight version, the phase, the collective, its pid and host, when it entered and a
+heartbeat a background thread renews while the collective runs (`miles.backends.push_deadline`),
+then `done` or `failed` with the error. A rank stopped with SIGSTOP renews nothing, a killed one
+leaves its pid behind: so a rank that fails its deadline, the trainer and `miles diagnose` can all
+name the peer the others wait for (`waited_for`), the same way, from the same files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from miles.record import layout
+
+WAITING, DONE, FAILED = "waiting", "done", "failed"
+BEAT_S = 0.5  # how often a rank in a collective renews its heartbeat
+STALE_S = 3.0  # a heartbeat this old: the rank stopped answering (SIGSTOP, a hung process)
+
+
+@dataclass
+class CollectiveState:
+    """One rank's place in a weight push's collectives."""
+
+    rank: int
+    coords: str  # e.g. node0/dp1/pp0/tp0
+    version: int  # the weight version being pushed
+    phase: str  # e.g. weight_gather
+    collective: str  # what the phase's collective is, in words
+    pid: int
+    host: str
+    entered: float  # unix time
+    beat: float  # unix time of the last heartbeat
+    state: str = WAITING
+    error: str = ""
+
+    @classmethod
+    def entering(cls, rank: int, coords: str, version: int, phase: str,
+                 collective: str) -> "CollectiveState":
+        now = time.time()
+        return cls(rank, coords, version, phase, collective, os.getpid(), socket.gethostname(),
+                   now, now)
+
+    def same_step(self, other: "CollectiveState") -> bool:
+        return (self.version, self.phase) == (other.version, other.phase)
+
+    def who(self) -> str:
+        return f"rank {self.rank} ({self.coords})"
+
+
+def record_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / layout.COLLECTIVES / f"rank-{rank}.json"
+
+
+def write_state(run_dir: str | Path, state: CollectiveState) -> None:
+    """Atomically: a reader never sees half a file."""
+    path = record_path(run_dir, state.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(state)))
+    os.replace(tmp, path)
+
+
+def read_states(run_dir: str | Path) -> dict[int, CollectiveState]:
+    """Every rank's last record, by rank (unreadable files are skipped)."""
+    out = {}
+    for path in sorted((Path(run_dir) / layout.COLLECTIVES).glob("rank-*.json")):
+        try:
+            state = CollectiveState(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        out[state.rank] = state
+    return out
+
+
+def _process_gone(state: CollectiveState) -> bool:
+    """The rank's process no longer exists (judged only on its own host)."""
+    if state.host != socket.gethostname():
+        return False
+    try:
+        os.kill(state.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def why_not_done(me: CollectiveState, peer: CollectiveState | None, now: float) -> str | None:
+    """Why `me` may be waiting for `peer` in its collective (None: the peer is in it, alive)."""
+    if peer is None:
+        return "never entered a push collective"
+    if not peer.same_step(me):
+        return f"is not in it (last in {peer.phase} of version {peer.version}: {peer.state})"
+    if peer.state == FAILED:
+        return f"failed in it: {peer.error[:200]}"
+    if peer.state == DONE:
+        return None
+    if _process_gone(peer):
+        return f"died in it (process {peer.pid} on {peer.host} is gone)"
+    if now - peer.beat > STALE_S:
+        return (f"stopped answering in it (process {peer.pid} on {peer.host}, last heartbeat "
+                f"{now - peer.beat:.1f} s ago)")
+    return None
+
+
+def waited_for(me: CollectiveState, states: dict[int, CollectiveState], world_size: int,
+               now: float | None = None) -> list[str]:
+    """The peers `me` waits for in its collective, each with why: absent from it, dead in it, or
+    silent in it. Empty when every peer is there and alive (then the slow one is still working)."""
+    now = time.time() if now is None else now
+    out = []
+    for rank in range(world_size):
+        if rank == me.rank:
+            continue
+        peer = states.get(rank)
+        reason = why_not_done(me, peer, now)
+        if reason is not None and not (peer is not None and peer.state == FAILED):
+            out.append(f"{peer.who() if peer else f'rank {rank}'} {reason}")
+    return out
+
+
+def gone(run_dir: str | Path | None, rank: int, version: int) -> bool:
+    """Rank `rank` is in a collective of the push of `version` and will not answer: its process
+    died or its heartbeat stopped."""
+    if run_dir is None:
+        return False
+    state = read_states(run_dir).get(rank)
+    if state is None or state.state != WAITING or state.version != version:
+        return False
+    return _process_gone(state) or time.time() - state.beat > STALE_S
