@@ -5,13 +5,15 @@ docs/developer/default-run.json is the one source; benchmarks/default_run.py wri
 it between markers."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 
 from tests.docs.pages import ROOT, doc_pages
 
 sys.path.insert(0, str(ROOT))
-from benchmarks.default_run import MARKER, load, render, stale_pages  # noqa: E402
+from benchmarks.default_run import (MARKER, SCREENSHOT, SHOT_KEY, load,  # noqa: E402
+                                    png_text, render, shown, stale_pages)
 
 # the pages a newcomer reads first describe the default run only: a pass@1 pair there is its result
 FIRST_PAGES = ["README.md", "docs/getting-started.md", "docs/user-guide/run-output.md"]
@@ -48,3 +50,13 @@ def test_a_changed_figure_rewrites_every_quote():
         text = page.read_text()
         if "<!-- default-run:headline -->" in text:
             assert "from 0.111 to 0.999" in render(text, figures)
+
+
+def test_the_metrics_screenshot_is_of_the_measured_run():
+    # first-hour A2: docs/dashboard/metrics.png showed a 4-rollout run whose reward fell, beside
+    # pages quoting the default run; `default_run.py --screenshot` puts the figures shown in the PNG
+    written = png_text(SCREENSHOT).get(SHOT_KEY)
+    assert written is not None, \
+        f"{SCREENSHOT.name} was not made by benchmarks/default_run.py --screenshot"
+    assert json.loads(written) == shown(load()), \
+        f"{SCREENSHOT.name} shows another run than default-run.json (default_run.py --screenshot)"

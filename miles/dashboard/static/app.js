@@ -114,14 +114,30 @@ function verdictLine(v) {
 
 // A path that wraps at its slashes, not mid-name (review N34: "runs/20261207-" /
 // "030252/checkpoints/iter_000"): each "/" is followed by a line-break opportunity (<wbr>).
+// Each part is one span (class path-part) that wraps as a whole: a "-" in a name is a break
+// opportunity too, and "runs/20261207-" / "120215/checkpoints/" still broke after the <wbr>s.
 function pathBreaks(path) {
-  return path.split("/").flatMap((part, i, parts) =>
-    i < parts.length - 1 ? [part + "/", el("wbr", {})] : [part]);
+  const part = (text) => el("span", {class: "path-part"}, text);
+  return path.split("/").flatMap((name, i, names) =>
+    i < names.length - 1 ? [part(name + "/"), el("wbr", {})] : [part(name)]);
+}
+
+// A figure as the terminal's scorecard prints it (Python's f"{v:.3f}"): an exact tie such as a
+// reward of 0.3125 (80 of 256 samples) rounds to even there ("0.312"); toFixed rounds it up.
+function scoreFigure(v, digits = 3) {
+  if (v === null || v === undefined) return "–";
+  const scaled = v * 10 ** digits;  // exact for a dyadic v (k / 2^n), the only kind that can tie
+  const dyadic = Number.isInteger(v * 2 ** 24) && Math.abs(scaled) < 2 ** 30;
+  if (dyadic && scaled - Math.floor(scaled) === 0.5) {
+    const even = Math.floor(scaled) % 2 === 0 ? Math.floor(scaled) : Math.floor(scaled) + 1;
+    return (even / 10 ** digits).toFixed(digits);
+  }
+  return v.toFixed(digits);
 }
 
 // The run's headline (first-hour N9): the scorecard's numbers, as the terminal, Prefect and MLflow show them.
 function summaryCard(s) {
-  const num = (v, d = 3) => (v === null || v === undefined) ? "–" : v.toFixed(d);
+  const num = scoreFigure;
   const evalText = s.eval_key ? `${num(s.base_eval)} → ${num(s.final_eval)}` +
     (s.final_eval_rollout !== null ? ` (after rollout ${s.final_eval_rollout})` : "") : "no eval";
   const reward = s.reward_first ? `${num(s.reward_first[1])} → ${num(s.reward_last[1])}` +
