@@ -161,7 +161,7 @@ class WeightBroadcaster:
         self.group.close()
         self.group = None
         calls = [_Call.post(url, "destroy_weights_update_group", {"group_name": self.group_name},
-                            self.token, 10.0) for url in self.engine_urls]
+                            self.token, min(10.0, self.timeout_s)) for url in self.engine_urls]
         for call in calls:
             call.thread.start()
         for call in calls:
@@ -202,12 +202,27 @@ class WeightBroadcaster:
             failed = [c for c in calls if c.done and c.error is not None]
             if failed or own.error is not None or own.done and all(c.done for c in calls):
                 break
+        if own.error is not None:
+            _settle(calls, changed, min(10.0, self.timeout_s))
+            failed = [c for c in calls if c.done and c.error is not None]
         reasons = [own.error] if own.error is not None else []
         reasons += [f"engine {c.url} /{c.path} failed: {c.error}" for c in failed]
+        if own.error is not None:  # this side gave up waiting: an engine still silent is why
+            reasons += [f"engine {c.url} never answered /{c.path} (stopped or hung)"
+                        for c in calls if not c.done]
         if reasons:
             raise WeightBroadcastError(f"weight update group {self.group_name!r}, {what}: "
                                        + "; ".join(reasons))
         return calls
+
+
+def _settle(calls: list["_Call"], changed: threading.Event, grace_s: float) -> None:
+    """Give the engines' calls `grace_s` to end: a live engine whose wait in the group failed
+    with this side's answers with its error then; one that stays silent is stopped or hung."""
+    until = time.monotonic() + grace_s
+    while not all(c.done for c in calls) and time.monotonic() < until:
+        changed.wait(max(0.0, until - time.monotonic()))
+        changed.clear()
 
 
 class _Call:

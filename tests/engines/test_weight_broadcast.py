@@ -4,7 +4,10 @@ bucket is refused by number and the old weights stay; a side that never comes fa
 within the group's timeout."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 import httpx
 import pytest
@@ -169,3 +172,31 @@ def test_a_bad_join_request_is_refused(engine, change, why):
             "backend": "gloo", **change}
     r = httpx.post(engine.url + "/init_weights_update_group", json=body, headers=AUTH, timeout=60)
     assert r.status_code == 400 and why in r.json()["message"]
+
+
+def test_an_engine_stopped_mid_push_fails_the_push_naming_it_and_its_bucket(engine, base):
+    """SIGSTOP between buckets 1 and 2 (issue 54): the sender's broadcast of bucket 2 fails by
+    the push's deadline, naming the engine that never answered and the bucket; continued, the
+    engine still serves the old weights whole (it applies only with the last bucket)."""
+    before = served(engine.url)
+    _, named = perturbed(base, 6)
+    total = len(plan_buckets(named, BUCKET_BYTES))
+    sender = WeightBroadcaster([engine.url], TOKEN, group_name="stalled", timeout_s=3)
+
+    def stop_after_first(number: int, _: int) -> None:
+        if number == 1:
+            os.kill(engine.pid, signal.SIGSTOP)
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(WeightBroadcastError) as caught:
+            sender.push(named, BUCKET_BYTES, "v-stalled", on_bucket=stop_after_first)
+        took = time.monotonic() - started
+    finally:
+        os.kill(engine.pid, signal.SIGCONT)
+    message = str(caught.value)
+    print(f"an engine stopped mid-push: the push failed after {took:.1f} s: {message}")
+    assert f"bucket 2 of {total}" in message
+    assert f"engine {engine.url} never answered /update_weights_from_distributed" in message
+    assert took < 3 + 10 + 10 + 30  # deadline, the engines' grace, leaving the group; generous
+    assert served(engine.url) == before
