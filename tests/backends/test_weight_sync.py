@@ -115,3 +115,18 @@ def test_the_transfer_flags_validate_naming_the_flag():
 
 def test_a_config_less_group_pushes_through_disk(tmp_path):
     assert WeightSync(Ranks(), ["http://127.0.0.1:1"], None, tmp_path, in_memory=False).transfer_mode == "disk"
+
+
+def test_an_engine_that_times_out_a_disk_push_is_named(tmp_path, monkeypatch):
+    """A load that outlasts --update-weight-timeout (httpx's timeout) fails naming the engine."""
+    import httpx
+
+    class Silent:
+        @staticmethod
+        def push_weights_from_disk(url, model_dir, version, timeout=None, token=None):
+            raise httpx.ReadTimeout("timed out")
+
+    monkeypatch.setattr(sync, "_engine_weights", lambda: Silent)
+    failures, _ = sync.push_disk_each([DEAD], tmp_path, 3, timeout_s=7)
+    assert "engine http://127.0.0.1:2 did not load weight version 3" in str(failures[DEAD])
+    assert "--update-weight-timeout 7 s" in str(failures[DEAD])
