@@ -90,14 +90,20 @@ def check_context(config) -> None:
 
 
 def check_parallel_layout(config) -> None:
-    """The model divides as --tensor-model-parallel-size and --pipeline-model-parallel-size split
-    it (heads, KV heads and the MLP by TP, layers by PP): else every rank fails building its shard.
+    """The model divides as --tensor-model-parallel-size, --pipeline-model-parallel-size and
+    --expert-model-parallel-size split it (heads, KV heads and the MLP by TP, layers by PP,
+    experts by EP): else every rank fails building its shard.
     Needs the model's files or the tiny model's shape, like `check_context`."""
-    from miles.config.parallel import check_model_divides, rank_layout
+    from miles.config.parallel import check_model_divides, check_model_experts, rank_layout
 
     layout, shape = rank_layout(config.train), _model_shape(config)
-    if shape is None or (layout.tp == 1 and layout.pp == 1):
+    ep = config.train.expert_model_parallel_size
+    if shape is None or (layout.tp == 1 and layout.pp == 1 and ep == 1):
         return
     model = shape[1]
-    check_model_divides(layout, model.num_attention_heads, model.num_key_value_heads,
-                        model.intermediate_size, model.num_hidden_layers)
+    experts = int(getattr(model, "num_experts", 0) or 0)
+    check_model_experts(ep, experts)
+    # an MoE model's MLPs are its experts, split over TP as a dense MLP is
+    ffn = model.moe_intermediate_size if experts else model.intermediate_size
+    check_model_divides(layout, model.num_attention_heads, model.num_key_value_heads, ffn,
+                        model.num_hidden_layers)

@@ -1,8 +1,10 @@
 """The training ranks' layout: tensor x pipeline x data parallel, and what the flags may ask for.
 
 World = --actor-num-nodes x --actor-num-gpus-per-node training ranks = TP x PP x DP. Only the
-Megatron backend shards a model over TP and PP (FSDP shards by data parallel only). What the
-model must divide (heads and KV heads by TP, layers by PP) is checked against its HF config in
+Megatron backend shards a model over TP and PP (FSDP shards by data parallel only). Expert
+parallel (EP, MoE models) splits the experts over EP ranks carved out of DP, as megatron-core
+lays them out: DP must divide by EP. What the model must divide (heads and KV heads by TP, layers
+by PP, experts by EP; EP needs experts) is checked against its HF config in
 `miles.preflight.check_parallel_layout`, before anything starts.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ from miles.config.fields import ConfigError
 
 TP_FLAG, PP_FLAG, SP_FLAG = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
                              "--sequence-parallel")
+EP_FLAG = "--expert-model-parallel-size"
 
 # Megatron's sequence parallel (activations split along the sequence within a TP group): not built.
 SEQUENCE_PARALLEL_BUILT = False
@@ -52,6 +55,33 @@ def check_parallel_flags(train) -> None:
     if train.sequence_parallel and not (tp > 1 and SEQUENCE_PARALLEL_BUILT):
         needs = "" if tp > 1 else " (and it needs --tensor-model-parallel-size > 1)"
         raise ConfigError(SP_FLAG, "sequence parallel is not supported on this build yet" + needs)
+    check_expert_flag(train)
+
+
+def check_expert_flag(train) -> None:
+    """--expert-model-parallel-size against the backend and the ranks (megatron-core's layout:
+    the world divides by expert TP (= TP) x EP x PP, so the DP ranks divide by EP)."""
+    ep = train.expert_model_parallel_size
+    if ep == 1:
+        return
+    if train.train_backend != "megatron":
+        raise ConfigError(EP_FLAG, f"expert parallel is built for --train-backend megatron only "
+                                   f"(got --train-backend {train.train_backend}, EP={ep})")
+    layout = rank_layout(train)
+    if layout.dp % ep:
+        raise ConfigError(EP_FLAG, f"the {layout.dp} data parallel ranks (training ranks / (TP x "
+                                   f"PP)) must divide by the expert parallel size {ep}: "
+                                   "megatron-core carves the EP ranks out of them")
+
+
+def check_model_experts(ep: int, experts: int) -> None:
+    """--expert-model-parallel-size against the model: it needs experts, and they split evenly."""
+    if ep > 1 and not experts:
+        raise ConfigError(EP_FLAG, f"expert parallel size {ep} needs a mixture-of-experts model; "
+                                   "this one is dense")
+    if ep > 1 and experts % ep:
+        raise ConfigError(EP_FLAG, f"the model's {experts} experts must divide by the expert "
+                                   f"parallel size {ep}")
 
 
 def check_model_divides(layout: RankLayout, heads: int, kv_heads: int, ffn: int,

@@ -22,6 +22,10 @@ class TrainConfig:
     pipeline_model_parallel_size: int = flag(
         1, "pipeline stages per model replica (Megatron only; the layers must divide by it; "
            "1F1B over micro-batches)", minimum=1)
+    expert_model_parallel_size: int = flag(
+        1, "expert parallel ranks: each holds a slice of every MoE layer's experts and tokens go "
+           "to their experts all-to-all (Megatron only, MoE models only; carved out of the data "
+           "parallel ranks, which it must divide, as must the experts)", minimum=1)
     sequence_parallel: bool = flag(False, "split activations along the sequence within a TP group "
                                           "(not supported on this build yet: refused)")
     colocate: bool = flag(False, "engines and trainer share devices; weights sync in memory")

@@ -3,7 +3,8 @@
 The PPO pass and its loss normalisation are `miles.backends.ppo.PPORank`, shared with FSDP.
 Here: megatron-core's GPTModel, this rank's pipeline stage and tensor-parallel slice
 (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`; the rest of the world is data
-parallel), run through megatron-core's own schedule (`pipeline`), its log-probs and entropy taken
+parallel, and a mixture-of-experts model's experts are split over `--expert-model-parallel-size`
+of the data parallel ranks, tokens reaching them all-to-all), run through megatron-core's own schedule (`pipeline`), its log-probs and entropy taken
 vocab-parallel (`vocab_parallel`), and the gradient reduction, norms and clipping of a split model
 (`grads`). The ranks of one model-parallel group pool the samples the trainer gave them
 (`replica_batch`) and one of them (TP rank 0 of the last stage, where the loss is) reports them.
@@ -37,20 +38,27 @@ class MegatronTrainActor(PPORank):
     def _init_parallel(self) -> None:
         train = self.config.train
         tp, pp = train.tensor_model_parallel_size, train.pipeline_model_parallel_size
-        if self.world_size % (tp * pp):
+        ep = train.expert_model_parallel_size
+        if self.world_size % (tp * pp * ep):
             raise ValueError(f"{self.world_size} training ranks do not split into "
                              f"--tensor-model-parallel-size {tp} x "
-                             f"--pipeline-model-parallel-size {pp}")
-        init_parallel(self.config.train.seed, tp, pp)
+                             f"--pipeline-model-parallel-size {pp} x "
+                             f"--expert-model-parallel-size {ep}")
+        init_parallel(self.config.train.seed, tp, pp, ep)
         self.ps = parallel_state()
         self.par = convert.Parallel(tp, self.ps.get_tensor_model_parallel_rank(), pp,
-                                    self.ps.get_pipeline_model_parallel_rank())
+                                    self.ps.get_pipeline_model_parallel_rank(), ep,
+                                    self.ps.get_expert_model_parallel_rank())
         self.data_parallel_size = self.ps.get_data_parallel_world_size()
-        self.first_replica = self.ps.get_data_parallel_rank() == 0
+        # The ranks whose shards make one whole model: the first replica's, or with EP > 1 those
+        # holding each expert once (the EP group spans data parallel ranks; at EP = 1 the same)
+        self.first_replica = self.ps.get_expert_data_parallel_rank() == 0
         self.reports = self.par.tp_rank == 0 and self.par.last_stage  # where the loss is computed
 
     def layout_name(self) -> str:
-        return f"TP={self.par.tp_size} x PP={self.par.pp_size} x DP={self.data_parallel_size}"
+        experts = f" (EP={self.par.ep_size})" if self.par.ep_size > 1 else ""
+        return (f"TP={self.par.tp_size} x PP={self.par.pp_size} x DP={self.data_parallel_size}"
+                + experts)
 
     def info(self) -> ActorInfo:
         """With this rank's place in the layout (`extra["parallel"]`: tp, pp, dp coordinates)."""
@@ -59,6 +67,7 @@ class MegatronTrainActor(PPORank):
             info.extra["parallel"] = {"tp_rank": self.par.tp_rank, "pp_rank": self.par.pp_rank,
                                       "dp_rank": self.ps.get_data_parallel_rank(),
                                       "tp_size": self.par.tp_size, "pp_size": self.par.pp_size,
+                                      "ep_rank": self.par.ep_rank, "ep_size": self.par.ep_size,
                                       "layout": self.layout_name()}
         return info
 
@@ -74,13 +83,16 @@ class MegatronTrainActor(PPORank):
 
         hf_config = AutoConfig.from_pretrained(model_path)
         self.layout = convert.Layout.of(hf_config)
-        convert.check_tp_divides(self.layout, self.par.tp_size, hf_config.intermediate_size)
+        ffn = hf_config.moe_intermediate_size if self.layout.num_experts else \
+            hf_config.intermediate_size
+        convert.check_tp_divides(self.layout, self.par.tp_size, ffn)
+        convert.local_experts(self.layout, self.par.ep_size)  # raises unless EP splits the experts
         # raises unless the layers split evenly over the stages
         convert.stage_layers(self.layout.num_layers, self.par.pp_size, self.par.pp_rank)
         self.tied = self.layout.tied
         self.pad_id = hf_config.pad_token_id or 0
         self.padded_vocab = convert.padded_vocab(hf_config.vocab_size, self.par.tp_size)
-        base = W.read_hf_weights(self.model_path, self.tied)
+        base = self._read_hf(self.model_path)
         self.model = self._build(hf_config, base, trainable=True)
         self.ref_model = self._build(hf_config, base, trainable=False) if self.config.train.use_kl_loss else None
         self.param_names = [name for name, _ in self.model.named_parameters()]  # the optimizer's order
@@ -91,6 +103,11 @@ class MegatronTrainActor(PPORank):
         model.train(trainable)
         model.requires_grad_(trainable)
         return model
+
+    def _read_hf(self, directory) -> dict[str, torch.Tensor]:
+        """An HF checkpoint in the in-memory names (a MoE's per-expert files fused)."""
+        return convert.fuse_expert_files(W.read_hf_weights(Path(directory), self.tied),
+                                         self.layout)
 
     @torch.no_grad()
     def _load_hf(self, model, hf_state: dict[str, torch.Tensor]) -> None:
@@ -162,11 +179,14 @@ class MegatronTrainActor(PPORank):
 
     @torch.no_grad()
     def param_norm(self) -> float:
-        return grads.model_norm([(p, p) for p in self.model.parameters()], self.ps)
+        dense, experts = grads.split_experts(self.model, lambda p: p)
+        return grads.model_norm(dense, self.ps, experts)
 
     # ---- weights, checkpoints -----------------------------------------------------------
     def _gather_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return gather.gather_hf(local, self.layout, self.par, self.ps.get_model_parallel_group())
+        ep_group = self.ps.get_expert_model_parallel_group() if self.par.ep_size > 1 else None
+        return gather.gather_hf(local, self.layout, self.par, self.ps.get_model_parallel_group(),
+                                ep_group)
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """Collective over the model-parallel group: the replica's whole model in HF names (CPU)."""
@@ -199,7 +219,7 @@ class MegatronTrainActor(PPORank):
     def load(self, directory: str) -> ActorInfo:
         """Collective: every rank reads the full files (shared storage) and cuts its own shards."""
         src = Path(directory)
-        self._load_hf(self.model, W.read_hf_weights(src, self.tied))
+        self._load_hf(self.model, self._read_hf(src))
         optim = load_state_file(src / "optimizer.pt")
         self.optimizer.load_state_dict(self._megatron_optimizer_state(optim))
         self.load_schedule_and_rng(src)
@@ -218,6 +238,9 @@ class MegatronTrainActor(PPORank):
         mine = {gather.global_name(n, self.layout, self.par): s["step"] for n, s in by_name.items()}
         for part in gather.gather_objects(mine, self.ps.get_model_parallel_group()):
             steps.update(part)
+        if self.par.ep_size > 1:  # the other EP ranks' experts
+            for part in gather.gather_objects(steps, self.ps.get_expert_model_parallel_group()):
+                steps.update(part)
         state = {}
         if by_name:
             moments = {key: self._gather_hf({n: s[key].cpu() for n, s in by_name.items()})
@@ -232,7 +255,7 @@ class MegatronTrainActor(PPORank):
         """HF's `parameters()` names in `convert.megatron_to_hf`'s order (tied: no lm_head)."""
         names = [convert.EMBED[1], convert.FINAL_NORM[1]]
         names += [] if self.tied else [convert.OUTPUT[1]]
-        per_layer = (*self.layout.renames().values(), *convert.QKV_PARTS, *convert.FC1_PARTS)
+        per_layer = self.layout.hf_layer_names()
         layers = range(self.layout.num_layers)
         return names + [f"model.layers.{i}.{n}" for i in layers for n in per_layer]
 

@@ -89,6 +89,11 @@ LOCAL_EXPERT = "mlp.experts.local_experts."
 _EXPERT_NAME = re.compile(r"(.*mlp\.experts\.local_experts\.)(\d+)(\..*)")
 
 
+def is_expert(name: str) -> bool:
+    """A parameter of one expert (split over EP ranks), by its Megatron name."""
+    return LOCAL_EXPERT in name
+
+
 def expert_fc1(e: int) -> str:
     return f"{LOCAL_EXPERT}{e}.linear_fc1.weight"
 

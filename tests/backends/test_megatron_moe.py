@@ -1,0 +1,221 @@
+"""Megatron-core's MoE layer with expert parallelism on gloo (CPU), for the tiny Qwen3-MoE policy:
+the HF <-> Megatron expert conversion (whole, and each EP x TP x PP rank's shard) is exact; the EP=1
+model's log-probs are HF's; EP=2 (2 ranks, the experts split, tokens sent all-to-all) takes the step
+EP=1 takes on the same batch (loss, log-probs, grad norm; weights after three optimizer steps); the
+export gathers every expert into the HF state dict, exactly; bad --expert-model-parallel-size values
+are refused by name."""
+import itertools
+
+import pytest
+import torch
+
+from miles import preflight
+from miles.backends.group import ActorGroup
+from miles.backends.megatron import convert
+from miles.backends.pack import combine, split_for_ranks
+from miles.config import ConfigError, MilesConfig, TrainConfig, parse_config
+from miles.tiny.model import tiny_shape
+from miles.tiny.moe_model import build_tiny_moe_model, tiny_moe_shape
+from tests.support.actors import LOSS, config, max_abs_diff, rollout_like
+
+STEPS = 3
+EP_FLAG = "--expert-model-parallel-size"
+
+
+# ---- conversion ---------------------------------------------------------------------------------
+def test_expert_conversion_round_trips_for_every_layout():
+    model, _ = build_tiny_moe_model(0)
+    lay, state = convert.Layout.of(model.config), model.state_dict()
+    assert lay.num_experts == 4
+    whole = convert.hf_to_megatron(state, lay)
+    fc1 = whole["decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight"]
+    assert torch.equal(fc1, state["model.layers.1.mlp.experts.gate_up_proj"][2])  # [gate; up]
+    assert torch.equal(whole["decoder.layers.0.mlp.router.weight"],
+                       state["model.layers.0.mlp.gate.weight"])
+    back = convert.megatron_to_hf(whole, lay)
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    for tp, pp, ep in itertools.product((1, 2), (1, 2), (1, 2, 4)):
+        shards = {(t, p, e): convert.hf_to_megatron_shard(state, lay,
+                                                          convert.Parallel(tp, t, pp, p, ep, e))
+                  for t, p, e in itertools.product(range(tp), range(pp), range(ep))}
+        one = shards[(tp - 1, 0, ep - 1)]  # the last EP rank's experts, numbered from 0
+        experts = {k for k in one if convert.is_expert(k) and ".layers.0." in k}
+        assert len(experts) == 2 * 4 // ep
+        first = state["model.layers.0.mlp.experts.down_proj"][4 - 4 // ep]
+        assert torch.equal(one["decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight"],
+                           first.chunk(tp, dim=1)[tp - 1])
+        if ep == 1:
+            shards = {(t, p): s for (t, p, _), s in shards.items()}
+        back = convert.megatron_shards_to_hf(shards, lay, tp, pp, ep)
+        assert back.keys() == state.keys(), (tp, pp, ep)
+        assert all(torch.equal(back[k], state[k]) for k in state), (tp, pp, ep)
+    for name in state:
+        assert convert.megatron_source(name, lay) in whole
+
+
+def test_save_pretrained_per_expert_files_are_fused_as_in_memory(tmp_path):
+    from safetensors.torch import load_file
+
+    model, _ = build_tiny_moe_model(1)
+    model.save_pretrained(tmp_path)
+    files = load_file(str(tmp_path / "model.safetensors"))
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in files  # transformers 5's file names
+    lay = convert.Layout.of(model.config)
+    fused = convert.fuse_expert_files(files, lay)
+    state = model.state_dict()
+    assert fused.keys() == state.keys() - {"lm_head.weight"}
+    assert all(torch.equal(fused[k], state[k]) for k in fused)
+    assert convert.fuse_expert_files(fused, lay) == fused
+
+
+def test_each_rank_has_the_names_and_shapes_megatron_core_builds(one_rank_moe):
+    from miles.backends.megatron.model import build_gpt
+
+    hf_config, state = one_rank_moe
+    lay = convert.Layout.of(hf_config)
+    gpt = build_gpt(hf_config, torch.device("cpu"), convert.padded_vocab(lay.vocab_size, 1))
+    ours = {k: tuple(v.shape) for k, v in
+            convert.hf_to_megatron_shard(state, lay, convert.Parallel()).items()}
+    assert ours == {k: tuple(v.shape) for k, v in gpt.named_parameters()}
+    assert type(gpt.decoder.layers[0].mlp.experts).__name__ == "SequentialMLP"
+    config = gpt.config
+    assert (config.num_moe_experts, config.moe_router_topk, config.moe_ffn_hidden_size) == \
+        (4, 2, 192)
+    assert not config.moe_router_pre_softmax and config.moe_aux_loss_coeff == pytest.approx(0.001)
+
+
+@pytest.fixture(scope="module")
+def one_rank_moe(tmp_path_factory):
+    import torch.distributed as dist
+
+    from miles.backends.megatron.model import destroy_parallel, init_parallel
+
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is already initialised in this process")
+    store = tmp_path_factory.mktemp("dist") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    init_parallel(0)
+    model, _ = build_tiny_moe_model(0)
+    try:
+        yield model.config, model.state_dict()
+    finally:
+        destroy_parallel()
+        dist.destroy_process_group()
+
+
+# ---- the flag -----------------------------------------------------------------------------------
+def refused(argv: list[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        parse_config(argv)
+    assert err.value.flag == EP_FLAG
+    return err.value
+
+
+def test_bad_expert_parallel_sizes_are_refused_by_name(monkeypatch):
+    assert parse_config([]).train.expert_model_parallel_size == 1
+    refused([EP_FLAG, "0"])
+    err = refused(["--actor-num-gpus-per-node", "2", EP_FLAG, "2"])  # FSDP
+    assert "--train-backend megatron only" in str(err)
+    megatron = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "4"]
+    err = refused([*megatron, "--tensor-model-parallel-size", "2", EP_FLAG, "4"])
+    assert "the 2 data parallel ranks" in str(err)  # megatron-core's layout: EP within DP
+    assert parse_config([*megatron, EP_FLAG, "4"]).train.expert_model_parallel_size == 4
+
+    def checked(shape, ep: int, ranks: int):
+        monkeypatch.setattr(preflight, "_model_shape", lambda config: shape)
+        train = TrainConfig(train_backend="megatron", actor_num_gpus_per_node=ranks,
+                            expert_model_parallel_size=ep)
+        preflight.check_parallel_layout(MilesConfig(train=train))
+
+    checked(tiny_moe_shape(), 2, 2)  # 4 experts over 2 ranks
+    with pytest.raises(ConfigError, match="needs a mixture-of-experts model") as err:
+        checked(tiny_shape(), 2, 2)
+    assert err.value.flag == EP_FLAG
+    with pytest.raises(ConfigError, match="4 experts must divide by the expert parallel size 3"):
+        checked(tiny_moe_shape(), 3, 3)
+
+
+# ---- EP = 2 against EP = 1 on gloo ranks --------------------------------------------------------
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    """An untrained tiny MoE checkpoint as transformers writes it (per-expert files)."""
+    from miles.tiny.warmstart import save_checkpoint
+
+    out = tmp_path_factory.mktemp("moe") / "model"
+    save_checkpoint(*build_tiny_moe_model(0), out)
+    return out
+
+
+def run_layout(model_dir, world: int, ep: int):
+    """The HF state exported before training, STEPS one-step trainings, the weights after."""
+    cfg = config(world, train_backend="megatron", num_steps_per_rollout=1,
+                 expert_model_parallel_size=ep, **LOSS)
+    group = ActorGroup(cfg, str(model_dir))
+    try:
+        places = [info.extra["parallel"] for info in group.call("info")]
+        assert [p["ep_rank"] for p in places] == list(range(ep)) * (world // ep)
+        exported = group.call("export_weights", None)[0]
+        summaries = []
+        for seed in range(STEPS):
+            samples, advantages = rollout_like(seed=seed)
+            batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
+                                      rollout_id=seed, return_token_stats=True)
+            summaries.append(combine(group.train(batches)))
+        return exported, summaries, group.call("export_weights", None)[0]
+    finally:
+        group.stop()
+
+
+@pytest.fixture(scope="module")
+def ep1(ray_cluster, moe_model):
+    return run_layout(moe_model, 1, 1)
+
+
+def hf_log_probs(model_dir, samples) -> dict[int, list[float]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    out = {}
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s.tokens])
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+            per_token = logp.gather(-1, ids[0, 1:, None])[:, 0]
+            out[s.index] = per_token[-s.response_length:].tolist()
+    return out
+
+
+def test_ep1_log_probs_equal_hf_and_the_export_is_the_hf_state(ep1, moe_model):
+    exported, summaries, _ = ep1
+    model, _ = build_tiny_moe_model(0)
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    assert exported.keys() == state.keys()
+    assert all(torch.equal(exported[k], state[k]) for k in state)
+    expected = hf_log_probs(moe_model, rollout_like(seed=0)[0])
+    stats = summaries[0].token_stats
+    assert stats.keys() == expected.keys()
+    for index, log_probs in expected.items():
+        assert stats[index]["log_probs"] == pytest.approx(log_probs, rel=0, abs=1e-5), index
+
+
+def test_ep2_takes_the_ep1_steps_and_exports_every_expert(ep1, moe_model):
+    (ref_export, ref, ref_weights) = ep1
+    exported, got, weights = run_layout(moe_model, 2, 2)
+    assert exported.keys() == ref_export.keys()
+    assert all(torch.equal(exported[k], ref_export[k]) for k in exported)  # the EP gather
+    first, mine = ref[0], got[0]
+    assert mine.metrics["train/loss"] == pytest.approx(first.metrics["train/loss"], rel=0, abs=1e-5)
+    assert mine.token_stats.keys() == first.token_stats.keys() and len(first.token_stats) == 16
+    for index, stats in first.token_stats.items():
+        for key in ("log_probs", "entropy"):
+            assert mine.token_stats[index][key] == pytest.approx(stats[key], rel=0, abs=1e-5)
+    for a, b in zip(ref, got):
+        assert b.metrics["train/grad_norm"] == pytest.approx(a.metrics["train/grad_norm"],
+                                                             rel=1e-5)
+        assert b.metrics["train/param_norm"] == pytest.approx(a.metrics["train/param_norm"],
+                                                              rel=1e-6)
+    assert max_abs_diff(ref_weights, weights) <= 1e-4  # after STEPS optimizer steps (HF names)
+    moved = max_abs_diff(ref_export, weights)
+    assert moved > 1e-3  # the steps changed the weights, experts included
+    expert = "model.layers.0.mlp.experts.down_proj"
+    assert (weights[expert] - ref_export[expert]).abs().amax(dim=(1, 2)).min() > 0
