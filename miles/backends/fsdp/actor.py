@@ -61,6 +61,22 @@ class FSDPTrainActor(PPORank):
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
         return token_stats(model, mb.input_ids, mb.attention_mask, self.config.rollout.rollout_temperature)
 
+    def _step_backward(self, rows, mbs, old, ref, global_step_size: int, sums) -> None:
+        self.step_micro_batches = len(rows)  # megatron scales its router loss by 1 / this
+        super()._step_backward(rows, mbs, old, ref, global_step_size, sums)
+
+    def micro_batch_loss(self, stats: TokenStats, mb: MicroBatch, old_log_probs, ref_log_probs,
+                         global_step_size: int, sums) -> torch.Tensor:
+        """The PPO loss, plus on a MoE policy its routers' load-balancing loss at the model's
+        router_aux_loss_coef, as megatron-core adds it (`load_balancing`): the gradient holds it,
+        train/loss and the log-probs do not."""
+        loss = super().micro_batch_loss(stats, mb, old_log_probs, ref_log_probs, global_step_size, sums)
+        aux = getattr(stats, "load_balancing_loss", None)
+        if aux is None:
+            return loss
+        coef = self.model.config.router_aux_loss_coef
+        return loss + coef * aux / self.step_micro_batches
+
     # ---- weights, checkpoints -----------------------------------------------------------
     def export_weights(self, directory: str | None) -> dict | None:
         state = gather_full(self.model)
