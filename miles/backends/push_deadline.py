@@ -53,7 +53,8 @@ class PushWatch:
         if not dist.is_initialized() or self.world_size < 2:
             yield
             return
-        state = CollectiveState.entering(self.rank, self.coords.name, version, phase, what)
+        state = CollectiveState.entering(self.rank, self.coords.name, version, phase, what,
+                                         self.world_size)
         self._record(state)
         beat = _Heartbeat(self, state)
         beat.start()

@@ -28,6 +28,7 @@ from miles.diagnose.local_services import gcs_problem, local_url_problem
 from miles.diagnose.lock_holders import lock_holder
 from miles.diagnose.ray_view import RayView, ray_auth_env
 from miles.diagnose.run_state import read_run_state, tail
+from miles.diagnose.push_waits import push_wait_lines
 from miles.diagnose.slowest_rank import read_slowest_rank
 from miles.diagnose.stacks import dump_stacks, process_state, run_processes
 from miles.diagnose.verdict import Findings, compose, verdict_text
@@ -224,7 +225,7 @@ def _gather(run_dir: Path, root: Path, cfg: HealthConfig, now: float,
     phases = _open_phases(view, now, notes)
     _copy_run_files(view, root, run.logs, notes)
     findings = Findings(alive, phases, stacks, engines, router, run, red, notes,
-                        ranks=read_slowest_rank(view, cfg))
+                        ranks=read_slowest_rank(view, cfg) + push_wait_lines(view, now))
     return compose(findings, cfg), list(processes.values())
 
 

@@ -38,13 +38,14 @@ class CollectiveState:
     beat: float  # unix time of the last heartbeat
     state: str = WAITING
     error: str = ""
+    world_size: int = 0  # the ranks taking part (0: not recorded)
 
     @classmethod
-    def entering(cls, rank: int, coords: str, version: int, phase: str,
-                 collective: str) -> "CollectiveState":
+    def entering(cls, rank: int, coords: str, version: int, phase: str, collective: str,
+                 world_size: int) -> "CollectiveState":
         now = time.time()
         return cls(rank, coords, version, phase, collective, os.getpid(), socket.gethostname(),
-                   now, now)
+                   now, now, world_size=world_size)
 
     def same_step(self, other: "CollectiveState") -> bool:
         return (self.version, self.phase) == (other.version, other.phase)
@@ -74,8 +75,27 @@ def read_states(run_dir: str | Path) -> dict[int, CollectiveState]:
             state = CollectiveState(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
-        out[state.rank] = state
+        if _well_typed(state):
+            out[state.rank] = state
     return out
+
+
+def _well_typed(state: CollectiveState) -> bool:
+    """Each field of the type a rank writes (a hand-edited file must not break a reader)."""
+    for name, kind in (("rank", int), ("version", int), ("pid", int), ("world_size", int),
+                       ("entered", (int, float)), ("beat", (int, float)), ("coords", str),
+                       ("phase", str), ("collective", str), ("host", str), ("state", str),
+                       ("error", str)):
+        value = getattr(state, name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return False
+    return state.rank >= 0 and state.world_size <= 1 << 20
+
+
+def silent(state: CollectiveState, now: float) -> bool:
+    """The rank is in its collective and will not answer: its process died, or its heartbeat
+    stopped."""
+    return state.state == WAITING and (_process_gone(state) or now - state.beat > STALE_S)
 
 
 def _process_gone(state: CollectiveState) -> bool:
@@ -131,6 +151,4 @@ def gone(run_dir: str | Path | None, rank: int, version: int) -> bool:
     if run_dir is None:
         return False
     state = read_states(run_dir).get(rank)
-    if state is None or state.state != WAITING or state.version != version:
-        return False
-    return _process_gone(state) or time.time() - state.beat > STALE_S
+    return state is not None and state.version == version and silent(state, time.time())

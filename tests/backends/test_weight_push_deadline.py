@@ -3,7 +3,7 @@ rollout 0; `--inject-fault kill-rank:1@0` (SIGKILL) or `stall-rank:1@0` (SIGSTOP
 enters the push's weight gather, with rank 0 in that all-gather. Rank 0 fails by its deadline
 (--update-weight-timeout) naming the phase, the collective and rank 1 with what became of it; the
 push is a WeightSyncError, the ranks are ended (a stopped one too) and the records in
-RUN_DIR/collectives say the same."""
+RUN_DIR/collectives (what `miles diagnose` reads) say the same."""
 from __future__ import annotations
 
 import os
@@ -13,6 +13,7 @@ import pytest
 
 from miles.backends.group import ActorGroup
 from miles.backends.sync import WeightSync, WeightSyncError
+from miles.diagnose.push_waits import push_wait_lines
 from miles.run.collective_waits import FAILED, read_states
 from tests.support.actors import config, rollout_like, step
 
@@ -55,4 +56,6 @@ def test_a_push_fails_on_every_rank_naming_the_rank_it_waited_for(ray_cluster, b
     assert took < 2 * TIMEOUT_S + 30  # bounded (generously: a loaded machine), not 30 min
     states = read_states(tmp_path)
     assert states[0].state == FAILED and states[0].version == 1
+    # miles diagnose reads the same records: rank 0's failure, naming rank 1
+    assert any(f"rank 1 (node0/dp1/pp0/tp0) {fate}" in line for line in push_wait_lines(tmp_path))
     assert all(process_ends(pid) for pid in pids)  # a stopped rank is ended too

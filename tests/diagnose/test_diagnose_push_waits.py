@@ -1,0 +1,73 @@
+"""Issue 54: `miles diagnose` names the peer a weight push's collective waits for, from the ranks'
+records (RUN_DIR/collectives): a rank whose heartbeat stopped, one that never came, one whose
+process is gone. Records written by hand as the ranks write them (a dead run: nothing to dump)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from miles.config.health import HealthConfig
+from miles.diagnose.bundle import collect
+from miles.diagnose.push_waits import push_wait_lines
+from miles.record import layout
+from miles.run.collective_waits import DONE, CollectiveState, write_state
+
+GATHER = "all-gather of the FSDP shards (get_model_state_dict)"
+
+
+def record(run_dir, rank: int, version: int, beat_age: float = 0.0, pid: int | None = None,
+           state: str = "waiting", entered_ago: float = 40.0) -> None:
+    s = CollectiveState.entering(rank, f"node0/dp{rank}/pp0/tp0", version, "weight_gather",
+                                 GATHER, world_size=2)
+    s.entered, s.beat, s.state = time.time() - entered_ago, time.time() - beat_age, state
+    if pid is not None:
+        s.pid = pid
+    write_state(run_dir, s)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_diagnose_names_the_rank_whose_heartbeat_stopped(tmp_path):
+    run_dir = tmp_path / "run"
+    record(run_dir, 0, 3)
+    record(run_dir, 1, 3, beat_age=40.0)  # SIGSTOP'd 40 s ago, its process still there
+    (run_dir / layout.JOURNAL).write_text("")  # a run dir: it has a journal (no rollout yet)
+    verdict = collect(run_dir, HealthConfig()).verdict
+    (line,) = [d for d in verdict["details"] if d.startswith("weight push")]
+    assert line.startswith("weight push of version 3: rank 0 (node0/dp0/pp0/tp0) has waited 40 s "
+                           f"in weight_gather ({GATHER}) for: rank 1 (node0/dp1/pp0/tp0) "
+                           "stopped answering in it"), line
+    assert "last heartbeat 40.0 s ago" in line and verdict["ranks"] == [line]
+
+
+def test_a_rank_that_never_came_and_a_dead_one_are_named(tmp_path):
+    record(tmp_path, 0, 5)
+    record(tmp_path, 1, 4, state=DONE)  # still in the last push's aftermath
+    (line,) = push_wait_lines(tmp_path)
+    assert "rank 1 (node0/dp1/pp0/tp0) is not in it (last in weight_gather of version 4: done)" \
+        in line
+    record(tmp_path, 1, 5, pid=dead_pid())
+    (line,) = push_wait_lines(tmp_path)
+    assert "rank 1 (node0/dp1/pp0/tp0) died in it (process" in line
+
+
+def test_ranks_that_are_all_there_and_alive_name_nobody_and_odd_files_are_skipped(tmp_path):
+    record(tmp_path, 0, 2)
+    record(tmp_path, 1, 2)
+    lines = push_wait_lines(tmp_path)
+    assert len(lines) == 2  # both wait (for a peer still working): nobody is named
+    assert all(ln.endswith("for: no peer is absent or silent (one is still working)") for ln in lines)
+    folder = tmp_path / layout.COLLECTIVES
+    (folder / "rank-7.json").write_text(json.dumps({"rank": "7"}))  # wrong types: skipped
+    (folder / "rank-8.json").write_text("{not json")
+    odd = json.loads((folder / "rank-1.json").read_text())
+    odd.update(coords="\x1b[2Jnode0", beat=time.time())
+    (folder / "rank-1.json").write_text(json.dumps(odd))
+    assert all("\x1b" not in line for line in push_wait_lines(tmp_path))
+    assert len(push_wait_lines(tmp_path)) == 2  # both ranks wait, none is named
