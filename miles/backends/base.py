@@ -29,6 +29,9 @@ class RankBatch:
     loss_masks: list[list[int] | None] | None = None
     sample_indices: list[int] = field(default_factory=list)  # each row's index in the rollout
     return_token_stats: bool = False  # a logged rollout: send back per-token log-probs and entropy
+    # per sample, the engine's routed experts (tokens read, MoE layers, top_k) ints (an MoE policy's
+    # rollout with --record-routed-experts); None: not recorded
+    routed_experts: list[Any] | None = None
 
 
 @dataclass

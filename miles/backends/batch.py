@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from miles.backends.base import RankBatch
@@ -23,6 +24,9 @@ class MicroBatch:
     rollout_log_probs: torch.Tensor  # (B, T-1) engine log-probs on response positions
     num_tokens: int  # real (unpadded) tokens
     rows: list[int]  # which of the rank batch's samples, in order
+    # (B, T, MoE layers, top_k) the experts the engine routed each token to, -1 where it read none (the
+    # last token, padding), in the records' integer type; None: the batch carries no routing record
+    routed_experts: torch.Tensor | None = None
 
 
 def collate(batch: RankBatch, rows: list[int], step: int, pad_id: int, device: torch.device) -> MicroBatch:
@@ -44,8 +48,22 @@ def collate(batch: RankBatch, rows: list[int], step: int, pad_id: int, device: t
         if batch.rollout_log_probs[i]:
             rlp[r, start: start + n_resp] = torch.tensor(batch.rollout_log_probs[i])
     num_tokens = int(attn.sum())
+    routed = None if batch.routed_experts is None else routed_rows(batch, rows, width).to(device)
     return MicroBatch(step, ids.to(device), attn.to(device), resp.to(device), adv.to(device), rlp.to(device),
-                      num_tokens, list(rows))
+                      num_tokens, list(rows), routed)
+
+
+def routed_rows(batch: RankBatch, rows: list[int], width: int) -> torch.Tensor:
+    """The rows' routing records, right-padded like the tokens, -1 where the engine read no token."""
+    records = [np.asarray(batch.routed_experts[i]) for i in rows]
+    layers, top_k = records[0].shape[1:]
+    # the records' own compact integer type (int8 up to 127 experts), not int64: 8x less to hold
+    dtype = torch.from_numpy(np.zeros(0, records[0].dtype)).dtype
+    out = torch.full((len(rows), width, layers, top_k), -1, dtype=dtype)
+    for r, record in enumerate(records):
+        n = min(len(record), width)  # the engine read every token but the last
+        out[r, :n] = torch.from_numpy(record[:n].astype(records[0].dtype))
+    return out
 
 
 def micro_batches(batch: RankBatch, micro_batch_size: int, pad_id: int, device: torch.device) -> list[MicroBatch]:

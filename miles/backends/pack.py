@@ -28,8 +28,15 @@ def split_for_ranks(samples: list[Sample], advantages: list[float], global_batch
             loss_masks=[samples[i].loss_mask for i in rows],
             sample_indices=[samples[i].index for i in rows],
             return_token_stats=return_token_stats,
+            routed_experts=routed_experts_of([samples[i] for i in rows]),
         ))
     return batches
+
+
+def routed_experts_of(samples: list[Sample]) -> list | None:
+    """The samples' routing records when every one has one (R3 and its mismatch metric are per batch)."""
+    records = [s.routed_experts for s in samples]
+    return records if records and all(r is not None for r in records) else None
 
 
 def replica_of_rank(rank: int, tp: int, pp: int, world: int) -> int:

@@ -36,6 +36,7 @@ from miles.backends.rank_phases import RankPhaseRecorder
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
 from miles.backends.weight_broadcast import RankSender, SendTarget
+from miles.moe.replay import METRIC as R3_MISMATCH, RoutingReplay, require_routers
 from miles.run.faults import push_fault, slow_rank
 from miles.run.phases import add_phase_hook, timed
 from miles.run.stragglers import RankCoords
@@ -192,6 +193,8 @@ class PPORank:
         self.rank_phases = RankPhaseRecorder(RankCoords(0, rank),
                                              slow_rank(config.orchestration.inject_fault, rank))
         add_phase_hook(self.profiler.span)  # this rank's phases are spans of train_overall in a window
+        self.replays: dict[int, RoutingReplay] = {}  # id(model) -> its routers' R3 hooks (MoE policies)
+        self.r3_sums: dict[str, float] | None = None  # where the log-prob pass adds R3 mismatches
 
     # ---- set-up -------------------------------------------------------------------------
     def open_store(self, master_addr: str) -> int:
@@ -221,6 +224,7 @@ class PPORank:
         seed_rank(self.config.train.seed, self.rank)
         self.model_path = Path(model_path)
         self._build_models(model_path)
+        self._attach_replays()
         self.start_optimizer()
         return self.info()
 
@@ -236,6 +240,33 @@ class PPORank:
 
     def token_stats(self, model, mb: MicroBatch) -> TokenStats:
         raise NotImplementedError
+
+    def _attach_replays(self) -> None:
+        """R3 hooks on the HF routers of the policy and reference (none on a dense model, nor on a
+        backend whose modules are not transformers' routers); the flag on a dense policy is refused."""
+        for replay in self.replays.values():
+            replay.detach()
+        models = [m for m in (self.model, self.ref_model) if m is not None]
+        self.replays = {id(m): r for m in models if (r := RoutingReplay.attach(m)) is not None}
+        require_routers(self.replays.get(id(self.model)), self.config.train.use_rollout_routing_replay,
+                        self.model_path)
+
+    def forward_stats(self, model, mb: MicroBatch) -> TokenStats:
+        """`token_stats`, its routers following the engine's record when the batch carries one (and
+        replaying it with --use-rollout-routing-replay); in the policy's log-prob pass, adds the
+        per-sample share of response (token, layer) routings the trainer's own router chose otherwise
+        to `self.r3_sums`."""
+        replay = self.replays.get(id(model))
+        if replay is None or mb.routed_experts is None:
+            return self.token_stats(model, mb)
+        with replay.following(mb.routed_experts, self.config.train.use_rollout_routing_replay):
+            stats = self.token_stats(model, mb)
+        sums = self.r3_sums if model is self.model else None
+        if sums is not None:
+            differs = replay.mismatch_fraction(mb.input_ids.shape[0])[:, :-1]  # aligned with the mask
+            differs = differs.to(mb.response_mask.device)
+            sums[R3_MISMATCH] += sample_mean(differs, mb.response_mask).sum().item()
+        return stats
 
     collectives_in_passes = False  # FSDP: forward and backward gather and reduce (rank_phases)
 
@@ -362,7 +393,7 @@ class PPORank:
     @torch.no_grad()
     def _score(self, model, mbs: list[MicroBatch]) -> list[TokenStats]:
         model.eval()
-        return [self.token_stats(model, mb) for mb in mbs]
+        return [self.forward_stats(model, mb) for mb in mbs]
 
     def train(self, batch: RankBatch) -> RankTrainResult:
         cfg = self.config.train
@@ -375,7 +406,11 @@ class PPORank:
         rec.begin(batch.rollout_id)
         with self.profiler.section("train_log_probs", batch.rollout_id):
             with timed("log_probs", times, phases), rec.span("log_probs"):
-                old = self._score(self.model, mbs)
+                self.r3_sums = sums  # the log-prob pass counts routing mismatches
+                try:
+                    old = self._score(self.model, mbs)
+                finally:
+                    self.r3_sums = None
             ref = None
             if self.ref_model is not None:
                 with timed("ref_log_probs", times, phases), rec.span("ref_log_probs"):
@@ -443,7 +478,7 @@ class PPORank:
         rec = self.rank_phases
         for i in rows:
             with rec.span("forward"):
-                stats = self.token_stats(self.model, mbs[i])
+                stats = self.forward_stats(self.model, mbs[i])
                 loss = self.micro_batch_loss(stats, mbs[i], old[i].log_probs,
                                              None if ref is None else ref[i].log_probs, global_step_size, sums)
             rec.wait("forward", between_passes=True)

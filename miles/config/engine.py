@@ -14,6 +14,10 @@ class EngineConfig:
                        choices=("embedded", "sglang"))
     engine_device: str = flag("auto", "device of the embedded engine (auto: CUDA when present)",
                               choices=("auto", "cpu", "cuda"))
+    engine_dtype: str = flag("auto", "the embedded engine's weights and arithmetic (SGLang's --dtype): "
+                                     "auto is float32 on CPU (log-probs match the trainer's) and the "
+                                     "checkpoint's dtype on GPU",
+                             choices=("auto", "float32", "bfloat16", "float16"))
     engine_max_batch_size: int = flag(256, "most requests (samples) the embedded engine decodes together; the "
                                       "default takes a whole default rollout (32 x 8) in one batch", minimum=1)
     engine_cpu_threads: int = flag(1, "torch CPU threads of the embedded engine; 1 is fastest for a small model on "

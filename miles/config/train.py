@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from miles.config.fields import ConfigError, flag
 from miles.config.parallel import check_parallel_flags
+from miles.config.replay_flags import check_replay_flags
 from miles.config.tis_flags import check_tis_flags
 
 
@@ -85,6 +86,14 @@ class TrainConfig:
                                 "min(exp(old - rollout log-prob), --tis-clip)")
     tis_clip: float = flag(2.0, "upper clip of the TIS weight", minimum=0.0)
     tis_clip_low: float = flag(0.0, "lower clip of the TIS weight", minimum=0.0)
+    # Rollout routing replay (R3, docs/user-guide/training.md#rollout-routing-replay): MoE policies only.
+    record_routed_experts: bool = flag(
+        True, "on a mixture-of-experts policy, ask the engines for the experts each token was routed "
+              "to (return_routed_experts) and log train/r3_mismatch_fraction; a dense policy ignores it")
+    use_rollout_routing_replay: bool = flag(
+        False, "R3: the trainer routes each rollout token to the experts the engine chose, in its "
+               "log-prob and training passes (MoE policies on the FSDP backend; needs "
+               "--record-routed-experts)")
     staleness_guard: bool = flag(False, "tighten --max-weight-staleness (down to 0) while train/mismatch_kl, "
                                         "train/ess or train/pg_clipfrac cross their bounds")
     staleness_guard_max_mismatch_kl: float = flag(0.05, "--staleness-guard bound on train/mismatch_kl", minimum=0.0)
@@ -113,6 +122,7 @@ class TrainConfig:
         if self.tis_clip_low > self.tis_clip:
             raise ConfigError("--tis-clip-low", f"must be <= --tis-clip ({self.tis_clip}), got {self.tis_clip_low}")
         check_tis_flags(self)
+        check_replay_flags(self)
         if self.update_weight_transfer_mode == "broadcast" and self.colocate:
             raise ConfigError("--update-weight-transfer-mode",
                               "broadcast is for engines on other devices; with --colocate the "

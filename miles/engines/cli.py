@@ -102,7 +102,7 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
     logging.basicConfig(level=serve.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         runner = ModelRunner(model_dir, device=engine.engine_device, context_length=engine.context_length,
-                             cpu_threads=engine.engine_cpu_threads)
+                             cpu_threads=engine.engine_cpu_threads, dtype=engine.engine_dtype)
     except Exception as exc:  # tokenizer, config or weight files the loaders refuse (truncated safetensors, ...)
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise ConfigError("--model", f"cannot load {model_dir}: {type(exc).__name__}: {first}") from None

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
 from miles.engines.model_runner import ModelRunner
+from miles.engines.routing_capture import check_asked
 from miles.engines.sglang_request import GenerationResult, RequestError, SamplingParams
 from miles.engines.scheduler import EngineRequest, FinishEvent, Scheduler, TokenEvent
 
@@ -114,19 +115,23 @@ class EngineFrontend:
                                f"{prompt_len} tokens from the input and {params.max_new_tokens} tokens for the "
                                f"completion (max_new_tokens).", param="max_new_tokens")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, rid: str, stream: bool = False) -> RequestChannel:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, rid: str, stream: bool = False,
+               routed_experts: bool = False) -> RequestChannel:
+        """`routed_experts`: the request asked for `return_routed_experts` (a dense model refuses it)."""
         self.check_length(len(prompt_ids), params)
+        check_asked(routed_experts, getattr(self.runner, "routing", None))
         channel = RequestChannel(self.scheduler, rid)
         self.scheduler.submit(EngineRequest(rid=rid, prompt_ids=prompt_ids, params=params, sink=channel.sink,
-                                            stream=stream))
+                                            stream=stream, return_routed_experts=routed_experts))
         return channel
 
-    def submit_all(self, requests: list[tuple[list[int], SamplingParams, str]]) -> list[RequestChannel]:
-        """Submit several requests; if one is refused (queue full), abort the ones already queued."""
+    def submit_all(self, requests: list[tuple]) -> list[RequestChannel]:
+        """Submit several (ids, params, rid[, routed_experts]) requests; if one is refused (queue full),
+        abort the ones already queued."""
         channels: list[RequestChannel] = []
         try:
-            for ids, params, rid in requests:
-                channels.append(self.submit(ids, params, rid))
+            for ids, params, rid, *routed in requests:
+                channels.append(self.submit(ids, params, rid, routed_experts=bool(routed and routed[0])))
         except RequestError:
             for channel in channels:
                 self.scheduler.abort(channel.rid)

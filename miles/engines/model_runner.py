@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from miles.engines.routing_capture import RoutingCapture
 from miles.engines.weight_update import check_served_finite
 
 
@@ -78,18 +79,22 @@ def _left_pad(t: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model_path: str | Path, device: str = "auto", context_length: int | None = None,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, dtype: str = "auto"):
         self.device = pick_device(device)
         if cpu_threads is not None:
             torch.set_num_threads(cpu_threads)
-        # fp32 on CPU so log-probs match a trainer's fp32 recomputation; the checkpoint's dtype on GPU.
-        self.dtype = torch.float32 if self.device.type == "cpu" else "auto"
+        # auto: fp32 on CPU so log-probs match a trainer's fp32 recomputation; the checkpoint's dtype on GPU.
+        if dtype == "auto":
+            self.dtype = torch.float32 if self.device.type == "cpu" else "auto"
+        else:
+            self.dtype = getattr(torch, dtype)
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
         self.dtype = next(self.model.parameters()).dtype
         check_served_finite(self.model, self.model_path)  # NaN/Inf weights are refused at start, as in an update
         self.config = self.model.config
+        self.routing = RoutingCapture(self.model)  # the experts each forward chose (MoE models)
         self.context_length = context_length or model_context_length(self.config, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = _eos_ids(self.config, self.tokenizer, model_path)

@@ -29,6 +29,7 @@ import torch
 
 from miles.engines.metrics import EngineMetrics
 from miles.engines.model_runner import ModelRunner, StepState
+from miles.engines.routing_capture import joined, record_decode, record_prefill
 from miles.engines.sglang_request import FinishReason, GenerationResult, RequestError, SamplingParams
 from miles.engines.sampling import RowSampler, choose
 from miles.record.timeline import TimelineWriter
@@ -69,6 +70,8 @@ class EngineRequest:
     output_versions: list[str] = field(default_factory=list)  # the weight version that sampled each token
     finished: bool = False
     sampler: RowSampler | None = None  # its own params and random generator, made when it is admitted
+    return_routed_experts: bool = False  # keep the experts each read token was routed to
+    routed_experts: list = field(default_factory=list)  # their (tokens, layers, top_k) chunks
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,7 @@ class Scheduler:
                 req.sampler = RowSampler(req.params, self._generator(req.params.seed))
         self.metrics.prompt_tokens.inc(sum(len(r.prompt_ids) for r in live))
         logits, state = self.runner.prefill([r.prompt_ids + r.output_ids for r in live])
+        record_prefill(self.runner.routing, live)
         joined = RunningBatch(live, state, [])
         self._sample_and_retire(joined, logits)
         if joined.rows:
@@ -346,6 +350,7 @@ class Scheduler:
         self.metrics.batch_size.observe(rows)
         started = time.perf_counter()
         logits = self.runner.decode(batch.next_tokens, batch.state)
+        record_decode(self.runner.routing, batch.rows)
         self._sample_and_retire(batch, logits)
         if not batch.rows:
             self._batch = None
@@ -441,7 +446,9 @@ class Scheduler:
             rid=req.rid, prompt_ids=req.prompt_ids, output_ids=list(req.output_ids),
             output_logprobs=list(req.output_logprobs), output_versions=list(req.output_versions),
             finish_reason=reason,
-            weight_version=version or self.weight_version, e2e_latency=latency)))
+            weight_version=version or self.weight_version, e2e_latency=latency,
+            routed_experts=joined(self.runner.routing, req.routed_experts) if req.return_routed_experts
+            else None)))
 
     def _drain(self) -> None:
         """On shutdown, end whatever still waits so no client hangs."""

@@ -35,6 +35,7 @@ from miles.engines.sglang_request import (GenerateItem, GenerationResult, Reques
 from miles.engines.scheduler import Scheduler, TokenEvent
 from miles.engines.profiler import EngineProfiler, parse_profile_request
 from miles.engines.fused_experts import fuse_experts
+from miles.engines import routing_capture
 from miles.record.timeline import TimelineWriter
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class EngineServer:
                                              zip(result.output_logprobs, result.output_ids)]
             # ours, beyond SGLang: the weight version of each token (a request may span a weight update)
             meta["output_token_weight_versions"] = list(result.output_versions)
+        if item.return_routed_experts and result.routed_experts is not None:  # the finished answer
+            meta.update(routing_capture.encode(result.routed_experts))
         text = final_text(self.tokenizer, result.output_ids, item.params, result.finish_reason)
         return {"text": text, "output_ids": list(result.output_ids), "meta_info": meta}
 
@@ -134,9 +137,11 @@ class EngineServer:
         prompts = await self.frontend.off_loop(check) if tokenize else check()
         if call.stream:
             return self._stream_generate(call.items[0], prompts[0])
-        for ids, item in zip(prompts, call.items):
-            self.frontend.check_length(len(ids), item.params)  # refuse the whole batch before any of it runs
-        channels = self.frontend.submit_all([(ids, item.params, item.rid) for ids, item in zip(prompts, call.items)])
+        for ids, item in zip(prompts, call.items):  # refuse the whole batch before any of it runs
+            self.frontend.check_length(len(ids), item.params)
+            routing_capture.check_asked(item.return_routed_experts, self.runner.routing)
+        channels = self.frontend.submit_all([(ids, item.params, item.rid, item.return_routed_experts)
+                                             for ids, item in zip(prompts, call.items)])
         results = await until_disconnect(request, asyncio.gather(*(c.result() for c in channels)))
         if results is None:
             return Response(status_code=499)  # nobody reads it; the requests were aborted
@@ -144,7 +149,8 @@ class EngineServer:
         return JSONResponse(bodies if call.is_batch else bodies[0])  # as is: FastAPI's jsonable_encoder is costly
 
     def _stream_generate(self, item: GenerateItem, prompt_ids: list[int]) -> StreamingResponse:
-        channel = self.frontend.submit(prompt_ids, item.params, item.rid, stream=True)
+        channel = self.frontend.submit(prompt_ids, item.params, item.rid, stream=True,
+                                       routed_experts=item.return_routed_experts)
 
         async def chunks():
             partial = GenerationResult(rid=item.rid, prompt_ids=prompt_ids,

@@ -77,6 +77,7 @@ class GenerateItem:
     input_ids: list[int] | None
     params: SamplingParams
     return_logprob: bool
+    return_routed_experts: bool = False
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,7 @@ def parse_generate(body: Any, max_prompt_ids: int | None = None) -> GenerateCall
                                                           is_batch)]
     logprobs = _per_item(body.get("return_logprob", False), n, "return_logprob", is_batch)
     rids = _per_item(body.get("rid"), n, "rid", is_batch)
+    routed = _per_item(body.get("return_routed_experts", False), n, "return_routed_experts", is_batch)
     if not is_batch and rids[0] is not None and not isinstance(rids[0], str):
         raise RequestError(f"rid must be a string, got {rids[0]!r}", param="rid")
     stream = body.get("stream", False)
@@ -257,14 +259,17 @@ def parse_generate(body: Any, max_prompt_ids: int | None = None) -> GenerateCall
     if stream and is_batch:
         raise RequestError("stream is supported for single prompts only", param="stream")
     items = []
-    for prompt, p, lp, rid in zip(prompts, params, logprobs, rids):
+    for prompt, p, lp, rid, experts in zip(prompts, params, logprobs, rids, routed):
         if not isinstance(lp, bool):
             raise RequestError(f"return_logprob must be true or false, got {lp!r}", param="return_logprob")
+        if not isinstance(experts, bool):
+            raise RequestError(f"return_routed_experts must be true or false, got {_short(experts)}",
+                               param="return_routed_experts")
         if rid is not None and not isinstance(rid, str):
             raise RequestError(f"rid must be a string, got {rid!r}", param="rid")
         items.append(GenerateItem(rid=rid or new_rid(), text=prompt if isinstance(prompt, str) else None,
                                   input_ids=prompt if isinstance(prompt, list) else None, params=p,
-                                  return_logprob=lp))
+                                  return_logprob=lp, return_routed_experts=experts))
     return GenerateCall(items=items, is_batch=is_batch, stream=stream)
 
 
@@ -293,3 +298,4 @@ class GenerationResult:
     finish_reason: FinishReason | None = None
     weight_version: str = "default"
     e2e_latency: float = 0.0
+    routed_experts: Any = None  # (tokens read, MoE layers, top_k) ints, when the request asked for them

@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from miles.rollout.data import Prompt
 from miles.rollout.http_client import HttpxPoster, LeanPoster, PostFailed, json_poster
+from miles.rollout.routed_experts import read_routed_experts, wanted_routing
 from miles.rollout.sample import FINISH_TO_STATUS, Sample, Status
 
 
@@ -104,6 +105,15 @@ class GenerateState:
     args: Any
     client: LeanPoster | HttpxPoster  # pooled keep-alive connections to `url` (http_client.py)
     gate: asyncio.Semaphore
+    # (MoE layers, top_k) when the run records each token's routed experts (rollout/routed_experts.py)
+    routing: tuple[int, int] | None = None
+
+    def payload(self, prompt: Any, sampling_params: Any) -> dict[str, Any]:
+        """The built-in generate's /generate body (asking for routed experts when the run wants them)."""
+        body = {"input_ids": prompt, "sampling_params": sampling_params, "return_logprob": True}
+        if self.routing is not None:
+            body["return_routed_experts"] = True
+        return body
 
     async def generate(self, payload: dict[str, Any], routing_key: str | None = None) -> dict[str, Any]:
         """POST /generate; with `routing_key`, every request of that key goes to the same engine."""
@@ -174,9 +184,8 @@ async def generate(input: GenerateFnInput) -> Sample:
     """The built-in single-turn generate function: one /generate call per sample."""
     sample = input.sample
     prompt_ids = list(sample.tokens)
-    reply = await input.state.generate({"input_ids": prompt_ids, "sampling_params": input.sampling_params,
-                                        "return_logprob": True})
-    return _apply_reply(sample, prompt_ids, reply, input.state.tokenizer)
+    reply = await input.state.generate(input.state.payload(prompt_ids, input.sampling_params))
+    return _apply_reply(sample, prompt_ids, reply, input.state)
 
 
 def token_versions(reply: dict[str, Any], count: int) -> list[str] | None:
@@ -188,13 +197,16 @@ def token_versions(reply: dict[str, Any], count: int) -> list[str] | None:
     return [str(v) for v in versions]
 
 
-def _apply_reply(sample: Sample, prompt_ids: list[int], reply: dict[str, Any], tokenizer) -> Sample:
+def _apply_reply(sample: Sample, prompt_ids: list[int], reply: dict[str, Any],
+                 state: GenerateState) -> Sample:
     response_ids, log_probs, finish, sample.weight_version = read_reply(reply)
+    if state.routing is not None:
+        sample.routed_experts = read_routed_experts(reply.get("meta_info") or {}, state.routing)
     sample.token_weight_versions = token_versions(reply, len(response_ids))
     sample.tokens = prompt_ids + response_ids
     sample.response_length = len(response_ids)
     sample.rollout_log_probs = log_probs
-    sample.response = tokenizer.decode(response_ids, skip_special_tokens=True)
+    sample.response = state.tokenizer.decode(response_ids, skip_special_tokens=True)
     sample.status = FINISH_TO_STATUS.get(finish, Status.COMPLETED)
     return sample
 
@@ -205,11 +217,11 @@ async def generate_group(state: GenerateState, samples: list[Sample], params: li
     sends a request per prompt instead of per sample. Each sample gets exactly the tokens its own request
     would (per-request seeds do not depend on batching)."""
     prompts = [list(s.tokens) for s in samples]
-    reply = await state.generate({"input_ids": prompts, "sampling_params": params, "return_logprob": True})
+    reply = await state.generate(state.payload(prompts, params))
     if not isinstance(reply, list) or len(reply) != len(samples):
         raise GenerateError(f"a batched /generate of {len(samples)} prompts answered "
                             f"{len(reply) if isinstance(reply, list) else type(reply).__name__} items")
-    return [_apply_reply(s, ids, r, state.tokenizer) for s, ids, r in zip(samples, prompts, reply)]
+    return [_apply_reply(s, ids, r, state) for s, ids, r in zip(samples, prompts, reply)]
 
 
 async def _finish(fn: Callable, state: GenerateState, sample: Sample, params: dict, evaluation: bool) -> Sample:
@@ -233,9 +245,11 @@ async def _generate_all(url: str, jobs: list[tuple[dict, Sample]], tokenizer, ar
                         concurrency: int, timeout: float, evaluation: bool, admit: Admit | None = None
                         ) -> list[Sample]:
     client = json_poster(url, timeout, concurrency)
+    routing = None if evaluation else wanted_routing(args)  # evals train nothing: no routing record
     try:
         if fn is not generate:  # a custom function: one call per sample, as Miles makes them
-            state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(concurrency))
+            state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(concurrency),
+                                  routing)
             return list(await asyncio.gather(*(_admitted(admit, lambda b=base, p=params: _finish(fn, state, b, p,
                                                                                                evaluation))
                                                for params, base in jobs)))
@@ -244,7 +258,8 @@ async def _generate_all(url: str, jobs: list[tuple[dict, Sample]], tokenizer, ar
             groups.setdefault(base.group_index, []).append((params, base))
         # at most `concurrency` samples in flight, as with one request per sample
         largest = max((len(g) for g in groups.values()), default=1)
-        state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(max(1, concurrency // largest)))
+        state = GenerateState(url, tokenizer, args, client, asyncio.Semaphore(max(1, concurrency // largest)),
+                              routing)
         done = await asyncio.gather(*(_admitted(admit, lambda g=g: generate_group(state, [b for _, b in g],
                                                                                   [p for p, _ in g]))
                                       for g in groups.values()))

@@ -43,6 +43,10 @@ class Sample:
     # The conversation turn by turn, [{"role": "user"|"assistant"|"tool", "text": ..., "tool_call": {...}}];
     # empty for a single-turn sample (its turns are the prompt and the response).
     turns: list[dict[str, Any]] = field(default_factory=list)
+    # The experts the engine routed each token it read to: ints (tokens, MoE layers, top_k) in the
+    # smallest integer type for the expert count, prompt and response but the last token (SGLang's
+    # `return_routed_experts`). None: a dense policy, or not asked. Kept out of the sample tables.
+    routed_experts: Any = None
 
     @property
     def response_ids(self) -> list[int]:

@@ -1,0 +1,201 @@
+"""Rollout routing replay (R3) end to end on the tiny MoE policy, in process: the embedded engine's
+scheduler serves it in bfloat16 (`--engine-dtype`, as SGLang serves a model in its checkpoint's
+bf16) and records each token's experts (read back through the wire encoding); an FSDP rank scores
+and trains the same weights in float32, so its own routers choose otherwise where two experts'
+probabilities are closer than bf16 can tell apart, as in a real run.
+
+The policy is the tiny Qwen3-MoE with its router's weights scaled down (a near-uniform router, as
+early in training: near-ties are common) and its experts' scaled up tenfold (freshly initialised
+experts are so alike that which one a token goes to hardly changes its log-prob; trained ones
+differ).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from miles.backends.batch import micro_batches
+from miles.backends.pack import split_for_ranks
+from miles.config import parse_config
+from miles.engines import routing_capture as wire
+from miles.engines.metrics import EngineMetrics
+from miles.engines.model_runner import ModelRunner
+from miles.engines.scheduler import Scheduler
+from miles.moe.replay import METRIC
+from miles.rollout.routed_experts import read_routed_experts
+from miles.rollout.sample import Sample
+from tests.support.in_process_engine import Tracked, params, prompt
+
+PROMPTS = ["12+13=", "1+2=", "99+1=", "7+8="]
+PER_PROMPT = 4
+SAMPLES = len(PROMPTS) * PER_PROMPT
+ROUTER_SCALE = 0.1
+EXPERT_SCALE = 10.0
+ENGINE_DTYPE = "bfloat16"
+DIFF = "train/train_rollout_logprob_abs_diff"
+
+
+def moe_checkpoint(out: Path) -> Path:
+    from miles.tiny.moe_model import build_tiny_moe_model
+    from miles.tiny.warmstart import save_checkpoint
+
+    model, tokenizer = build_tiny_moe_model(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".experts." in name:
+                p.mul_(EXPERT_SCALE)
+            elif name.endswith("mlp.gate.weight"):
+                p.mul_(ROUTER_SCALE)
+    save_checkpoint(model, tokenizer, out)
+    return out
+
+
+def engine_rollout(model_dir: Path) -> list[Sample]:
+    """The engine's samples with their routed experts, encoded and read back as on the wire."""
+    runner = ModelRunner(model_dir, device="cpu", dtype=ENGINE_DTYPE)
+    scheduler = Scheduler(runner, EngineMetrics(model_name="r3"), max_batch_size=8, max_queued=64)
+    scheduler.start()
+    try:
+        tracked = []
+        for g, text in enumerate(PROMPTS):
+            for j in range(PER_PROMPT):
+                t = Tracked(scheduler, f"r{g}-{j}", prompt(runner, text), params(10, seed=g * 8 + j))
+                t.request.return_routed_experts = True
+                tracked.append((g, text, t.submit()))
+        samples = []
+        for i, (g, text, t) in enumerate(tracked):
+            r = t.result()
+            record = read_routed_experts(wire.encode(r.routed_experts))
+            samples.append(Sample(index=i, group_index=g, prompt=text, label=None,
+                                  tokens=r.prompt_ids + r.output_ids, response_length=len(r.output_ids),
+                                  rollout_log_probs=list(r.output_logprobs), routed_experts=record))
+        return samples
+    finally:
+        scheduler.stop()
+
+
+def config(replay: bool):
+    argv = ["--rollout-batch-size", str(len(PROMPTS)), "--n-samples-per-prompt", str(PER_PROMPT),
+            "--micro-batch-size", "8", "--num-steps-per-rollout", "1"]
+    return parse_config(argv + (["--use-rollout-routing-replay"] if replay else []))
+
+
+class ExpertInputs:
+    """Reads the expert indices every `mlp.experts` module of a model is handed (what it computes)."""
+
+    def __init__(self, model):
+        self.calls: list[tuple[int, torch.Tensor]] = []
+        layers = model.model.layers
+        self.handles = [layer.mlp.experts.register_forward_hook(self._keep(i))
+                        for i, layer in enumerate(layers)]
+
+    def _keep(self, layer):
+        def keep(module, inputs, output):
+            self.calls.append((layer, inputs[1].detach().clone()))  # (hidden, top_k_index, weights)
+        return keep
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+@pytest.fixture(scope="module")
+def r3(tmp_path_factory):
+    from miles.backends.fsdp.actor import FSDPTrainActor
+
+    threads = torch.get_num_threads()
+    root = tmp_path_factory.mktemp("r3")
+    engine_weights = moe_checkpoint(root / "engine")
+    samples = engine_rollout(engine_weights)
+    advantages = [float(a) for a in np.random.default_rng(0).standard_normal(SAMPLES)]
+    batch = split_for_ranks(samples, advantages, SAMPLES, 1, rollout_id=0)[0]
+    actor = FSDPTrainActor(config(False), 0, 1)
+    actor.init(str(engine_weights), "127.0.0.1", actor.open_store("127.0.0.1"))
+    try:
+        results, used = {}, {}
+        for replay in (False, True):
+            actor.config = config(replay)
+            actor.load_base(str(engine_weights))  # both passes start from the engine's weights
+            seen = ExpertInputs(actor.model)
+            results[replay] = actor.train(batch)
+            seen.remove()
+            used[replay] = seen.calls
+        yield dict(samples=samples, batch=batch, results=results, used=used, trainer=engine_weights,
+                   pad_id=actor.pad_id)
+    finally:
+        actor.shutdown()
+        torch.set_num_threads(threads)
+
+
+def own_mismatch(trainer_dir: Path, samples: list[Sample]) -> tuple[float, int]:
+    """Recounted apart from the trainer: the trainer's weights in a plain HF model, each sample alone;
+    the mean over samples of the share of response (token, layer) routings whose expert set differs
+    from the engine's, and how many layer-0 routings differ (those do not depend on replay)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(trainer_dir, dtype=torch.float32).eval()
+    chosen: list[torch.Tensor] = []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o: chosen.append(o[2]))
+             for layer in model.model.layers]
+    shares, layer0 = [], 0
+    for s in samples:
+        chosen.clear()
+        with torch.no_grad():
+            model(input_ids=torch.tensor([s.tokens]))
+        own = torch.stack(chosen, dim=1).sort(-1).values.numpy()  # (tokens, layers, k)
+        engine = np.sort(s.routed_experts.astype(np.int64), axis=-1)
+        start = len(s.tokens) - s.response_length - 1  # the positions that predict the response
+        differs = (own[start:len(s.tokens) - 1] != engine[start:]).any(-1)  # (response, layers)
+        shares.append(differs.mean())
+        layer0 += int(differs[:, 0].sum())
+    for h in hooks:
+        h.remove()
+    return float(np.mean(shares)), layer0
+
+
+def engine_records(r3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(record, recorded) per expected experts call, in call order: the log-prob pass then the training
+    pass, each micro-batch, each layer; record (B*T, k), recorded (B*T,) where the engine read a token."""
+    mbs = micro_batches(r3["batch"], 8, r3["pad_id"], torch.device("cpu"))
+    out = []
+    for mb in mbs + mbs:
+        for layer in range(mb.routed_experts.shape[2]):
+            record = mb.routed_experts[:, :, layer].reshape(-1, mb.routed_experts.shape[-1]).long()
+            out.append((record, (record >= 0).all(-1)))
+    return out
+
+
+def test_with_replay_every_recorded_token_goes_to_the_engines_experts(r3):
+    expected = engine_records(r3)
+    calls = r3["used"][True]
+    assert len(calls) == len(expected)
+    assert sum(int(known.sum()) for _, known in expected) == 2 * 2 * sum(len(s.tokens) - 1
+                                                                        for s in r3["samples"])
+    for n, ((layer, indices), (record, known)) in enumerate(zip(calls, expected)):
+        assert torch.equal(indices[known], record[known]), f"call {n}: layer {layer} strays from the engine"
+    # without replay the trainer's own choice differs on some tokens: the check above can fail
+    strays = sum(int((indices[known] != record[known]).any(-1).sum())
+                 for (_, indices), (record, known) in zip(r3["used"][False], expected))
+    assert strays > 0
+
+
+def test_the_mismatch_fraction_counts_the_trainers_own_choices_with_and_without_replay(r3):
+    expected, layer0 = own_mismatch(r3["trainer"], r3["samples"])
+    assert expected > 0, "the fp32 trainer chose as the bf16 engine on every token: nothing to replay"
+    without = r3["results"][False].sums[METRIC] / SAMPLES
+    assert without == pytest.approx(expected, abs=1e-6)
+    # with replay it is still the trainer's own choice: layer 0 sees the same inputs either way, and
+    # a later layer too while no earlier layer was replayed otherwise
+    with_replay = r3["results"][True].sums[METRIC] / SAMPLES
+    assert with_replay > 0
+    if layer0 == 0:
+        assert with_replay == pytest.approx(without, abs=1e-6)
+
+
+def test_replay_brings_the_trainers_log_probs_closer_to_the_engines(r3):
+    without = r3["results"][False].sums[DIFF] / SAMPLES
+    with_replay = r3["results"][True].sums[DIFF] / SAMPLES
+    assert with_replay < without

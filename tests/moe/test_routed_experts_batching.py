@@ -1,0 +1,67 @@
+"""A sample's routing record through the trainer's batching (rank split, micro-batch padding), kept
+out of the sample tables, and the replay flag refused where it cannot replay."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from miles.backends.batch import micro_batches
+from miles.backends.pack import split_for_ranks
+from miles.config import parse_config
+from miles.config.fields import ConfigError
+from miles.moe.replay import RoutingReplay, require_routers
+from miles.record.samples import sample_row
+from miles.rollout.sample import Sample
+
+
+def sample(i: int, prompt_len: int, response_len: int, record: bool = True) -> Sample:
+    tokens = list(range(10, 10 + prompt_len + response_len))
+    routed = np.full((len(tokens) - 1, 2, 2), i % 4, dtype=np.int8) if record else None
+    return Sample(index=i, group_index=i // 2, prompt="p", label=None, tokens=tokens,
+                  response_length=response_len, rollout_log_probs=[-1.0] * response_len,
+                  routed_experts=routed)
+
+
+def test_records_reach_each_micro_batch_right_padded_with_no_choice():
+    samples = [sample(i, 3 + i, 2 + (i % 3)) for i in range(8)]
+    batches = split_for_ranks(samples, [0.5] * 8, 8, 2, rollout_id=0)
+    assert [b.routed_experts[0][0, 0, 0] for b in batches] == [0, 0]  # samples 0 and 4
+    mb = micro_batches(batches[1], 4, 0, torch.device("cpu"))[0]
+    width = mb.input_ids.shape[1]
+    assert mb.routed_experts.shape == (4, width, 2, 2) and mb.routed_experts.dtype == torch.int8
+    for r, i in enumerate(range(4, 8)):
+        n = len(samples[i].tokens) - 1  # read tokens: all but the last
+        assert (mb.routed_experts[r, :n] == i % 4).all()
+        assert (mb.routed_experts[r, n:] == -1).all()  # the last token and the padding: no choice
+
+
+def test_a_batch_with_a_sample_missing_its_record_carries_none():
+    samples = [sample(0, 3, 2), sample(1, 3, 2, record=False)]
+    batch = split_for_ranks(samples, [0.0, 0.0], 2, 1, rollout_id=0)[0]
+    assert batch.routed_experts is None
+    assert micro_batches(batch, 2, 0, torch.device("cpu"))[0].routed_experts is None
+
+
+def test_the_sample_table_leaves_the_record_out():
+    assert not any("routed" in key for key in sample_row(0, sample(0, 3, 2)))
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--use-rollout-routing-replay", "--train-backend", "megatron"], "built for --train-backend fsdp"),
+    (["--use-rollout-routing-replay", "--no-record-routed-experts"], "--no-record-routed-experts"),
+])
+def test_the_replay_flag_is_refused_where_it_cannot_replay(argv, fragment):
+    with pytest.raises(ConfigError, match="--use-rollout-routing-replay") as err:
+        parse_config(argv)
+    assert fragment in str(err.value)
+
+
+def test_a_dense_policy_refuses_replay():
+    from miles.tiny.model import build_tiny_model
+
+    model, _ = build_tiny_model(0)
+    assert RoutingReplay.attach(model) is None
+    with pytest.raises(ValueError, match="--use-rollout-routing-replay: the policy dense/ has no "):
+        require_routers(None, True, "dense/")
+    require_routers(None, False, "dense/")  # without the flag a dense policy trains as before
