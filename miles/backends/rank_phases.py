@@ -89,6 +89,20 @@ class RankPhaseRecorder:
         finally:
             self._spans.append((phase, COMPUTE, start, time.time()))
 
+    @contextmanager
+    def waiting(self, phase: str) -> Iterator[None]:
+        """The block is this rank's wait for a peer in `phase` (a pipeline stage's receive from
+        its neighbour: `miles.backends.megatron.pipeline_spans`)."""
+        if not self.enabled:
+            yield
+            return
+        start = time.time()
+        try:
+            yield
+            _settle_device()
+        finally:
+            self._spans.append((phase, WAIT, start, time.time()))
+
     def wait(self, phase: str, group=None, between_passes: bool = False) -> None:
         """Wait (timed) until every rank of `group` (default: all) has finished `phase`; with
         `between_passes`, only where this backend's passes hold collectives."""

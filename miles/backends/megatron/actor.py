@@ -169,7 +169,8 @@ class MegatronTrainActor(PPORank):
             return self.micro_batch_loss(self._stats(logits, mbs[i]), mbs[i], old[i].log_probs,
                                          ref_log_probs, global_step_size, sums)
 
-        pipeline.run(self.model, [mbs[i] for i in rows], loss, forward_only=False)
+        pipeline.run(self.model, [mbs[i] for i in rows], loss, forward_only=False,
+                     rec=self.rank_phases)
 
     def reduce_gradients(self) -> None:
         grads.reduce_gradients(self.model, self.ps)

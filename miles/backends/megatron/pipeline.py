@@ -9,6 +9,7 @@ we hand it the loss multiplied by that count, so the backward pass takes exactly
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from miles.backends.batch import MicroBatch
 from miles.backends.logprobs import TokenStats
 from miles.backends.megatron import shim
+from miles.backends.megatron.pipeline_spans import recording
 
 
 def forward(model, mb: MicroBatch) -> torch.Tensor:
@@ -28,10 +30,11 @@ def forward(model, mb: MicroBatch) -> torch.Tensor:
 
 
 def run(model, mbs: list[MicroBatch], on_output: Callable[[int, torch.Tensor], torch.Tensor],
-        forward_only: bool) -> None:
+        forward_only: bool, rec=None) -> None:
     """Every micro-batch through the schedule, in order; `on_output(k, logits)` (last stage only)
     gives the loss of micro-batch k. With `forward_only=False` the gradients accumulate in the
-    parameters' `.grad`."""
+    parameters' `.grad`, and `rec` (a RankPhaseRecorder) gets the schedule's forward and backward
+    spans and pipeline waits (pipeline_spans.py)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     count = len(mbs)
@@ -46,7 +49,8 @@ def run(model, mbs: list[MicroBatch], on_output: Callable[[int, torch.Tensor], t
 
         return forward(stage, mbs[k]), loss_func
 
-    with shim.cuda_to_cpu():  # the schedules count tokens in a tensor made on "cuda" (shim 5)
+    spans = recording(rec) if rec is not None and not forward_only else nullcontext()
+    with shim.cuda_to_cpu(), spans:  # the schedules count tokens on "cuda" (shim 5)
         get_forward_backward_func()(
             forward_step_func=step, data_iterator=iter(range(count)), model=model,
             num_microbatches=count, forward_only=forward_only,
