@@ -19,6 +19,10 @@ def test_the_moe_yaml_is_the_defaults_on_the_moe_policy():
     assert parse_config(["--config", str(YAML)]) == parse_config(flags)
     config = parse_config(["--config", str(YAML)])
     assert config.rollout.hf_checkpoint is None and config.rollout.prompt_data is None
+    # the run: megatron-core's MoE layer, the experts split over 2 ranks
+    t = config.train
+    assert (t.train_backend, t.actor_num_gpus_per_node, t.expert_model_parallel_size) == \
+        ("megatron", 2, 2)
 
 
 def test_the_policy_picks_the_fallback_model():
