@@ -20,6 +20,7 @@ from miles.run import checkpoint
 from miles.run.engine_loss import NoEngineLeft, engines_lost, when
 from miles.backends.flops import IterationFlops
 from miles.backends.rank_memory import rank_memory_metrics
+from miles.moe.routing_stats import rank_routing_metrics
 from miles.backends.group import ActorGroup
 from miles.backends.pack import combine, split_for_replicas
 from miles.backends.sync import WeightSync, WeightSyncError, push_disk, served_version
@@ -205,7 +206,8 @@ class RLTrainer:
                                     router=self._router_stats(), supervisor=self.sync.supervisor,
                                     more=[self.flops.metrics(batches, results), self.sync.last_times,
                                           rollout.metrics(step_time), rank_straggler_metrics(results),
-                                          rank_memory_metrics(results)])
+                                          rank_memory_metrics(results),
+                                          rank_routing_metrics(results)])
         evaluated = {}
         if eval_due(self.config.rollout, self.eval_sets, rollout_id):
             with self.phase("eval", rollout_id, times):

@@ -36,6 +36,7 @@ from miles.backends.rank_phases import RankPhaseRecorder
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
 from miles.backends.weight_broadcast import RankSender, SendTarget
+from miles.moe.capture import RouterCapture
 from miles.moe.replay import METRIC as R3_MISMATCH, RoutingReplay, require_routers
 from miles.run.faults import push_fault, slow_rank
 from miles.run.phases import add_phase_hook, timed
@@ -226,6 +227,7 @@ class PPORank:
         self._build_models(model_path)
         self._attach_replays()
         self.start_optimizer()
+        self._attach_router_capture()
         return self.info()
 
     # ---- what a backend supplies --------------------------------------------------------
@@ -279,6 +281,13 @@ class PPORank:
     def reduce_gradients(self) -> None:
         """Make every rank's gradients the world's average (nothing to do where the backward pass
         already did it, as FSDP's reduce-scatter does)."""
+
+    def _attach_router_capture(self) -> None:
+        """The routing statistics of the policy's MoE routers in the training passes (miles.moe
+        .capture); a dense policy gets no hooks."""
+        if getattr(self, "router_capture", None) is not None:
+            self.router_capture.detach()  # a reloaded base: new modules
+        self.router_capture = RouterCapture.attach(self.model)
 
     # ---- shared -------------------------------------------------------------------------
     def start_optimizer(self) -> None:
@@ -452,7 +461,13 @@ class PPORank:
         return RankTrainResult(dict(sums), step_values, len(batch.tokens), num_tokens, times["log_probs"],
                                times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats, maxes,
                                rank_spans=rec.take(),
-                               memory=rank_memory(self.model, self.optimizer, self.device))
+                               memory=rank_memory(self.model, self.optimizer, self.device),
+                               routing=self._take_routing())
+
+    def _take_routing(self) -> dict:
+        """This iteration's routing sums (layer -> LayerRouting); {} on a dense policy."""
+        capture = getattr(self, "router_capture", None)
+        return capture.take() if capture is not None else {}
 
     def _mismatch_metrics(self, mbs: list[MicroBatch], old: list[TokenStats], sums) -> dict[str, float]:
         """How far the rollout's policy is from the trained one (async: versions behind): `train/is_weight`

@@ -100,6 +100,15 @@ class HealthConfig:
     health_straggler_window: int = flag(3, "straggler: rollouts in a row the same rank must be the straggler "
                                            "of the same phase", minimum=1)
 
+    health_router_max_share: float = flag(
+        0.95, "router_collapse (MoE): red flag when one expert takes more than this share of a layer's "
+              "tokens (k/E when balanced, 1 when all) for --health-router-collapse-window rollouts in a "
+              "row, the same expert each time", minimum=0.0, maximum=1.0)
+    health_router_collapse_window: int = flag(
+        3, "router_collapse (MoE): rollouts in a row an expert's share must stay above "
+           "--health-router-max-share, and a layer's dead experts above their count before them",
+        minimum=1)
+
     def validate(self) -> None:
         if self.health_pg_clipfrac_red < self.health_pg_clipfrac_warn:
             raise ConfigError("--health-pg-clipfrac-red", f"must be >= --health-pg-clipfrac-warn "

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from miles.config.health import HealthConfig
 from miles.health.signals import RED, WARNING, Verdict
+from miles.health.router_collapse import check_router_collapse
 from miles.health.straggler import check_straggler
 from miles.record.journal_check import SHARES
 
@@ -377,6 +378,7 @@ DETECTORS: dict[str, Detector] = {
     "truncated_ratio": check_truncation,
     "param_norm": check_param_norm,
     "straggler": check_straggler,
+    "router_collapse": check_router_collapse,
     "non_finite": check_non_finite,
 }
 

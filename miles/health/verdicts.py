@@ -8,6 +8,7 @@ import math
 from miles.health.detectors import DETECTORS, Rollout, RunFacts
 from miles.health.history import RunHistory
 from miles.health.signals import RED, SIGNALS, WARNING, Verdict
+from miles.health.router_collapse import evidence as router_evidence
 from miles.health.straggler import evidence as straggler_evidence
 from miles.health.watch import active_signals, replay
 from miles.record.journal import JOURNAL_NAME
@@ -55,6 +56,8 @@ def evidence(rollouts: list[Rollout], signal: str, run: RunFacts) -> str:
     over the run (grad_norm also counts the rollouts at or above --clip-grad), or "not logged"."""
     if signal == "straggler":  # its keys are per phase (straggler/<phase>/slowdown)
         return straggler_evidence(rollouts) or NOT_LOGGED
+    if signal == "router_collapse":  # its keys are per MoE layer (moe/*_layer_<l>)
+        return router_evidence(rollouts) or NOT_LOGGED
     if signal == "non_finite":
         bad = sum(1 for r in rollouts if any(not math.isfinite(v) for v in r.metrics.values()))
         return f"non-finite values in {bad} of {len(rollouts)} rollouts"

@@ -48,8 +48,9 @@ class LayerRouting:
 
     def __add__(self, other: "LayerRouting") -> "LayerRouting":
         if (self.top_k, self.num_experts) != (other.top_k, other.num_experts):
-            raise ValueError(f"cannot add the routing of top-{other.top_k} over {other.num_experts} "
-                             f"experts to top-{self.top_k} over {self.num_experts} experts")
+            raise ValueError(f"cannot add the routing of top-{other.top_k} over "
+                             f"{other.num_experts} experts to top-{self.top_k} over "
+                             f"{self.num_experts} experts")
         return LayerRouting(self.top_k, self.tokens + other.tokens,
                             [a + b for a, b in zip(self.counts, other.counts)],
                             [a + b for a, b in zip(self.prob_sums, other.prob_sums)],
@@ -134,3 +135,10 @@ def merge_ranks(per_rank: list[dict[int, LayerRouting] | None]) -> dict[int, Lay
         for layer, r in (layers or {}).items():
             out[layer] = out[layer] + r if layer in out else r
     return out
+
+
+def rank_routing_metrics(results) -> dict[str, float]:
+    """The iteration's `moe/*` figures from the training ranks' results (their `routing`: layer ->
+    LayerRouting of the tokens that rank routed, {} on a dense model). A rank whose routing
+    repeats another's (a tensor-parallel peer that routes the same tokens) reports none."""
+    return routing_metrics(merge_ranks([getattr(r, "routing", None) for r in results]))

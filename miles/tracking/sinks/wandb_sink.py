@@ -25,7 +25,7 @@ from miles.tracking.sinks.base import Delivery, SinkSpec
 FLUSH_INTERVAL_S = 1.0
 AXES = {"train/*": "train/step", "rollout/*": "rollout/step", "perf/*": "rollout/step",
         "multi_turn/*": "rollout/step", "passrate/*": "rollout/step", "eval/*": "eval/step",
-        "health/*": "rollout/step", "straggler/*": "rollout/step"}
+        "health/*": "rollout/step", "straggler/*": "rollout/step", "moe/*": "rollout/step"}
 SAMPLES_KEY = "rollout/samples"
 
 
