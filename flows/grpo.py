@@ -83,7 +83,7 @@ def train_on_ray(config: MilesConfig, started_at: float | None = None) -> Scorec
                     task = with_run_retries(profile_window if chunk.profiled else train_chunk, o, retries=False)
                     result = run_chunk_to_end(task, chunk, config, services, progress)
                     if result.stop_reason:
-                        get_run_logger().warning(f"the run stopped in {task.name}[{chunk.first}-{chunk.stop}]: "
+                        get_run_logger().warning(f"the run stopped in {task.name}[{chunk.iters}]: "
                                                  f"{result.stop_reason}")
                         break
             except (RedFlagStop, NonFiniteError):  # a deliberate stop: the artifacts still, then the run fails
@@ -109,7 +109,7 @@ def run_chunk_to_end(task: Task, chunk: Chunk, config: MilesConfig, services: Ru
         state = future.state
         if state.is_completed():
             return future.result()
-        where = f"{task.name}[{chunk.first}-{chunk.stop}]"
+        where = f"{task.name}[{chunk.iters}]"
         if state.is_crashed():
             message = f"the Ray worker of {where} died: {state.message}"
             mark_crashed(future.task_run_id, message)  # a killed worker cannot report it itself
