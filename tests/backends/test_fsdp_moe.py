@@ -43,26 +43,30 @@ def _moe_dir(tmp_path, coef: float):
     return out
 
 
-def _train(model_dir, steps: int = 2):
-    cfg = config(1, num_steps_per_rollout=1)  # one step of 8 micro-batches per call
-    group = ActorGroup(cfg, str(model_dir))
-    try:
-        start = weights(group)
-        results = [step(group, cfg, *rollout_like(seed=s)) for s in range(steps)]
-        return start, results, weights(group)
-    finally:
-        group.stop()
+def _train(group, cfg, model_dir, steps: int = 2):
+    """`steps` training calls from the base at `model_dir` (reloaded: fresh model, optimizer and
+    seeds, as a new run's ranks start): the weights before, the results, the weights after."""
+    group.call("load_base", str(model_dir))
+    start = weights(group)
+    results = [step(group, cfg, *rollout_like(seed=s)) for s in range(steps)]
+    return start, results, weights(group)
 
 
 def test_fsdp_trains_the_moe_policy_with_its_router_loss(ray_cluster, tmp_path):
-    start, runs, end = _train(_moe_dir(tmp_path, 0.5))
+    cfg = config(1, num_steps_per_rollout=1)  # one step of 8 micro-batches per call
+    with_loss, without_loss = _moe_dir(tmp_path, 0.5), _moe_dir(tmp_path, 0.0)
+    group = ActorGroup(cfg, str(with_loss))
+    try:
+        start, runs, end = _train(group, cfg, with_loss)
+        _, without, end_without = _train(group, cfg, without_loss)
+    finally:
+        group.stop()
     changed = [k for k in start if not torch.equal(start[k], end[k])]
     assert any(k.endswith("mlp.experts.gate_up_proj") for k in changed)
     assert any(k.endswith("mlp.gate.weight") for k in changed)
     for run in runs:
         assert all(math.isfinite(v) for v in run.metrics.values())
         assert math.isfinite(run.metrics["rollout/log_probs"])
-    _, without, end_without = _train(_moe_dir(tmp_path, 0.0))
     # the first pass's log-probs and reported loss are the same with and without the router loss ...
     for key in ("rollout/log_probs", "train/loss", "train/pg_loss"):
         assert runs[0].metrics[key] == pytest.approx(without[0].metrics[key], rel=1e-6), key
