@@ -51,3 +51,31 @@ def test_the_tiny_moe_shape_is_checked_before_it_is_made(tmp_path, monkeypatch):
     config = resolve_run(parse_config(["--config", str(YAML)]))
     tokenizer, model = preflight._model_shape(config)
     assert model.model_type == "qwen3_moe" and model.num_experts == 4
+
+
+def test_base_model_moe_makes_and_prints_the_moe_checkpoint(tmp_path, monkeypatch, capsys):
+    """`miles base-model --moe` warm-starts the MoE policy (a fake warm start here) into its own
+    cached directory, says so before it starts, and prints the report and the path; cached after."""
+    from miles.tiny import cli, recipes, warmstart
+
+    monkeypatch.setattr(warmstart, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(recipes, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(warmstart, "default_task_data", lambda: None)
+    asked = []
+
+    def make(out_dir, progress=True, moe=False):
+        asked.append(moe)
+        out_dir.mkdir(parents=True)
+        return dict(recipe=recipes.ADDITION_MOE, steps=2750, eval_greedy_accuracy=0.957,
+                    eval_pass_at_1=0.258, seconds=1.0)
+
+    monkeypatch.setattr(warmstart, "warm_start", make)
+    assert cli.main(["--moe", "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("making the mixture-of-experts tiny base model")
+    assert out[-2].startswith("MoE base model (made in 1.0s): 2750 SFT steps")
+    assert out[-1] == str(tmp_path / recipes.moe_base_model_dir().name) and asked == [True]
+    assert cli.main(["--moe", "--quiet"]) == 0 and asked == [True]  # cached
+    with pytest.raises(SystemExit):
+        cli.main(["--moe", "--multi-turn"])
+    assert "--moe" in capsys.readouterr().err
