@@ -3,7 +3,7 @@ configs/tiny-moe-cpu.yaml in the plain driver (the dense default's schedule: 100
 prompts x 8 samples, an eval every 20), its held-out pass@1 gain against the dense default run's
 recorded gain (docs/developer/default-run.json). The issue asks the two gains within 0.05.
 
-    .venv/bin/python benchmarks/moe_learning.py                     # run it (have the MoE base made)
+    .venv/bin/python benchmarks/moe_learning.py                    # run it (the MoE base made)
     .venv/bin/python benchmarks/moe_learning.py --run-dir RUN_DIR   # read a finished run instead
     .venv/bin/python benchmarks/moe_learning.py -- --num-rollout 3  # extra flags for the run
 
@@ -41,7 +41,8 @@ def figures(run_dir: Path, wall: float | None) -> dict:
     moe_gain, dense_gain = card.final_eval - card.base_eval, dense["final"] - dense["base"]
     trained = json.loads((card.checkpoint / "config.json").read_text()) if card.checkpoint else {}
     return {"run_dir": str(run_dir), "rollouts": card.iterations, "eval_key": card.eval_key,
-            "moe_base": card.base_eval, "moe_final": card.final_eval, "moe_gain": round(moe_gain, 5),
+            "moe_base": card.base_eval, "moe_final": card.final_eval,
+            "moe_gain": round(moe_gain, 5),
             "dense_base": dense["base"], "dense_final": dense["final"],
             "dense_gain": round(dense_gain, 5), "dense_source": f"{DENSE.name} ({dense['commit']})",
             "gain_difference": round(moe_gain - dense_gain, 5),
@@ -49,7 +50,8 @@ def figures(run_dir: Path, wall: float | None) -> dict:
             "reward_first": card.reward_first[1], "reward_last": card.reward_last[1],
             "wall_seconds": None if wall is None else round(wall, 1),
             "training_seconds": card.journal_seconds,
-            "model_type": trained.get("model_type"), "num_experts": trained.get("num_local_experts"),
+            "model_type": trained.get("model_type"),
+            "num_experts": trained.get("num_local_experts"),
             **_layout(run_dir)}
 
 
@@ -59,7 +61,8 @@ def _layout(run_dir: Path) -> dict:
 
     path = run_dir / "tracking/config.yaml"
     config = yaml.safe_load(path.read_text()) if path.exists() else {}
-    keys = ("hf_checkpoint", "train_backend", "actor_num_gpus_per_node", "expert_model_parallel_size")
+    keys = ("hf_checkpoint", "train_backend", "actor_num_gpus_per_node",
+            "expert_model_parallel_size")
     return {k: config.get(k) for k in keys}
 
 

@@ -16,9 +16,10 @@ class RolloutConfig:
     hf_checkpoint: str | None = flag(None, "HF checkpoint to train: a directory, or a catalog name "
                                      f"({', '.join(CATALOG)}: made once into the miles cache) (default: the tiny "
                                      "base model, made if missing)", existing_path=True, or_names=tuple(CATALOG))
-    tiny_policy: str = flag("dense", "the tiny base model a run trains when --hf-checkpoint is not given: "
-                                     "dense (Qwen3) or moe (Qwen3-MoE, 4 experts, top-2; "
-                                     "`miles base-model --moe` makes it)", choices=("dense", "moe"))
+    tiny_policy: str = flag("dense", "the tiny base model a run trains when --hf-checkpoint is "
+                                     "not given: dense (Qwen3) or moe (Qwen3-MoE, 4 experts, "
+                                     "top-2; `miles base-model --moe` makes it)",
+                            choices=("dense", "moe"))
     prompt_data: str | None = flag(None, "JSONL training prompts (default: the generated arithmetic set)",
                                    existing_path=True)
     input_key: str = flag("prompt", "JSONL key of the prompt")
@@ -45,9 +46,10 @@ class RolloutConfig:
 
     def validate(self) -> None:
         if self.tiny_policy != "dense" and self.hf_checkpoint is not None:
-            raise ConfigError("--tiny-policy", f"{self.tiny_policy} picks the tiny base model used when "
-                                               f"--hf-checkpoint is not given; --hf-checkpoint "
-                                               f"{self.hf_checkpoint} names the model: give one of them")
+            raise ConfigError("--tiny-policy",
+                              f"{self.tiny_policy} picks the tiny base model used when "
+                              f"--hf-checkpoint is not given; --hf-checkpoint "
+                              f"{self.hf_checkpoint} names the model: give one of them")
         if self.rollout_top_p <= 0.0:  # the engines sample from (0, 1]: 0 would fail at the first rollout
             raise ConfigError("--rollout-top-p", f"must be > 0 (nucleus mass in (0, 1]), got {self.rollout_top_p}")
         if self.rollout_top_k == 0 or self.rollout_top_k < -1:  # the engines' rule: refused at the first rollout

@@ -22,7 +22,8 @@ PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 class ExpertFusionError(WeightUpdateError):
-    """A checkpoint whose per-expert tensors do not make whole fused ones (refused as any bad update)."""
+    """A checkpoint whose per-expert tensors do not make whole fused ones (refused as any bad
+    update is)."""
 
 
 def fuse_experts(tensors: dict[str, torch.Tensor], served_names) -> dict[str, torch.Tensor]:

@@ -15,12 +15,13 @@ def main(argv: list[str] | None = None) -> int:
                              "--tiny-policy moe) instead of the dense one")
     args = parser.parse_args(argv)
     if args.multi_turn and args.moe:
-        parser.error("--moe: the tiny mixture-of-experts policy is made for the addition task only, "
-                     "not with --multi-turn")
+        parser.error("--moe: the tiny mixture-of-experts policy is made for the addition task "
+                     "only, not with --multi-turn")
     if args.multi_turn:
         from miles.tiny.tool_warmstart import ensure_tool_model as ensure, tool_model_dir as target
     elif args.moe:
-        from miles.tiny.warmstart import ensure_moe_base_model as ensure, moe_base_model_dir as target
+        from miles.tiny.warmstart import ensure_moe_base_model as ensure
+        from miles.tiny.warmstart import moe_base_model_dir as target
     else:
         from miles.tiny.warmstart import base_model_dir as target, ensure_base_model as ensure
     from miles.tiny.defaults import MAKING_TAKES
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"multi-turn base model ({state}): {report['steps']} SFT steps, first-token tool-call probability "
               f"{report['tool_call_probability']:.3f}, held-out greedy tool path {report['tool_path_greedy_accuracy']:.3f}")
     else:
-        print(f"{'MoE ' if args.moe else ''}base model ({state}): {report['steps']} SFT steps, held-out greedy accuracy "
+        print(f"{'MoE ' if args.moe else ''}base model ({state}): {report['steps']} SFT steps, "
+              f"held-out greedy accuracy "
               f"{report['eval_greedy_accuracy']:.3f}, sampled pass@1 {report['eval_pass_at_1']:.3f}")
     print(path)
     return 0

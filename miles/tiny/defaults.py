@@ -24,8 +24,8 @@ def uses_moe(config) -> bool:
 
 
 def task_defaults(multi_turn: bool, moe: bool = False) -> TaskDefaults:
-    """The cached files of the tiny task (they may not exist yet: `make_task_files` makes them); with
-    `moe`, the addition task's mixture-of-experts base model."""
+    """The cached files of the tiny task (they may not exist yet: `make_task_files` makes
+    them); with `moe`, the addition task's mixture-of-experts base model."""
     if multi_turn:
         from miles.tiny.recipes import tool_model_dir as model_dir, tool_task_dir as data_dir
     elif moe:
@@ -37,7 +37,8 @@ def task_defaults(multi_turn: bool, moe: bool = False) -> TaskDefaults:
 
 
 def run_task_defaults(config) -> TaskDefaults:
-    """`task_defaults` of the run's flags: the multi-turn task, or the addition task's dense or MoE model."""
+    """`task_defaults` of the run's flags: the multi-turn task, or the addition task's dense or
+    MoE model."""
     return task_defaults(uses_tool_task(config), uses_moe(config))
 
 

@@ -23,7 +23,8 @@ from miles.config.cache import cache_root
 from miles.record.files import file_lock
 from miles.tiny.model import build_tiny_model
 from miles.tiny.sft import Check, one_thread, token_ids, train_until
-from miles.tiny.recipes import ADDITION, ADDITION_MOE, base_model_dir, default_task_data, moe_base_model_dir, task_data_dir  # noqa: F401 (named here too: their callers import them from here)
+from miles.tiny.recipes import ADDITION, base_model_dir, default_task_data, task_data_dir  # noqa: F401 (named here too: their callers import them from here)
+from miles.tiny.recipes import ADDITION_MOE, moe_base_model_dir  # noqa: F401 (as above)
 from miles.tiny.task import Problem, split_problems
 
 RECIPE = ADDITION
@@ -77,7 +78,8 @@ def ensure_base_model(progress: bool = True) -> Path:
 
 
 def ensure_moe_base_model(progress: bool = True) -> Path:
-    """The cached tiny mixture-of-experts base checkpoint (`ADDITION_MOE`), made first if missing."""
+    """The cached tiny mixture-of-experts base checkpoint (`ADDITION_MOE`), made first if
+    missing."""
     default_task_data()
     return ensure_cached(moe_base_model_dir(),
                          lambda out, show: warm_start(out, progress=show, moe=True), progress)
@@ -121,14 +123,15 @@ def eval_accuracy(model, tokenizer, problems: list[Problem], sample: bool, seed:
 
 def smoothed_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
                   router_aux_loss: bool = False) -> torch.Tensor:
-    """Label-smoothed cross entropy on the answer tokens; with `router_aux_loss` (a mixture-of-experts
-    model), plus the router's load-balancing loss at the model's `router_aux_loss_coef`."""
+    """Label-smoothed cross entropy on the answer tokens; with `router_aux_loss` (a
+    mixture-of-experts model), plus the router's load-balancing loss at the model's
+    `router_aux_loss_coef`."""
     routers = {"output_router_logits": True} if router_aux_loss else {}
     out = model(input_ids=ids, attention_mask=mask, **routers)
     logits = out.logits[:, :-1]  # (B, T-1, V) predicts tokens 1..T-1
     targets = labels[:, 1:]
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                           label_smoothing=RECIPE["label_smoothing"])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=-100, label_smoothing=RECIPE["label_smoothing"])
     if router_aux_loss:
         loss = loss + model.config.router_aux_loss_coef * out.aux_loss
     return loss

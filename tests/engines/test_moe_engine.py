@@ -1,6 +1,7 @@
-"""The embedded engine serves the tiny mixture-of-experts policy: prefill and decode with rows joining
-and leaving the running batch give the logits of HF's own forward on each row's ids, and weight
-updates land by the in-memory (fused expert) names from memory and from a per-expert checkpoint."""
+"""The embedded engine serves the tiny mixture-of-experts policy: prefill and decode with rows
+joining and leaving the running batch give the logits of HF's own forward on each row's ids, and
+weight updates land by the in-memory (fused expert) names from memory and from a per-expert
+checkpoint."""
 from __future__ import annotations
 
 import httpx
@@ -19,8 +20,9 @@ PROBE = {"text": "37+58=", "return_logprob": True,
 
 
 def _moe(seed: int, out):
-    """A fresh tiny MoE saved as save_pretrained writes it (one tensor per expert and projection); its
-    routers drawn at random, so tokens spread over the experts (a zero router ties them all)."""
+    """A fresh tiny MoE saved as save_pretrained writes it (one tensor per expert and
+    projection); its routers drawn at random, so tokens spread over the experts (a zero router
+    ties them all)."""
     model, tokenizer = build_tiny_moe_model(seed)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -50,8 +52,10 @@ def test_prefill_and_continuous_decode_equal_hf_forward(moe_dir):
     rows = [tok(t)["input_ids"] for t in ("12+7=", "305+48=", "9+9=")]
     late = [tok(t)["input_ids"] for t in ("4021+3=", "1+1=")]
     chosen = set()
-    hook = [layer.mlp.gate.register_forward_hook(lambda _m, _i, out: chosen.update(out[2].flatten().tolist()))
-            for layer in hf.model.layers]
+    def keep(_module, _inputs, out):
+        chosen.update(out[2].flatten().tolist())  # the router's (logits, weights, experts)
+
+    hook = [layer.mlp.gate.register_forward_hook(keep) for layer in hf.model.layers]
 
     def check(logits, seqs):
         for row, seq in enumerate(seqs):
@@ -72,12 +76,13 @@ def test_prefill_and_continuous_decode_equal_hf_forward(moe_dir):
         check(runner.decode(nxt, state), rows)
     for h in hook:
         h.remove()
-    assert chosen == set(range(NUM_EXPERTS))  # every expert served some token: routing is a real choice
+    assert chosen == set(range(NUM_EXPERTS))  # every expert served a token: a real choice
 
 
 def _probe(url):
     out = httpx.post(url + "/generate", json=PROBE, timeout=60).json()
-    return [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]], out["meta_info"]["weight_version"]
+    meta = out["meta_info"]
+    return [lp for lp, _, _ in meta["output_token_logprobs"]], meta["weight_version"]
 
 
 def test_weight_updates_land_from_disk_and_memory(moe_dir, tmp_path):

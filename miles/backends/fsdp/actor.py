@@ -70,7 +70,8 @@ class FSDPTrainActor(PPORank):
         """The PPO loss, plus on a MoE policy its routers' load-balancing loss at the model's
         router_aux_loss_coef, as megatron-core adds it (`load_balancing`): the gradient holds it,
         train/loss and the log-probs do not."""
-        loss = super().micro_batch_loss(stats, mb, old_log_probs, ref_log_probs, global_step_size, sums)
+        loss = super().micro_batch_loss(stats, mb, old_log_probs, ref_log_probs, global_step_size,
+                                        sums)
         aux = getattr(stats, "load_balancing_loss", None)
         if aux is None:
             return loss

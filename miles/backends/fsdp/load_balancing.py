@@ -15,7 +15,8 @@ import torch
 
 def is_moe(model) -> bool:
     """A transformers MoE model whose forward gives router logits (Qwen3-MoE and kin)."""
-    return bool(getattr(model.config, "num_experts", 0)) and hasattr(model.config, "router_aux_loss_coef")
+    config = model.config
+    return bool(getattr(config, "num_experts", 0)) and hasattr(config, "router_aux_loss_coef")
 
 
 def load_balancing_loss(router_logits: tuple[torch.Tensor, ...], top_k: int) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Token log-probs and entropy from the HF model's forward (the math is `miles.backends.logprobs`);
-for a mixture-of-experts model in a pass that trains, its routers' load-balancing loss beside them."""
+for a mixture-of-experts model in a pass that trains, its routers' load-balancing loss beside
+them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ class RoutedTokenStats(TokenStats):
     load_balancing_loss: torch.Tensor | None = None
 
 
-def token_stats(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> TokenStats:
+def token_stats(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                temperature: float) -> TokenStats:
     routed = is_moe(model) and torch.is_grad_enabled()  # the log-prob passes need no router loss
     extra = {"output_router_logits": True} if routed else {}
     out = model(input_ids=input_ids, attention_mask=attention_mask, **extra)
