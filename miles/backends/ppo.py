@@ -18,9 +18,11 @@ import os
 import pickle
 import random
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -249,9 +251,30 @@ class PPORank:
         for replay in self.replays.values():
             replay.detach()
         models = [m for m in (self.model, self.ref_model) if m is not None]
-        self.replays = {id(m): r for m in models if (r := RoutingReplay.attach(m)) is not None}
+        self.replays = {id(m): r for m in models if (r := self.routing_replay_of(m)) is not None}
         require_routers(self.replays.get(id(self.model)), self.config.train.use_rollout_routing_replay,
                         self.model_path)
+
+    def routing_replay_of(self, model):
+        """The R3 hooks of `model`'s routers (transformers' here; a backend with its own modules
+        supplies its own), None for a dense model."""
+        return RoutingReplay.attach(model)
+
+    @contextmanager
+    def replaying_pass(self, model, mbs: list[MicroBatch]) -> Iterator[None]:
+        """For a backend whose schedule runs a pass's micro-batches itself: `forward_stats`'s
+        routing replay and mismatch count over the whole pass, micro-batches in order."""
+        replay = self.replays.get(id(model))
+        if replay is None or not mbs or any(mb.routed_experts is None for mb in mbs):
+            yield
+            return
+        records = [mb.routed_experts for mb in mbs]
+        with replay.passing(records, self.config.train.use_rollout_routing_replay):
+            yield
+        sums = self.r3_sums if model is self.model else None
+        for mb, share in zip(mbs, replay.mismatches if sums is not None else []):
+            share = share[:, :-1].to(mb.response_mask.device)  # aligned with the mask
+            sums[R3_MISMATCH] += sample_mean(share, mb.response_mask).sum().item()
 
     def forward_stats(self, model, mb: MicroBatch) -> TokenStats:
         """`token_stats`, its routers following the engine's record when the batch carries one (and

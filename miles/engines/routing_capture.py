@@ -1,4 +1,5 @@
-"""Which experts the served model's routers chose, per token and MoE layer (SGLang's `return_routed_experts`).
+"""Which experts the served model's routers chose, per token and MoE layer (SGLang's
+`return_routed_experts`).
 
 A forward hook on every router (the HF `mlp.gate` module: it returns (logits, weights, indices))
 keeps the indices of the last forward pass. The scheduler cuts each request's own rows out of
@@ -46,7 +47,8 @@ class RoutingCapture:
     def __init__(self, model):
         self.routers = moe_routers(model)
         self.top_k = int(self.routers[0].top_k) if self.routers else 0
-        self.num_experts = int(self.routers[0].weight.shape[0]) if self.routers else 0  # weight: (E, H)
+        # the router's weight is (E, H)
+        self.num_experts = int(self.routers[0].weight.shape[0]) if self.routers else 0
         self.dtype = compact_dtype(self.num_experts)
         self._last: list[torch.Tensor | None] = [None] * len(self.routers)
         for i, router in enumerate(self.routers):
@@ -68,21 +70,23 @@ class RoutingCapture:
 
 
 def check_asked(asked: bool, capture: RoutingCapture | None) -> None:
-    """A request that asks a model without experts for its routing is refused (400), naming the field."""
+    """A request asking a model without experts for its routing is refused (400), naming the
+    field."""
     if asked and (capture is None or not capture.is_moe):
-        raise RequestError(f"{FIELD} needs a mixture-of-experts model; the served model has no expert "
-                           f"routers", param=FIELD)
+        raise RequestError(f"{FIELD} needs a mixture-of-experts model; the served model has no "
+                           f"expert routers", param=FIELD)
 
 
 def prefill_rows(choices: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
-    """Each row's own tokens of a left-padded prefill: row i's `lengths[i]` tokens end the time axis."""
+    """Each row's own tokens of a left-padded prefill: row i's `lengths[i]` tokens end the time
+    axis."""
     width = choices.shape[1]
     return [choices[i, width - n:].copy() for i, n in enumerate(lengths)]
 
 
 def record_prefill(capture: RoutingCapture, requests: list) -> None:
-    """After a prefill of `requests` (each read prompt + tokens so far, left-padded): each request that
-    asked keeps its rows (a retracted request's record restarts here, as its cache does)."""
+    """After a prefill of `requests` (each read prompt + tokens so far, left-padded): each request
+    that asked keeps its rows (a retracted request's record restarts here, as its cache does)."""
     if not any(r.return_routed_experts for r in requests):
         return
     lengths = [len(r.prompt_ids) + len(r.output_ids) for r in requests]
@@ -92,7 +96,8 @@ def record_prefill(capture: RoutingCapture, requests: list) -> None:
 
 
 def record_decode(capture: RoutingCapture, requests: list) -> None:
-    """After a decode step of `requests` (one token each, in batch order): each asker keeps its row."""
+    """After a decode step of `requests` (one token each, in batch order): each asker keeps its
+    row."""
     if not any(r.return_routed_experts for r in requests):
         return
     step = capture.last(len(requests))
@@ -110,5 +115,6 @@ def joined(capture: RoutingCapture, chunks: list[np.ndarray]) -> np.ndarray:
 
 def encode(record: np.ndarray) -> dict:
     """The response's meta_info fields for one request's record (tokens, layers, top_k)."""
-    return {"routed_experts": base64.b64encode(np.ascontiguousarray(record).tobytes()).decode("ascii"),
+    raw = np.ascontiguousarray(record).tobytes()
+    return {"routed_experts": base64.b64encode(raw).decode("ascii"),
             "routed_experts_dtype": record.dtype.name, "routed_experts_shape": list(record.shape)}

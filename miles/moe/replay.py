@@ -48,16 +48,16 @@ class RoutingReplay:
         return cls(routers) if routers else None
 
     @contextmanager
-    def following(self, record: torch.Tensor, replay: bool) -> Iterator["RoutingReplay"]:
-        """Passes in this block compare with (and, with `replay`, use) `record`, (B, T, layers, top_k)
-        laid out as the routers flatten tokens (batch-major)."""
+    def following(self, record: torch.Tensor, replay: bool) -> Iterator[None]:
+        """Passes in this block compare with (and, with `replay`, use) `record`, (B, T, layers,
+        top_k) laid out as the routers flatten tokens (batch-major)."""
         if record.shape[2] != len(self.routers):
             raise ValueError(f"the routing record holds {record.shape[2]} MoE layers, the model "
                              f"{len(self.routers)}: was it made by another model?")
         self.record, self.replay = record.reshape(-1, *record.shape[2:]), replay
         self.mismatch = torch.zeros(self.record.shape[:2], dtype=torch.bool, device=record.device)
         try:
-            yield self
+            yield
         finally:
             self.record = None
 
@@ -84,8 +84,8 @@ class RoutingReplay:
         return logits, replayed, chosen
 
     def mismatch_fraction(self, batch: int) -> torch.Tensor:
-        """(B, T) the share of MoE layers where the trainer's own experts differed, per token, from the
-        last pass in `following`."""
+        """(B, T) the share of MoE layers where the trainer's own experts differed, per token, in
+        the last pass in `following`."""
         return self.mismatch.reshape(batch, -1, self.mismatch.shape[-1]).float().mean(dim=-1)
 
     def detach(self) -> None:
@@ -95,7 +95,7 @@ class RoutingReplay:
 
 
 def require_routers(replay: RoutingReplay | None, wanted: bool, model_path) -> None:
-    """The flag on a model without expert routers: a clear error instead of a run that replays nothing."""
+    """The flag on a model without expert routers: a clear error, not a run that replays nothing."""
     if wanted and replay is None:
         raise ValueError(f"{FLAG}: the policy {model_path} has no mixture-of-experts routers "
                          f"(transformers Qwen3-MoE `mlp.gate`); replay needs an MoE model")

@@ -52,26 +52,33 @@ def wanted_routing(args: Any) -> tuple[int, int] | None:
     return None if shape is None else shape[1:]
 
 
-def read_routed_experts(meta: dict[str, Any], fallback: tuple[int, int] | None = None) -> np.ndarray | None:
+def read_routed_experts(meta: dict[str, Any],
+                        fallback: tuple[int, int] | None = None) -> np.ndarray | None:
     """The record in a /generate answer's meta_info, or None when it has none. `fallback`: (layers,
     top_k) for an answer without its shape (SGLang's int32)."""
     encoded = meta.get("routed_experts")
     if encoded is None:
         return None
-    dtype = np.dtype(meta.get("routed_experts_dtype", "int32"))
+    try:
+        dtype = np.dtype(meta.get("routed_experts_dtype", "int32"))
+    except TypeError:
+        dtype = np.dtype(np.float64)  # refused just below
     if dtype.kind != "i":
-        raise RoutedExpertsError(f"routed_experts_dtype {dtype.name} is no integer type")
+        raise RoutedExpertsError(f"routed_experts_dtype {meta.get('routed_experts_dtype')!r:.40} "
+                                 f"is no integer type")
     try:
         flat = np.frombuffer(base64.b64decode(encoded, validate=True), dtype=dtype)
     except (binascii.Error, ValueError, TypeError) as exc:
-        raise RoutedExpertsError(f"routed_experts is not base64 of {dtype.name} values: {exc}") from None
+        raise RoutedExpertsError(f"routed_experts is not base64 of {dtype.name} values: "
+                                 f"{exc}") from None
     shape = meta.get("routed_experts_shape")
     if shape is None:
         if fallback is None:
-            raise RoutedExpertsError("routed_experts came without routed_experts_shape and the policy's "
-                                     "(layers, top_k) are unknown")
+            raise RoutedExpertsError("routed_experts came without routed_experts_shape and the "
+                                     "policy's (layers, top_k) are unknown")
         shape = [-1, *fallback]
     try:
         return flat.reshape(shape)
-    except ValueError:
-        raise RoutedExpertsError(f"{flat.size} routed expert ids do not fill the shape {shape}") from None
+    except (ValueError, TypeError):
+        raise RoutedExpertsError(f"{flat.size} routed expert ids do not fill the shape "
+                                 f"{shape!r:.60}") from None

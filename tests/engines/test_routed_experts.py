@@ -1,6 +1,6 @@
-"""The embedded engine's `return_routed_experts` (SGLang's request field): each request gets the experts
-its own tokens were routed to, through prefill, decode and continuous batching with left padding;
-a dense model refuses the field with a 400 naming it; the rollout reads the answer back."""
+"""The embedded engine's `return_routed_experts` (SGLang's request field): each request gets the
+experts its own tokens were routed to, through prefill, decode and continuous batching with left
+padding; a dense model refuses the field with a 400 naming it; the rollout reads the answer back."""
 from __future__ import annotations
 
 import base64
@@ -38,7 +38,8 @@ def moe_runner(moe_dir):
 
 def alone_routing(runner: ModelRunner, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """The routers' choice over `ids` in one plain forward (sorted per token), and each choice's
-    margin: the k-th probability minus the next one (a near-tie may go either way in another batch)."""
+    margin: the k-th probability minus the next one (a near-tie may go either way in another
+    batch)."""
     out: list = []
     hooks = [r.register_forward_hook(lambda m, i, o: out.append(o)) for r in runner.routing.routers]
     with torch.no_grad():
@@ -46,16 +47,18 @@ def alone_routing(runner: ModelRunner, ids: list[int]) -> tuple[np.ndarray, np.n
     for h in hooks:
         h.remove()
     chosen = torch.stack([o[2] for o in out], dim=1).sort(-1).values.numpy()
-    probs = torch.stack([torch.softmax(o[0], -1) for o in out], dim=1).sort(-1, descending=True).values
+    probs = torch.stack([torch.softmax(o[0], -1) for o in out], dim=1)
+    probs = probs.sort(-1, descending=True).values
     k = chosen.shape[-1]
     return chosen, (probs[..., k - 1] - probs[..., k]).numpy()
 
 
 def test_each_request_gets_its_own_tokens_routing_in_a_continuous_batch(moe_runner):
-    """Six requests of different prompt lengths join a running batch at different steps (left padding,
-    rows leaving), one of them not asking; every record is (prompt + output - 1, layers, top_k) and
-    holds what the routers choose for those tokens alone."""
-    scheduler = Scheduler(moe_runner, EngineMetrics(model_name="t"), max_batch_size=8, max_queued=64)
+    """Six requests of different prompt lengths join a running batch at different steps (left
+    padding, rows leaving), one of them not asking; every record is (prompt + output - 1, layers,
+    top_k) and holds what the routers choose for those tokens alone."""
+    scheduler = Scheduler(moe_runner, EngineMetrics(model_name="t"), max_batch_size=8,
+                          max_queued=64)
     scheduler.start()
     texts = ["what is 12+13? 12+13=", "1+2=", "hello 99+1=", "7+", "37+58=", "5+5+5="]
     tracked = [Tracked(scheduler, f"r{i}", prompt(moe_runner, t), params(4 + 3 * i, seed=i))
@@ -96,7 +99,8 @@ def test_the_answer_carries_the_record_compactly_and_the_rollout_reads_it(moe_ru
         bad = client.post("/generate", json={"input_ids": [5, 6], "return_routed_experts": "yes"})
     assert "routed_experts" not in second["meta_info"]
     meta = first["meta_info"]
-    assert meta["routed_experts_dtype"] == "int8" and meta["routed_experts_shape"] == [3 + 5 - 1, 2, 2]
+    assert meta["routed_experts_dtype"] == "int8"
+    assert meta["routed_experts_shape"] == [3 + 5 - 1, 2, 2]
     assert len(base64.b64decode(meta["routed_experts"])) == 7 * 2 * 2  # one byte per choice
     record = read_routed_experts(meta)
     assert record.shape == (7, 2, 2) and ((record >= 0) & (record < 4)).all()
@@ -107,7 +111,8 @@ def test_a_dense_model_refuses_the_field(untrained_model):
     runner = ModelRunner(untrained_model, device="cpu")
     assert not runner.routing.is_moe
     with TestClient(EngineServer(runner, EngineConfig(engine_device="cpu")).app) as client:
-        refused = client.post("/generate", json={"input_ids": [5, 6], "return_routed_experts": True})
+        body = {"input_ids": [5, 6], "return_routed_experts": True}
+        refused = client.post("/generate", json=body)
         plain = client.post("/generate", json={"input_ids": [5, 6], "return_routed_experts": False,
                                                "sampling_params": {"max_new_tokens": 2}})
     assert refused.status_code == 400
@@ -127,12 +132,14 @@ def test_sglang_int32_answers_and_broken_ones():
     with pytest.raises(RoutedExpertsError, match="do not fill"):
         read_routed_experts({**sglang, "routed_experts_shape": [5, 2, 2]})
     assert read_routed_experts({}) is None
-    assert [compact_dtype(e).name for e in (4, 128, 129, 40000)] == ["int8", "int8", "int16", "int32"]
+    names = [compact_dtype(e).name for e in (4, 128, 129, 40000)]
+    assert names == ["int8", "int8", "int16", "int32"]
 
 
 def test_the_rollout_asks_only_for_an_moe_policy(moe_dir, untrained_model):
     args = SimpleNamespace(record_routed_experts=True, hf_checkpoint=str(moe_dir))
     assert wanted_routing(args) == (2, 2)
-    assert wanted_routing(SimpleNamespace(record_routed_experts=False, hf_checkpoint=str(moe_dir))) is None
+    off = SimpleNamespace(record_routed_experts=False, hf_checkpoint=str(moe_dir))
+    assert wanted_routing(off) is None
     assert wanted_routing(SimpleNamespace(record_routed_experts=True,
                                           hf_checkpoint=str(untrained_model))) is None

@@ -62,7 +62,8 @@ def engine_rollout(model_dir: Path) -> list[Sample]:
         tracked = []
         for g, text in enumerate(PROMPTS):
             for j in range(PER_PROMPT):
-                t = Tracked(scheduler, f"r{g}-{j}", prompt(runner, text), params(10, seed=g * 8 + j))
+                ids = prompt(runner, text)
+                t = Tracked(scheduler, f"r{g}-{j}", ids, params(10, seed=g * 8 + j))
                 t.request.return_routed_experts = True
                 tracked.append((g, text, t.submit()))
         samples = []
@@ -70,31 +71,47 @@ def engine_rollout(model_dir: Path) -> list[Sample]:
             r = t.result()
             record = read_routed_experts(wire.encode(r.routed_experts))
             samples.append(Sample(index=i, group_index=g, prompt=text, label=None,
-                                  tokens=r.prompt_ids + r.output_ids, response_length=len(r.output_ids),
+                                  tokens=r.prompt_ids + r.output_ids,
+                                  response_length=len(r.output_ids),
                                   rollout_log_probs=list(r.output_logprobs), routed_experts=record))
         return samples
     finally:
         scheduler.stop()
 
 
-def config(replay: bool):
+def config(replay: bool, backend: str):
     argv = ["--rollout-batch-size", str(len(PROMPTS)), "--n-samples-per-prompt", str(PER_PROMPT),
-            "--micro-batch-size", "8", "--num-steps-per-rollout", "1"]
+            "--micro-batch-size", "8", "--num-steps-per-rollout", "1", "--train-backend", backend]
     return parse_config(argv + (["--use-rollout-routing-replay"] if replay else []))
 
 
-class ExpertInputs:
-    """Reads the expert indices every `mlp.experts` module of a model is handed (what it computes)."""
+class ExpertsUsed:
+    """The experts each MoE layer of a rank's model computes every token with, call by call, as
+    sorted (tokens, k) indices in the HF token order (batch-major): what transformers' `mlp.experts`
+    is handed, or the routing map megatron-core's router hands its token dispatcher."""
 
-    def __init__(self, model):
+    def __init__(self, actor, backend: str):
         self.calls: list[tuple[int, torch.Tensor]] = []
-        layers = model.model.layers
-        self.handles = [layer.mlp.experts.register_forward_hook(self._keep(i))
-                        for i, layer in enumerate(layers)]
+        if backend == "fsdp":
+            modules = [layer.mlp.experts for layer in actor.model.model.layers]
+            self.handles = [m.register_forward_hook(self._keep_hf(i))
+                            for i, m in enumerate(modules)]
+        else:
+            routers = actor.replays[id(actor.model)].routers  # global layer -> TopKRouter
+            self.handles = [r.register_forward_hook(self._keep_megatron(i))
+                            for i, r in routers.items()]
 
-    def _keep(self, layer):
-        def keep(module, inputs, output):
-            self.calls.append((layer, inputs[1].detach().clone()))  # (hidden, top_k_index, weights)
+    def _keep_hf(self, layer):
+        def keep(module, inputs, output):  # inputs: (hidden, top_k_index, top_k_weights)
+            self.calls.append((layer, inputs[1].detach().sort(-1).values))
+        return keep
+
+    def _keep_megatron(self, layer):
+        def keep(module, inputs, output):  # inputs[0] (T, B, H); output (probs, routing_map)
+            t, b = inputs[0].shape[:2]
+            k = int(output[1][0].sum())
+            chosen = output[1].float().topk(k, dim=-1).indices.sort(-1).values
+            self.calls.append((layer, chosen.reshape(t, b, k).transpose(0, 1).reshape(t * b, k)))
         return keep
 
     def remove(self):
@@ -102,24 +119,37 @@ class ExpertInputs:
             h.remove()
 
 
-@pytest.fixture(scope="module")
-def r3(tmp_path_factory):
-    from miles.backends.fsdp.actor import FSDPTrainActor
+def rank(backend: str, model_dir: Path):
+    if backend == "fsdp":
+        from miles.backends.fsdp.actor import FSDPTrainActor as Rank
+    else:
+        from miles.backends.megatron.actor import MegatronTrainActor as Rank
+    actor = Rank(config(False, backend), 0, 1)
+    actor.init(str(model_dir), "127.0.0.1", actor.open_store("127.0.0.1"))
+    return actor
 
-    threads = torch.get_num_threads()
-    root = tmp_path_factory.mktemp("r3")
-    engine_weights = moe_checkpoint(root / "engine")
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory):
+    engine_weights = moe_checkpoint(tmp_path_factory.mktemp("r3") / "engine")
     samples = engine_rollout(engine_weights)
     advantages = [float(a) for a in np.random.default_rng(0).standard_normal(SAMPLES)]
     batch = split_for_ranks(samples, advantages, SAMPLES, 1, rollout_id=0)[0]
-    actor = FSDPTrainActor(config(False), 0, 1)
-    actor.init(str(engine_weights), "127.0.0.1", actor.open_store("127.0.0.1"))
+    return engine_weights, samples, batch
+
+
+@pytest.fixture(scope="module", params=["fsdp", "megatron"])
+def r3(request, rollout):
+    """One rank of the backend, in this process, trained on the rollout with and without replay."""
+    backend, (engine_weights, samples, batch) = request.param, rollout
+    threads = torch.get_num_threads()
+    actor = rank(backend, engine_weights)
     try:
         results, used = {}, {}
         for replay in (False, True):
-            actor.config = config(replay)
+            actor.config = config(replay, backend)
             actor.load_base(str(engine_weights))  # both passes start from the engine's weights
-            seen = ExpertInputs(actor.model)
+            seen = ExpertsUsed(actor, backend)
             results[replay] = actor.train(batch)
             seen.remove()
             used[replay] = seen.calls
@@ -131,9 +161,10 @@ def r3(tmp_path_factory):
 
 
 def own_mismatch(trainer_dir: Path, samples: list[Sample]) -> tuple[float, int]:
-    """Recounted apart from the trainer: the trainer's weights in a plain HF model, each sample alone;
-    the mean over samples of the share of response (token, layer) routings whose expert set differs
-    from the engine's, and how many layer-0 routings differ (those do not depend on replay)."""
+    """Recounted apart from the trainer: the trainer's weights in a plain HF model, each sample
+    alone; the mean over samples of the share of response (token, layer) routings whose expert set
+    differs from the engine's, and how many layer-0 routings differ (those do not depend on
+    replay)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(trainer_dir, dtype=torch.float32).eval()
@@ -157,13 +188,15 @@ def own_mismatch(trainer_dir: Path, samples: list[Sample]) -> tuple[float, int]:
 
 
 def engine_records(r3) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(record, recorded) per expected experts call, in call order: the log-prob pass then the training
-    pass, each micro-batch, each layer; record (B*T, k), recorded (B*T,) where the engine read a token."""
+    """(record, recorded) per expected experts call, in call order: the log-prob pass then the
+    training pass, each micro-batch, each layer; record (B*T, k) sorted, recorded (B*T,) where the
+    engine read a token."""
     mbs = micro_batches(r3["batch"], 8, r3["pad_id"], torch.device("cpu"))
     out = []
     for mb in mbs + mbs:
         for layer in range(mb.routed_experts.shape[2]):
             record = mb.routed_experts[:, :, layer].reshape(-1, mb.routed_experts.shape[-1]).long()
+            record = record.sort(-1).values  # the engine's set: -1 stays first where it has none
             out.append((record, (record >= 0).all(-1)))
     return out
 
@@ -172,10 +205,11 @@ def test_with_replay_every_recorded_token_goes_to_the_engines_experts(r3):
     expected = engine_records(r3)
     calls = r3["used"][True]
     assert len(calls) == len(expected)
-    assert sum(int(known.sum()) for _, known in expected) == 2 * 2 * sum(len(s.tokens) - 1
-                                                                        for s in r3["samples"])
+    passes_x_layers = 2 * 2
+    read = sum(len(s.tokens) - 1 for s in r3["samples"])  # the engine read all but the last token
+    assert sum(int(known.sum()) for _, known in expected) == passes_x_layers * read
     for n, ((layer, indices), (record, known)) in enumerate(zip(calls, expected)):
-        assert torch.equal(indices[known], record[known]), f"call {n}: layer {layer} strays from the engine"
+        assert torch.equal(indices[known], record[known]), f"call {n}: layer {layer} strays"
     # without replay the trainer's own choice differs on some tokens: the check above can fail
     strays = sum(int((indices[known] != record[known]).any(-1).sum())
                  for (_, indices), (record, known) in zip(r3["used"][False], expected))
@@ -184,7 +218,7 @@ def test_with_replay_every_recorded_token_goes_to_the_engines_experts(r3):
 
 def test_the_mismatch_fraction_counts_the_trainers_own_choices_with_and_without_replay(r3):
     expected, layer0 = own_mismatch(r3["trainer"], r3["samples"])
-    assert expected > 0, "the fp32 trainer chose as the bf16 engine on every token: nothing to replay"
+    assert expected > 0, "the fp32 trainer chose as the bf16 engine everywhere: nothing to replay"
     without = r3["results"][False].sums[METRIC] / SAMPLES
     assert without == pytest.approx(expected, abs=1e-6)
     # with replay it is still the trainer's own choice: layer 0 sees the same inputs either way, and

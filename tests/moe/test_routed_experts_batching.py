@@ -48,10 +48,13 @@ def test_the_sample_table_leaves_the_record_out():
 
 
 @pytest.mark.parametrize("argv,fragment", [
-    (["--use-rollout-routing-replay", "--train-backend", "megatron"], "built for --train-backend fsdp"),
+    (["--use-rollout-routing-replay", "--train-backend", "megatron",
+      "--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2"],
+     "one pipeline stage only"),
     (["--use-rollout-routing-replay", "--no-record-routed-experts"], "--no-record-routed-experts"),
 ])
 def test_the_replay_flag_is_refused_where_it_cannot_replay(argv, fragment):
+    parse_config([*argv[1:], "--no-use-rollout-routing-replay"])  # the rest of the layout is valid
     with pytest.raises(ConfigError, match="--use-rollout-routing-replay") as err:
         parse_config(argv)
     assert fragment in str(err.value)

@@ -97,6 +97,15 @@ class MegatronTrainActor(PPORank):
         self.ref_model = self._build(hf_config, base, trainable=False) if self.config.train.use_kl_loss else None
         self.param_names = [name for name, _ in self.model.named_parameters()]  # the optimizer's order
 
+    def routing_replay_of(self, model):
+        """megatron-core's RouterReplay on each router of an MoE model (R3); none at PP > 1, where a
+        stage holds only some layers (the flag is refused there)."""
+        from miles.moe.megatron_replay import MegatronRoutingReplay
+
+        if self.par.pp_size > 1:
+            return None
+        return MegatronRoutingReplay.attach(model, self.layout.num_layers)
+
     def _build(self, hf_config, hf_state: dict[str, torch.Tensor], trainable: bool):
         model = build_gpt(hf_config, self.device, self.padded_vocab)
         self._load_hf(model, hf_state)
@@ -155,7 +164,8 @@ class MegatronTrainActor(PPORank):
             stats[k] = self._stats(logits, mbs[k])
             return logits.new_zeros(())
 
-        pipeline.run(model, mbs, keep, forward_only=True)
+        with self.replaying_pass(model, mbs):
+            pipeline.run(model, mbs, keep, forward_only=True)
         if self.par.pp_size == 1:
             return stats
         return pipeline.broadcast_stats(stats, mbs, self.ps.get_pipeline_model_parallel_last_rank(),
@@ -169,8 +179,9 @@ class MegatronTrainActor(PPORank):
             return self.micro_batch_loss(self._stats(logits, mbs[i]), mbs[i], old[i].log_probs,
                                          ref_log_probs, global_step_size, sums)
 
-        pipeline.run(self.model, [mbs[i] for i in rows], loss, forward_only=False,
-                     rec=self.rank_phases)
+        with self.replaying_pass(self.model, [mbs[i] for i in rows]):
+            pipeline.run(self.model, [mbs[i] for i in rows], loss, forward_only=False,
+                         rec=self.rank_phases)
 
     def reduce_gradients(self) -> None:
         grads.reduce_gradients(self.model, self.ps)

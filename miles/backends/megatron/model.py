@@ -107,6 +107,8 @@ def moe_settings(hf_config, ep: int) -> dict:
         moe_router_load_balancing_type="aux_loss",
         moe_aux_loss_coeff=float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0),
         moe_grouped_gemm=False,  # SequentialMLP: one local (torch) MLP per expert
+        # each router gets a RouterReplay, inert until R3 sets its action (miles/moe/megatron_replay.py)
+        moe_enable_routing_replay=True,
         expert_model_parallel_size=ep,  # tokens dispatched all-to-all (transformer_config)
     )
 
