@@ -54,8 +54,8 @@ class RankTrainResult:
     rank_spans: Any = None
     # this rank's parameter, gradient, optimizer and peak bytes (miles.backends.rank_memory.KINDS)
     memory: dict[str, float] = field(default_factory=dict)
-    # an MoE policy's routing sums of this rank's training passes, per layer (miles.moe.routing_stats
-    # .LayerRouting: counts, added up by the driver); {} on a dense model
+    # an MoE policy's routing sums of this rank's training passes, per layer
+    # (miles.moe.routing_stats.LayerRouting: counts, added up by the driver); {} on a dense model
     routing: dict[int, Any] = field(default_factory=dict)
 
 

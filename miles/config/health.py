@@ -101,9 +101,9 @@ class HealthConfig:
                                            "of the same phase", minimum=1)
 
     health_router_max_share: float = flag(
-        0.95, "router_collapse (MoE): red flag when one expert takes more than this share of a layer's "
-              "tokens (k/E when balanced, 1 when all) for --health-router-collapse-window rollouts in a "
-              "row, the same expert each time", minimum=0.0, maximum=1.0)
+        0.95, "router_collapse (MoE): red flag when one expert takes more than this share of a "
+              "layer's tokens (k/E when balanced, 1 when all) for --health-router-collapse-window "
+              "rollouts in a row, the same expert each time", minimum=0.0, maximum=1.0)
     health_router_collapse_window: int = flag(
         3, "router_collapse (MoE): rollouts in a row an expert's share must stay above "
            "--health-router-max-share, and a layer's dead experts above their count before them",

@@ -18,6 +18,7 @@ from miles.dashboard import baselines as compare_view
 from miles.dashboard import views
 from miles.dashboard.diagnose_action import Busy, Failed, run_diagnose
 from miles.dashboard.rank_heatmap import rank_heatmap
+from miles.dashboard.routing_view import routing_view
 from miles.dashboard.run_files import RunFiles
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -111,6 +112,10 @@ def _timing_routes(app: FastAPI, files: RunFiles) -> None:
     @app.get("/api/health")
     def health() -> dict:
         return views.health(files)
+
+    @app.get("/api/routing")
+    def routing() -> dict:
+        return routing_view(files.journal().rows, files.health().rows, files.config())
 
     @app.get("/api/profiler")
     def profiler() -> dict:

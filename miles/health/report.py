@@ -121,7 +121,8 @@ def report_figure(lines: list[JournalLine], clip_grad: float = 1.0, title: str =
                 ax.axvline(rollout_id if x is None else x, color="red", alpha=0.25, linewidth=3)
             ax.set_title(f"{panel.title}: RED FLAG from rollout {flagged[0]}", fontsize=10, color="red")
         ax.legend(fontsize=7)
-    others = [s for s in ("stall", "router_errors", "truncated_ratio", "straggler", "router_collapse")
+    others = [s for s in ("stall", "router_errors", "truncated_ratio", "straggler",
+                          "router_collapse")
               if red_flag_rollouts(lines, s)]
     fig.suptitle((title or "What to watch") + (f"  (red flags: {', '.join(others)})" if others else ""))
     return fig

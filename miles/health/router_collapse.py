@@ -19,7 +19,8 @@ from typing import Sequence
 from miles.config.health import HealthConfig
 from miles.health.signals import RED, Verdict
 
-SHARE, BUSIEST, DEAD = "moe/max_expert_share_layer_", "moe/busiest_expert_layer_", "moe/dead_experts_layer_"
+SHARE, BUSIEST = "moe/max_expert_share_layer_", "moe/busiest_expert_layer_"
+DEAD = "moe/dead_experts_layer_"
 _LAYER = re.compile(re.escape(SHARE) + r"(\d+)$")
 
 
@@ -79,7 +80,8 @@ def evidence(rollouts: Sequence) -> str | None:
     if not seen:
         return None
     share, layer, rollout_id = max(seen)
-    dead = max(r.metrics.get(f"{DEAD}{layer}", 0.0) for r in rollouts for layer in layers(r.metrics))
+    dead = max(r.metrics.get(f"{DEAD}{layer}", 0.0)
+               for r in rollouts for layer in layers(r.metrics))
     count = len({layer for _, layer, _ in seen})
     return (f"expert share at most {share:.3g} (layer {layer}, rollout {rollout_id}), dead "
             f"experts at most {dead:.0f} per layer, over {count} MoE layers")

@@ -53,11 +53,11 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in [
            "(node/dp/pp/tp) and the phase; look for a slow or throttled device, a noisy neighbour on its "
            "node, or an uneven batch split (the dashboard's rank x phase heat map shows where)"),
     Signal("router_collapse", ("moe/max_expert_share_layer_<l>", "moe/dead_experts_layer_<l>"),
-           "a mixture-of-experts layer routing (nearly) every token to one expert, or losing experts: the "
-           "message names the layer and expert; raise the model's router_aux_loss_coef (its config.json; "
-           "both backends add that load-balancing loss) or lower --lr; if the engine's and trainer's "
-           "routing disagree, try --use-rollout-routing-replay (the dashboard's routing panel shows each "
-           "layer's shares)"),
+           "a mixture-of-experts layer routing (nearly) every token to one expert, or losing "
+           "experts: the message names the layer and expert; raise the model's "
+           "router_aux_loss_coef (its config.json; both backends add that load-balancing loss) or "
+           "lower --lr; if the engine's and trainer's routing disagree, try "
+           "--use-rollout-routing-replay (the dashboard's routing panel shows each layer)"),
     Signal("non_finite", (), "a metric overflowed or is NaN: check the reward function's range (rewards near "
                              "1e308 overflow a mean) and lower --lr"),
 ]}

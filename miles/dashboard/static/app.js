@@ -191,6 +191,7 @@ async function showMetrics(view) {
       box.append(el("div", {class: "flag"}, `rollout ${v.rollout_id} ${v.severity}: ${v.message}`));
     }
   }
+  await showRouting(view);
   if (watch.other_verdicts.length) {
     view.append(el("h3", {}, "Other health verdicts"), el("ul", {id: "other-verdicts"}, ...watch.other_verdicts.map(v =>
       el("li", {class: "flag"}, `rollout ${v.rollout_id} ${v.signal} ${v.severity}: ${v.message}`))));
@@ -360,6 +361,39 @@ async function showRankHeatmap(view) {
     `slowest: ${h.coords} in ${h.phase}, ${h.seconds.toFixed(3)} s ` +
     `vs median ${h.median.toFixed(3)} s (${h.ratio.toFixed(2)}x) over ${data.rollouts} rollouts `,
     el("span", {class: "scale"}), " 1x to 2x"), t);
+}
+
+// The routing panel (/api/routing, MoE runs only): each MoE layer's busiest expert per rollout,
+// the cell coloured by that expert's share of the layer's tokens, from balanced (k/E, white) to
+// every token (1, red); a dead expert outlines the cell, a router_collapse red flag marks its
+// rollout (its message is listed under 'Other health verdicts').
+const pct = (v) => (v === null || v === undefined) ? "–" : (100 * v).toFixed(1) + "%";
+
+function routingCell(data, layer, c, rollout) {
+  if (!c) return el("td", {class: "routing-cell"}, "");
+  const balanced = c.balanced ?? 0;
+  const kind = "routing-cell" + (c.dead > 0 ? " dead" : "") + (c.share > data.bound ? " over" : "");
+  return el("td", {class: kind, style: heat(c.share, {low: balanced, high: 1}),
+    title: `layer ${layer}, rollout ${rollout}: expert ${fmt(c.expert)} took ${pct(c.share)} ` +
+           `of the tokens (balanced ${pct(balanced)}), ${fmt(c.dead)} dead expert(s), ` +
+           `load-balancing loss ${fmt(c.loss)}`}, fmt(c.expert));
+}
+
+async function showRouting(view) {
+  const data = await api("/api/routing");
+  if (!data.available) return;  // a dense model has no router
+  view.append(el("h2", {}, "Routing (MoE): each layer's busiest expert"));
+  const t = el("table", {class: "routing-heatmap", id: "routing-heatmap"},
+    el("tr", {}, el("th", {}, "layer / rollout"), ...data.rollouts.map(r =>
+      el("th", {class: data.flagged.includes(r) ? "flag" : ""}, String(r)))));
+  data.layers.forEach((layer, i) => t.append(el("tr", {}, el("td", {}, `layer ${layer}`),
+    ...data.cells[i].map((c, j) => routingCell(data, layer, c, data.rollouts[j])))));
+  const w = data.worst;
+  view.append(el("div", {class: "legend", id: "routing-worst"},
+    `busiest: expert ${fmt(w.expert)} of layer ${w.layer}, ${pct(w.share)} of its tokens at ` +
+    `rollout ${w.rollout_id} (balanced: ${pct(w.balanced)}; a red flag above ` +
+    `${pct(data.bound)} for --health-router-collapse-window rollouts) `,
+    el("span", {class: "scale"}), " balanced to all"), t);
 }
 
 // ---- rollouts --------------------------------------------------------------------------
