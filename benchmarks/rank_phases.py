@@ -1,6 +1,8 @@
 """What the per-rank phase spans cost a training step: the FSDP ranks with their recorder on (spans,
 the timed barriers after the log-probs, each forward and backward pass and before the gradient
 reduction, a device synchronize per span on a GPU) against the same ranks with it off, side by side.
+The ranks get a run dir, as in a run, so each also runs its announcing thread (rank_activity.py:
+a phase of over a second is written to RUN_DIR/collectives), on both sides.
 
     .venv/bin/python benchmarks/rank_phases.py [--ranks 2] [--rounds 8]
 
@@ -16,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,9 +82,10 @@ def main(argv=None) -> int:
                         help="FSDP ranks (--actor-num-gpus-per-node)")
     parser.add_argument("--rounds", type=int, default=8, help="timed rounds per side")
     args = parser.parse_args(argv)
-    config = parse_config(["--actor-num-gpus-per-node", str(args.ranks)])
-    model_path = prepare_config(config).rollout.hf_checkpoint  # the tiny base model
-    out = bench(config, model_path, args.rounds)
+    with tempfile.TemporaryDirectory() as run_dir:  # a run dir, as in a run: the ranks announce
+        config = parse_config(["--actor-num-gpus-per-node", str(args.ranks), "--run-dir", run_dir])
+        model_path = prepare_config(config).rollout.hf_checkpoint  # the tiny base model
+        out = bench(config, model_path, args.rounds)
     print(f"{'training step, ' + str(out['ranks']) + ' FSDP ranks':<32}{'seconds (median)':>18}")
     print(f"{'with the rank-phase recorder':<32}{out['step_s_with']:>18.3f}")
     print(f"{'without':<32}{out['step_s_without']:>18.3f}")

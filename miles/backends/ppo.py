@@ -34,6 +34,7 @@ from miles.backends.flops import rank_peak_flops
 from miles.backends.logprobs import TokenStats
 from miles.backends.rank_memory import rank_memory
 from miles.backends.push_deadline import PushWatch
+from miles.backends.rank_activity import RankActivity
 from miles.backends.rank_phases import RankPhaseRecorder
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
@@ -220,6 +221,8 @@ class PPORank:
         self.push_watch = PushWatch(self.rank, self.world_size, self.rank_phases.coords,
                                     t.update_weight_timeout, t.run_dir,
                                     push_fault(self.config.orchestration.inject_fault, self.rank))
+        if t.run_dir is not None and self.world_size > 1:  # whom a hung collective waits for
+            RankActivity(self.rank_phases, self.rank, self.world_size, t.run_dir).start()
         return self.load_base(model_path)
 
     def load_base(self, model_path: str) -> ActorInfo:

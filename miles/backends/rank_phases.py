@@ -17,7 +17,8 @@ On a GPU each span ends with a device synchronize, so it holds the device's work
 the time to launch it. The spans leave the rank with its `RankTrainResult` (`RankSpans`) and
 the trainer writes them on the rank's timeline lane; `miles.run.stragglers` turns them into the
 straggler metrics. `--inject-fault slow-rank:N:PHASE[:SECONDS]@R` sleeps at the end of one
-span of that phase on rank N in rollout R (`miles.run.faults.SlowRank`).
+span of that phase on rank N in rollout R (`miles.run.faults.SlowRank`). What the rank is in now
+(`current`) is what `miles.backends.rank_activity` announces when it lasts over a second.
 """
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ class RankPhaseRecorder:
         self.rollout_id: int | None = None
         self._spans: list[tuple[str, str, float, float]] = []
         self._slowed = False  # the slow-rank fault sleeps once per iteration
+        # what the rank is in now, (phase, kind, what, unix start), for `rank_activity`'s thread
+        self.current: tuple[str, str, str, float] | None = None
 
     def begin(self, rollout_id: int) -> None:
         """A new iteration: what was recorded and not taken is dropped."""
@@ -82,11 +85,13 @@ class RankPhaseRecorder:
         if phase not in RANK_PHASES:
             raise ValueError(f"unknown rank phase {phase!r}; phases are {', '.join(RANK_PHASES)}")
         start = time.time()
+        before, self.current = self.current, (phase, COMPUTE, "", start)
         try:
             yield
             _settle_device()
             self._maybe_slow(phase)
         finally:
+            self.current = before
             self._spans.append((phase, COMPUTE, start, time.time()))
 
     @contextmanager
@@ -97,10 +102,13 @@ class RankPhaseRecorder:
             yield
             return
         start = time.time()
+        before, self.current = self.current, (phase, WAIT, "a receive from a neighbouring "
+                                                           "pipeline stage", start)
         try:
             yield
             _settle_device()
         finally:
+            self.current = before
             self._spans.append((phase, WAIT, start, time.time()))
 
     def wait(self, phase: str, group=None, between_passes: bool = False) -> None:
@@ -111,8 +119,12 @@ class RankPhaseRecorder:
         if not dist.is_initialized() or dist.get_world_size(group) < 2:
             return
         start = time.time()
-        dist.barrier(group=group)
-        _settle_device()
+        self.current = (phase, WAIT, f"barrier over the ranks after {phase}", start)
+        try:
+            dist.barrier(group=group)
+            _settle_device()
+        finally:
+            self.current = None
         self._spans.append((phase, WAIT, start, time.time()))
 
     def _maybe_slow(self, phase: str) -> None:

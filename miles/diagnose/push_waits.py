@@ -1,17 +1,20 @@
-"""Whom a weight push's collective waits for, in words, from the ranks' records.
+"""Whom a collective waits for, in words, from the ranks' records.
 
 Each training rank in a collective of a weight push keeps RUN_DIR/collectives/rank-<N>.json with a
-heartbeat (`miles.run.collective_waits`). Of the newest push recorded, a rank still waiting gets a
-line naming the peers it waits for (absent from the collective, dead in it, or silent in it); a
-rank whose push failed gets its own error (which names them too). Ranks that are themselves dead
-or silent get no line: the others name them.
+heartbeat, and announces a training phase of over a second (its own work, or its wait in a
+barrier) in train-rank-<N>.json (`miles.run.collective_waits`). Of the newest push (and the newest
+rollout) recorded, a rank still waiting gets a line naming the peers it waits for (absent from
+the collective, dead in it, silent in it, or still in its own work); a rank whose push failed gets
+its own error (which names them too). Ranks that are themselves dead or silent get no line: the
+others name them.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from miles.run.collective_waits import FAILED, WAITING, read_states, silent, waited_for
+from miles.run.collective_waits import (FAILED, PUSH, TRAIN, WAITING, read_states, silent,
+                                        waited_for)
 
 
 def _printable(text: str, limit: int) -> str:
@@ -20,24 +23,28 @@ def _printable(text: str, limit: int) -> str:
 
 
 def push_wait_lines(run_dir: Path, now: float | None = None) -> list[str]:
-    """One line per rank of the newest recorded push that waits in a collective or failed in it."""
+    """The weight push's lines, then training's (see the module)."""
     now = time.time() if now is None else now
-    states = read_states(run_dir)
+    return _lines(run_dir, PUSH, now) + _lines(run_dir, TRAIN, now)
+
+
+def _lines(run_dir: Path, kind: str, now: float) -> list[str]:
+    states = read_states(run_dir, kind)
     if not states:
         return []
     newest = max(s.version for s in states.values())
-    push = {rank: s for rank, s in states.items() if s.version == newest}
-    world = max([s.world_size for s in push.values()] + [max(push) + 1])
+    step = {rank: s for rank, s in states.items() if s.version == newest}
+    world = max([s.world_size for s in step.values()] + [max(step) + 1])
     lines = []
-    for rank in sorted(push):
-        state = push[rank]
+    for rank in sorted(step):
+        state = step[rank]
         if state.state == FAILED:
             lines.append(_printable(state.error, 600))
         elif state.state == WAITING and not silent(state, now):
             peers = waited_for(state, states, world, now)
             whom = "; ".join(peers) or "no peer is absent or silent (one is still working)"
+            what = "weight push of " if kind == PUSH else ""
             lines.append(_printable(
-                f"weight push of version {newest}: {state.who()} has waited "
-                f"{now - state.entered:.0f} s in {state.phase} ({state.collective}) for: {whom}",
-                600))
+                f"{what}{state.step()}: {state.who()} has waited {now - state.entered:.0f} s "
+                f"in {state.phase} ({state.collective}) for: {whom}", 600))
     return lines

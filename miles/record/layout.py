@@ -50,7 +50,8 @@ ENTRIES: dict[str, Entry] = dict([
     ("weights", Entry("weights/", "trainer", "weights staged for the engines (weight sync from disk)")),
     ("faults", Entry("faults/", "--inject-fault", "markers of faults already fired")),
     ("collectives", Entry("collectives/", "training ranks", "rank-<N>.json: the weight-push collective "
-                          "each rank is in, with a heartbeat (whom a stuck push waits for)")),
+                          "each rank is in, train-rank-<N>.json: its training phase of over a "
+                          "second, with a heartbeat (whom a stuck collective waits for)")),
     ("lock", Entry(".lock", "trainer", "one trainer per run dir")),
     ("mlflow_db", Entry("mlflow.db", "MLflow sink", "a run's own MLflow store (--mlflow-tracking-uri "
                         "sqlite:///RUN_DIR/mlflow.db; by default the runs in one folder share FOLDER/mlflow.db)")),

@@ -1,11 +1,14 @@
-"""What each training rank is doing in a collective of a weight push, and whom it waits for.
+"""What each training rank is doing in a collective, and whom it waits for.
 
-A rank in a push collective keeps one small JSON file, RUN_DIR/collectives/rank-<N>.json: the
-push's weight version, the phase, the collective, its pid and host, when it entered and a
-heartbeat a background thread renews while the collective runs (`miles.backends.push_deadline`),
-then `done` or `failed` with the error. A rank stopped with SIGSTOP renews nothing, a killed one
-leaves its pid behind: so a rank that fails its deadline, the trainer and `miles diagnose` can all
-name the peer the others wait for (`waited_for`), the same way, from the same files.
+A rank in a collective of a weight push keeps one small JSON file,
+RUN_DIR/collectives/rank-<N>.json: the push's weight version, the phase, the collective, its pid
+and host, when it entered and a heartbeat a background thread renews while the collective runs
+(`miles.backends.push_deadline`), then `done` or `failed` with the error. In training, a rank's
+phase that lasts over a second (its own work, or its wait for the others in a barrier) is
+announced the same way in train-rank-<N>.json, the rollout in place of the version
+(`miles.backends.rank_activity`). A rank stopped with SIGSTOP renews nothing, a killed one leaves
+its pid behind: so a rank that fails its deadline, the trainer and `miles diagnose` can all name
+the peer the others wait for (`waited_for`), the same way, from the same files.
 """
 from __future__ import annotations
 
@@ -18,18 +21,19 @@ from pathlib import Path
 
 from miles.record import layout
 
-WAITING, DONE, FAILED = "waiting", "done", "failed"
+WAITING, WORKING, DONE, FAILED = "waiting", "working", "done", "failed"
+PUSH, TRAIN = "push", "train"  # a weight push's collectives; training's phases and barriers
 BEAT_S = 0.5  # how often a rank in a collective renews its heartbeat
 STALE_S = 3.0  # a heartbeat this old: the rank stopped answering (SIGSTOP, a hung process)
 
 
 @dataclass
 class CollectiveState:
-    """One rank's place in a weight push's collectives."""
+    """One rank's place in a weight push's collectives, or in training's phases."""
 
     rank: int
     coords: str  # e.g. node0/dp1/pp0/tp0
-    version: int  # the weight version being pushed
+    version: int  # the weight version being pushed (kind train: the rollout)
     phase: str  # e.g. weight_gather
     collective: str  # what the phase's collective is, in words
     pid: int
@@ -39,43 +43,50 @@ class CollectiveState:
     state: str = WAITING
     error: str = ""
     world_size: int = 0  # the ranks taking part (0: not recorded)
+    kind: str = PUSH
 
     @classmethod
     def entering(cls, rank: int, coords: str, version: int, phase: str, collective: str,
-                 world_size: int) -> "CollectiveState":
+                 world_size: int, kind: str = PUSH, state: str = WAITING) -> "CollectiveState":
         now = time.time()
         return cls(rank, coords, version, phase, collective, os.getpid(), socket.gethostname(),
-                   now, now, world_size=world_size)
+                   now, now, state, world_size=world_size, kind=kind)
 
     def same_step(self, other: "CollectiveState") -> bool:
         return (self.version, self.phase) == (other.version, other.phase)
+
+    def step(self) -> str:
+        return f"{'rollout' if self.kind == TRAIN else 'version'} {self.version}"
 
     def who(self) -> str:
         return f"rank {self.rank} ({self.coords})"
 
 
-def record_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / layout.COLLECTIVES / f"rank-{rank}.json"
+PREFIX = {PUSH: "rank-", TRAIN: "train-rank-"}
+
+
+def record_path(run_dir: str | Path, rank: int, kind: str = PUSH) -> Path:
+    return Path(run_dir) / layout.COLLECTIVES / f"{PREFIX[kind]}{rank}.json"
 
 
 def write_state(run_dir: str | Path, state: CollectiveState) -> None:
     """Atomically: a reader never sees half a file."""
-    path = record_path(run_dir, state.rank)
+    path = record_path(run_dir, state.rank, state.kind)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(state)))
     os.replace(tmp, path)
 
 
-def read_states(run_dir: str | Path) -> dict[int, CollectiveState]:
-    """Every rank's last record, by rank (unreadable files are skipped)."""
+def read_states(run_dir: str | Path, kind: str = PUSH) -> dict[int, CollectiveState]:
+    """Every rank's last record of `kind`, by rank (unreadable files are skipped)."""
     out = {}
-    for path in sorted((Path(run_dir) / layout.COLLECTIVES).glob("rank-*.json")):
+    for path in sorted((Path(run_dir) / layout.COLLECTIVES).glob(f"{PREFIX[kind]}*.json")):
         try:
             state = CollectiveState(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
-        if _well_typed(state):
+        if _well_typed(state) and state.kind == kind:
             out[state.rank] = state
     return out
 
@@ -85,7 +96,7 @@ def _well_typed(state: CollectiveState) -> bool:
     for name, kind in (("rank", int), ("version", int), ("pid", int), ("world_size", int),
                        ("entered", (int, float)), ("beat", (int, float)), ("coords", str),
                        ("phase", str), ("collective", str), ("host", str), ("state", str),
-                       ("error", str)):
+                       ("error", str), ("kind", str)):
         value = getattr(state, name)
         if not isinstance(value, kind) or isinstance(value, bool):
             return False
@@ -93,9 +104,10 @@ def _well_typed(state: CollectiveState) -> bool:
 
 
 def silent(state: CollectiveState, now: float) -> bool:
-    """The rank is in its collective and will not answer: its process died, or its heartbeat
-    stopped."""
-    return state.state == WAITING and (_process_gone(state) or now - state.beat > STALE_S)
+    """The rank is in its collective (or its own work) and will not answer: its process died,
+    or its heartbeat stopped."""
+    return state.state in (WAITING, WORKING) and (_process_gone(state) or
+                                                 now - state.beat > STALE_S)
 
 
 def _process_gone(state: CollectiveState) -> bool:
@@ -114,18 +126,23 @@ def _process_gone(state: CollectiveState) -> bool:
 def why_not_done(me: CollectiveState, peer: CollectiveState | None, now: float) -> str | None:
     """Why `me` may be waiting for `peer` in its collective (None: the peer is in it, alive)."""
     if peer is None:
-        return "never entered a push collective"
-    if not peer.same_step(me):
-        return f"is not in it (last in {peer.phase} of version {peer.version}: {peer.state})"
+        return ("never entered a push collective" if me.kind == PUSH else
+                "recorded no phase of over a second yet")
+    working = peer.state == WORKING and peer.version == me.version
+    if not peer.same_step(me) and not working:
+        return f"is not in it (last in {peer.phase} of {peer.step()}: {peer.state})"
     if peer.state == FAILED:
         return f"failed in it: {peer.error[:200]}"
     if peer.state == DONE:
         return None
+    where = f"in its own {peer.phase} work" if working else "in it"
     if _process_gone(peer):
-        return f"died in it (process {peer.pid} on {peer.host} is gone)"
+        return f"died {where} (process {peer.pid} on {peer.host} is gone)"
     if now - peer.beat > STALE_S:
-        return (f"stopped answering in it (process {peer.pid} on {peer.host}, last heartbeat "
+        return (f"stopped answering {where} (process {peer.pid} on {peer.host}, last heartbeat "
                 f"{now - peer.beat:.1f} s ago)")
+    if working:
+        return f"is still {where} ({now - peer.entered:.0f} s so far)"
     return None
 
 

@@ -71,3 +71,23 @@ def test_ranks_that_are_all_there_and_alive_name_nobody_and_odd_files_are_skippe
     (folder / "rank-1.json").write_text(json.dumps(odd))
     assert all("\x1b" not in line for line in push_wait_lines(tmp_path))
     assert len(push_wait_lines(tmp_path)) == 2  # both ranks wait, none is named
+
+
+def train_record(run_dir, rank: int, rollout: int, state: str, phase: str, beat_age: float = 0.0):
+    what = f"barrier over the ranks after {phase}" if state == "waiting" else ""
+    s = CollectiveState.entering(rank, f"node0/dp{rank}/pp0/tp0", rollout, phase, what,
+                                 world_size=2, kind="train", state=state)
+    s.entered, s.beat = time.time() - 30.0, time.time() - beat_age
+    write_state(run_dir, s)
+
+
+def test_a_hung_training_barrier_names_the_rank_still_in_its_work_or_silent(tmp_path):
+    train_record(tmp_path, 0, 2, "waiting", "grad_reduce")
+    train_record(tmp_path, 1, 2, "working", "backward")
+    (line,) = push_wait_lines(tmp_path)
+    assert line.startswith("rollout 2: rank 0 (node0/dp0/pp0/tp0) has waited 30 s in grad_reduce "
+                           "(barrier over the ranks after grad_reduce) for: rank 1 "
+                           "(node0/dp1/pp0/tp0) is still in its own backward work (30 s so far)")
+    train_record(tmp_path, 1, 2, "working", "backward", beat_age=20.0)
+    (line,) = push_wait_lines(tmp_path)
+    assert "rank 1 (node0/dp1/pp0/tp0) stopped answering in its own backward work" in line
