@@ -2,8 +2,8 @@
 the HF <-> Megatron expert conversion (whole, and each EP x TP x PP rank's shard) is exact; the EP=1
 model's log-probs are HF's; EP=2 (2 ranks, the experts split, tokens sent all-to-all) takes the step
 EP=1 takes on the same batch (loss, log-probs, grad norm; weights after three optimizer steps); the
-export gathers every expert into the HF state dict, exactly; bad --expert-model-parallel-size values
-are refused by name."""
+export gathers every expert into the HF state dict, exactly, and an EP=2 checkpoint resumes bit for
+bit; bad --expert-model-parallel-size values are refused by name."""
 import itertools
 
 import pytest
@@ -146,8 +146,9 @@ def moe_model(tmp_path_factory):
     return out
 
 
-def run_layout(model_dir, world: int, ep: int):
-    """The HF state exported before training, STEPS one-step trainings, the weights after."""
+def run_layout(model_dir, world: int, ep: int, then=None):
+    """The HF state exported before training, STEPS one-step trainings, the weights after;
+    `then(group, cfg)` runs on the group before it stops."""
     cfg = config(world, train_backend="megatron", num_steps_per_rollout=1,
                  expert_model_parallel_size=ep, **LOSS)
     group = ActorGroup(cfg, str(model_dir))
@@ -161,7 +162,10 @@ def run_layout(model_dir, world: int, ep: int):
             batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
                                       rollout_id=seed, return_token_stats=True)
             summaries.append(combine(group.train(batches)))
-        return exported, summaries, group.call("export_weights", None)[0]
+        weights = group.call("export_weights", None)[0]
+        if then is not None:
+            then(group, cfg)
+        return exported, summaries, weights
     finally:
         group.stop()
 
@@ -198,9 +202,32 @@ def test_ep1_log_probs_equal_hf_and_the_export_is_the_hf_state(ep1, moe_model):
         assert stats[index]["log_probs"] == pytest.approx(log_probs, rel=0, abs=1e-5), index
 
 
-def test_ep2_takes_the_ep1_steps_and_exports_every_expert(ep1, moe_model):
+def resumes_bit_exact(directory):
+    """Save (HF-named weights and optimizer state, every expert gathered), take a step, load, take
+    it again: the same weights and the same step, bit for bit."""
+
+    def check(group, cfg):
+        group.call("save", str(directory))
+        optim = torch.load(directory / "optimizer.pt", weights_only=True)
+        assert optim["state"]["model.layers.1.mlp.experts.gate_up_proj"]["exp_avg"].shape[0] == 4
+        saved = group.call("weights_digest")
+        after_save = one_step(group, cfg)
+        group.call("load", str(directory))
+        assert group.call("weights_digest") == saved
+        assert one_step(group, cfg).metrics == after_save.metrics
+
+    return check
+
+
+def one_step(group, cfg):
+    samples, advantages = rollout_like(seed=STEPS)
+    return combine(group.train(split_for_ranks(samples, advantages, cfg.global_batch_size,
+                                               cfg.world_size, rollout_id=STEPS)))
+
+
+def test_ep2_takes_the_ep1_steps_and_exports_every_expert(ep1, moe_model, tmp_path):
     (ref_export, ref, ref_weights) = ep1
-    exported, got, weights = run_layout(moe_model, 2, 2)
+    exported, got, weights = run_layout(moe_model, 2, 2, then=resumes_bit_exact(tmp_path))
     assert exported.keys() == ref_export.keys()
     assert all(torch.equal(exported[k], ref_export[k]) for k in exported)  # the EP gather
     first, mine = ref[0], got[0]

@@ -285,7 +285,11 @@ class MegatronTrainActor(PPORank):
                 source = gather.global_name(name, self.layout, self.par)
                 if self.tied and source == convert.OUTPUT[0]:  # the last stage's embedding copy
                     source = convert.EMBED[0]
-                state[i] = {"step": steps[source], **{key: moments[key][name] for key in MOMENTS}}
+                source = convert.fused_source(source)  # an expert: its fused HF tensor's step
+                # a copy each: AdamW adds 1 to every parameter's step tensor in place, and the
+                # experts of one fused HF tensor share its step
+                state[i] = {"step": steps[source].clone(),
+                            **{key: moments[key][name] for key in MOMENTS}}
         (group,) = hf["param_groups"]
         return {"state": state, "param_groups": [{**group, "params": list(range(len(self.param_names)))}]}
 

@@ -94,6 +94,13 @@ def is_expert(name: str) -> bool:
     return LOCAL_EXPERT in name
 
 
+def fused_source(name: str) -> str:
+    """The Megatron parameter (whole-model name) whose per-parameter scalars (Adam's step) the HF
+    tensor holding `name` keeps: itself, or for an expert expert 0's (`megatron_source`)."""
+    match = _EXPERT_NAME.fullmatch(name)
+    return name if match is None else f"{match[1]}0{match[3]}"
+
+
 def expert_fc1(e: int) -> str:
     return f"{LOCAL_EXPERT}{e}.linear_fc1.weight"
 
