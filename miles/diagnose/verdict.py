@@ -28,7 +28,8 @@ class Findings:
     run: RunState
     red_flags: list[Verdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be collected, and why
-    # the slowest training rank and phase (`slowest_rank`), whom a weight push waits for (`push_waits`)
+    # the slowest training rank and phase (`slowest_rank`), whom a collective waits for
+    # (`push_waits`)
     ranks: list[str] = field(default_factory=list)
 
 

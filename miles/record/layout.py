@@ -49,7 +49,8 @@ ENTRIES: dict[str, Entry] = dict([
     ("checkpoints", Entry("checkpoints/", "trainer", "iter_NNNNNNN checkpoints (the default --save)")),
     ("weights", Entry("weights/", "trainer", "weights staged for the engines (weight sync from disk)")),
     ("faults", Entry("faults/", "--inject-fault", "markers of faults already fired")),
-    ("collectives", Entry("collectives/", "training ranks", "rank-<N>.json: the weight-push collective "
+    ("collectives", Entry("collectives/", "training ranks",
+                          "rank-<N>.json: the weight-push collective "
                           "each rank is in, train-rank-<N>.json: its training phase of over a "
                           "second, with a heartbeat (whom a stuck collective waits for)")),
     ("lock", Entry(".lock", "trainer", "one trainer per run dir")),

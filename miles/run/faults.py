@@ -118,11 +118,13 @@ def parse_fault(spec: str | None) -> Fault | None:
     if spec.strip().startswith("slow-rank"):
         return _parse_slow_rank(spec.strip())
     match = SPEC.match(spec.strip())
-    if match is None or match["kind"] not in KINDS or (match["engine"] and match["kind"] not in NUMBERED):
-        raise ConfigError("--inject-fault", f"expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
-                                            f"stop-engine[:N]@ITER, abort-engine[:N]@ITER, kill-router@ITER, "
-                                            f"slow-rank:RANK:PHASE[:SECONDS]@ITER, kill-rank[:N]@ITER or "
-                                            f"stall-rank[:N]@ITER, got {spec!r}")
+    numbered = match is not None and match["engine"] and match["kind"] not in NUMBERED
+    if match is None or match["kind"] not in KINDS or numbered:
+        raise ConfigError("--inject-fault",
+                          "expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
+                          "stop-engine[:N]@ITER, abort-engine[:N]@ITER, kill-router@ITER, "
+                          "slow-rank:RANK:PHASE[:SECONDS]@ITER, kill-rank[:N]@ITER or "
+                          f"stall-rank[:N]@ITER, got {spec!r}")
     return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 

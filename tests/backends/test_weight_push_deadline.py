@@ -59,3 +59,12 @@ def test_a_push_fails_on_every_rank_naming_the_rank_it_waited_for(ray_cluster, b
     # miles diagnose reads the same records: rank 0's failure, naming rank 1
     assert any(f"rank 1 (node0/dp1/pp0/tp0) {fate}" in line for line in push_wait_lines(tmp_path))
     assert all(process_ends(pid) for pid in pids)  # a stopped rank is ended too
+
+
+def test_a_push_fault_must_aim_at_a_rank_of_the_run():
+    from miles.config.fields import ConfigError
+    from miles.run.faults import check_faults, push_fault
+
+    assert push_fault("kill-rank:1@2,stall-rank@3", 0).kind == "stall-rank"
+    with pytest.raises(ConfigError, match="stall-rank:2@0: there is no training rank 2"):
+        check_faults("stall-rank:2@0", 2)

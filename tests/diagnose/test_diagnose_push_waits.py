@@ -62,7 +62,8 @@ def test_ranks_that_are_all_there_and_alive_name_nobody_and_odd_files_are_skippe
     record(tmp_path, 1, 2)
     lines = push_wait_lines(tmp_path)
     assert len(lines) == 2  # both wait (for a peer still working): nobody is named
-    assert all(ln.endswith("for: no peer is absent or silent (one is still working)") for ln in lines)
+    nobody = "for: no peer is absent or silent (one is still working)"
+    assert all(line.endswith(nobody) for line in lines)
     folder = tmp_path / layout.COLLECTIVES
     (folder / "rank-7.json").write_text(json.dumps({"rank": "7"}))  # wrong types: skipped
     (folder / "rank-8.json").write_text("{not json")
