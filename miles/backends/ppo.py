@@ -313,7 +313,18 @@ class PPORank:
         .capture); a dense policy gets no hooks."""
         if getattr(self, "router_capture", None) is not None:
             self.router_capture.detach()  # a reloaded base: new modules
-        self.router_capture = RouterCapture.attach(self.model)
+        own = self.routes_own_tokens()
+        self.router_capture = RouterCapture.attach(self.model) if own else None
+
+    def routes_own_tokens(self) -> bool:
+        """Whether this rank's routers see tokens no other rank counts (a tensor-parallel peer
+        routes the same tokens as its TP rank 0: the backend says so)."""
+        return True
+
+    def _expect_routing(self, mbs: list[MicroBatch]) -> None:
+        """The routing capture learns this batch's micro-batches (their real tokens)."""
+        if getattr(self, "router_capture", None) is not None:
+            self.router_capture.expect(mbs)
 
     # ---- shared -------------------------------------------------------------------------
     def start_optimizer(self) -> None:
@@ -434,6 +445,7 @@ class PPORank:
         cfg = self.config.train
         sums: dict[str, float] = defaultdict(float)
         mbs = micro_batches(batch, cfg.micro_batch_size, self.pad_id, self.device)
+        self._expect_routing(mbs)  # Megatron's forward has no attention mask to count them by
 
         times: dict[str, float] = {}
         phases: list[tuple[str, float, float]] = []  # (phase, wall start, wall end) for the run's timeline

@@ -97,6 +97,11 @@ class MegatronTrainActor(PPORank):
         self.ref_model = self._build(hf_config, base, trainable=False) if self.config.train.use_kl_loss else None
         self.param_names = [name for name, _ in self.model.named_parameters()]  # the optimizer's order
 
+    def routes_own_tokens(self) -> bool:
+        """TP peers route the same tokens (no sequence parallelism): TP rank 0 counts them for
+        its pipeline stage's layers."""
+        return self.par.tp_rank == 0
+
     def routing_replay_of(self, model):
         """megatron-core's RouterReplay on each router of an MoE model (R3); none at PP > 1, where a
         stage holds only some layers (the flag is refused there)."""
