@@ -74,8 +74,14 @@ def check_expert_flag(train) -> None:
                                    "megatron-core carves the EP ranks out of them")
 
 
-def check_model_experts(ep: int, experts: int) -> None:
-    """--expert-model-parallel-size against the model: it needs experts, and they split evenly."""
+def check_model_experts(ep: int, experts: int, tp: int = 1) -> None:
+    """--expert-model-parallel-size against the model: it needs experts, and they split evenly.
+    A MoE model with TP > 1: megatron-core's MoE layer refuses to train without sequence parallel,
+    which is not built here."""
+    if experts and tp > 1:
+        raise ConfigError(TP_FLAG, f"a mixture-of-experts model trains at TP = 1 only on this "
+                                   f"build (got TP={tp}): megatron-core's MoE layer needs "
+                                   "--sequence-parallel with TP > 1, which is not supported yet")
     if ep > 1 and not experts:
         raise ConfigError(EP_FLAG, f"expert parallel size {ep} needs a mixture-of-experts model; "
                                    "this one is dense")

@@ -117,6 +117,9 @@ def transformer_config(hf_config, tp: int = 1, pp: int = 1, ep: int = 1):
     check_supported(hf_config)
     if ep > 1 and not num_experts(hf_config):
         raise ValueError(f"--expert-model-parallel-size {ep}: the model has no experts")
+    if tp > 1 and num_experts(hf_config):  # megatron-core's MoE layer: TP needs sequence parallel
+        raise ValueError(f"--tensor-model-parallel-size {tp}: a mixture-of-experts model trains "
+                         "at TP = 1 only on this build (sequence parallel is not supported)")
     _, _, _, TransformerConfig = _megatron()
     heads = hf_config.num_attention_heads
     return TransformerConfig(
