@@ -2,8 +2,9 @@
 the HF <-> Megatron expert conversion (whole, and each EP x TP x PP rank's shard) is exact; the EP=1
 model's log-probs are HF's; EP=2 (2 ranks, the experts split, tokens sent all-to-all) takes the step
 EP=1 takes on the same batch (loss, log-probs, grad norm; weights after three optimizer steps), as
-does PP=2 (the MoE layers in two pipeline stages); the export gathers every expert into the HF state dict, exactly, and an EP=2 checkpoint resumes bit for
-bit; bad --expert-model-parallel-size values are refused by name."""
+does PP=2 (the MoE layers in two pipeline stages); the export gathers every expert into the HF
+state dict, exactly, and an EP=2 checkpoint resumes bit for bit; bad --expert-model-parallel-size
+values (and a MoE model at TP > 1) are refused by name."""
 import itertools
 
 import pytest
