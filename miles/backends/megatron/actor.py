@@ -6,11 +6,12 @@ Here: megatron-core's GPTModel, this rank's pipeline stage and tensor-parallel s
 parallel, and a mixture-of-experts model's experts are split over `--expert-model-parallel-size`
 of the data parallel ranks, tokens reaching them all-to-all), run through megatron-core's own
 schedule (`pipeline`), its log-probs and entropy taken vocab-parallel (`vocab_parallel`), and
-the gradient reduction, norms and clipping of a split model (`grads`). The ranks of one model-parallel group pool the samples the trainer gave them
-(`replica_batch`) and one of them (TP rank 0 of the last stage, where the loss is) reports them.
-Everything that leaves the rank is in HF names and layout (`gather`): checkpoints, the optimizer
-state, exported weights and their digest, so the engines, the trainer's checkpoints and the FSDP
-backend read them unchanged, and a checkpoint resumes with any layout.
+the gradient reduction, norms and clipping of a split model (`grads`). The ranks of one
+model-parallel group pool the samples the trainer gave them (`replica_batch`) and one of them
+(TP rank 0 of the last stage, where the loss is) reports them. Everything that leaves the rank
+is in HF names and layout (`gather`): checkpoints, the optimizer state, exported weights and
+their digest, so the engines, the trainer's checkpoints and the FSDP backend read them
+unchanged, and a checkpoint resumes with any layout.
 """
 from __future__ import annotations
 
