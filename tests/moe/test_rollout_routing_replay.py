@@ -1,13 +1,9 @@
 """Rollout routing replay (R3) end to end on the tiny MoE policy, in process: the embedded engine's
 scheduler serves it in bfloat16 (`--engine-dtype`, as SGLang serves a model in its checkpoint's
-bf16) and records each token's experts (read back through the wire encoding); an FSDP rank scores
-and trains the same weights in float32, so its own routers choose otherwise where two experts'
-probabilities are closer than bf16 can tell apart, as in a real run.
-
-The policy is the tiny Qwen3-MoE with its router's weights scaled down (a near-uniform router, as
-early in training: near-ties are common) and its experts' scaled up tenfold (freshly initialised
-experts are so alike that which one a token goes to hardly changes its log-prob; trained ones
-differ).
+bf16) and records each token's experts (read back through the wire encoding); an FSDP or a
+Megatron rank scores and trains the same weights in float32, so its own routers choose otherwise
+where two experts' probabilities are closer than bf16 can tell apart, as in a real run. The policy
+is tests/support/moe.py's (a near-uniform router, experts that differ).
 """
 from __future__ import annotations
 
@@ -28,29 +24,13 @@ from miles.moe.replay import METRIC
 from miles.rollout.routed_experts import read_routed_experts
 from miles.rollout.sample import Sample
 from tests.support.in_process_engine import Tracked, params, prompt
+from tests.support.moe import moe_checkpoint
 
 PROMPTS = ["12+13=", "1+2=", "99+1=", "7+8="]
 PER_PROMPT = 4
 SAMPLES = len(PROMPTS) * PER_PROMPT
-ROUTER_SCALE = 0.1
-EXPERT_SCALE = 10.0
 ENGINE_DTYPE = "bfloat16"
 DIFF = "train/train_rollout_logprob_abs_diff"
-
-
-def moe_checkpoint(out: Path) -> Path:
-    from miles.tiny.moe_model import build_tiny_moe_model
-    from miles.tiny.warmstart import save_checkpoint
-
-    model, tokenizer = build_tiny_moe_model(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".experts." in name:
-                p.mul_(EXPERT_SCALE)
-            elif name.endswith("mlp.gate.weight"):
-                p.mul_(ROUTER_SCALE)
-    save_checkpoint(model, tokenizer, out)
-    return out
 
 
 def engine_rollout(model_dir: Path) -> list[Sample]:
