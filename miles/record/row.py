@@ -68,6 +68,10 @@ def format_row(rollout_id: int, num_rollout: int, metrics: dict[str, float], sho
     second = (f"rollout={_secs(get('perf/rollout_time'))} train={_secs(get('perf/train_time'))} "
               f"p2p={_secs(get('perf/update_weights_time'))}  (total {_secs(get('perf/step_time'))}{clock})")
     third = f"grad_norm={_num(get('train/grad_norm'), '.2f')} lr={_num(get('train/lr'), '.1e')}"
+    if get("moe/load_balancing_loss") is not None:  # an MoE policy: its routers, worst layer
+        third += (f" load_balancing_loss={get('moe/load_balancing_loss'):.3f}"
+                  f" max_expert_share={_num(get('moe/max_expert_share'), '.2f')}"
+                  f" dead_experts={_num(get('moe/dead_experts'), '.0f')}")
     pad = " " * len(head)
     return f"{head}| {first}\n{pad}| {second}\n{pad}| {third}"
 

@@ -85,3 +85,14 @@ def test_layers_of_different_shapes_do_not_add():
     with pytest.raises(ValueError, match="top-1 over 2 experts to top-2 over 4"):
         LayerRouting(2, 1, [1, 1, 0, 0], [0.5, 0.5, 0.0, 0.0], 0.0) + \
             LayerRouting(1, 1, [1, 0], [1.0, 0.0], 0.0)
+
+
+def test_the_stdout_row_of_an_moe_policy_shows_its_routers():
+    from miles.record.row import format_row
+
+    layers = {0: layer_routing(PROBS, CHOSEN, REAL),
+              1: LayerRouting(2, 3, [3, 3, 0, 0], [1.5, 1.5, 0.0, 0.0], 3 * math.log(2))}
+    row = format_row(3, 10, {"train/loss": 0.1, **routing_metrics(layers)}, show_kl=False)
+    third = row.splitlines()[2]
+    assert "load_balancing_loss=1.544 max_expert_share=1.00 dead_experts=2" in third
+    assert "load_balancing_loss" not in format_row(3, 10, {"train/loss": 0.1}, show_kl=False)
