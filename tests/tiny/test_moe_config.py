@@ -79,3 +79,25 @@ def test_base_model_moe_makes_and_prints_the_moe_checkpoint(tmp_path, monkeypatc
     with pytest.raises(SystemExit):
         cli.main(["--moe", "--multi-turn"])
     assert "--moe" in capsys.readouterr().err
+
+
+def test_a_run_on_the_moe_policy_makes_it_when_missing(tmp_path, monkeypatch, capsys):
+    """The run's prepare step finds the MoE base missing and makes that one (not the dense)."""
+    from miles.tiny import defaults, warmstart
+
+    monkeypatch.setenv("MILES_CACHE_DIR", str(tmp_path))
+    config = resolve_run(parse_config(["--tiny-policy", "moe"]))
+    assert defaults.tiny_model_missing(config) == moe_base_model_dir()
+    made = []
+
+    def ensure(progress=True):
+        made.append("moe")
+        (moe_base_model_dir() / "warmstart.json").parent.mkdir(parents=True)
+        (moe_base_model_dir() / "warmstart.json").write_text('{"steps": 2750}')
+        return moe_base_model_dir()
+
+    monkeypatch.setattr(warmstart, "ensure_moe_base_model", ensure)
+    monkeypatch.setattr(warmstart, "ensure_base_model", lambda progress=True: made.append("dense"))
+    assert defaults.make_tiny_model(config, progress=False) == moe_base_model_dir()
+    assert made == ["moe"] and defaults.tiny_model_missing(config) is None
+    assert "(2750 supervised steps)" in capsys.readouterr().out
