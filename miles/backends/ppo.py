@@ -40,7 +40,8 @@ from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_
 from miles.backends.schedule import lr_at
 from miles.backends.weight_broadcast import RankSender, SendTarget
 from miles.moe.capture import RouterCapture
-from miles.moe.replay import METRIC as R3_MISMATCH, RoutingReplay, require_routers
+from miles.moe.replay import METRIC as R3_MISMATCH
+from miles.moe.replay import RoutingReplay, require_records, require_routers
 from miles.run.faults import push_fault, slow_rank
 from miles.run.phases import add_phase_hook, timed
 from miles.run.stragglers import RankCoords
@@ -249,14 +250,14 @@ class PPORank:
         raise NotImplementedError
 
     def _attach_replays(self) -> None:
-        """R3 hooks on the HF routers of the policy and reference (none on a dense model, nor on a
-        backend whose modules are not transformers' routers); the flag on a dense policy is refused."""
+        """R3 hooks on the routers of the policy and reference (`routing_replay_of`; none on a
+        dense model); the flag on a dense policy is refused."""
         for replay in self.replays.values():
             replay.detach()
         models = [m for m in (self.model, self.ref_model) if m is not None]
         self.replays = {id(m): r for m in models if (r := self.routing_replay_of(m)) is not None}
-        require_routers(self.replays.get(id(self.model)), self.config.train.use_rollout_routing_replay,
-                        self.model_path)
+        wanted = self.config.train.use_rollout_routing_replay
+        require_routers(self.replays.get(id(self.model)), wanted, self.model_path)
 
     def routing_replay_of(self, model):
         """The R3 hooks of `model`'s routers (transformers' here; a backend with its own modules
@@ -268,7 +269,9 @@ class PPORank:
         """For a backend whose schedule runs a pass's micro-batches itself: `forward_stats`'s
         routing replay and mismatch count over the whole pass, micro-batches in order."""
         replay = self.replays.get(id(model))
-        if replay is None or not mbs or any(mb.routed_experts is None for mb in mbs):
+        recorded = all(mb.routed_experts is not None for mb in mbs)
+        require_records(self.config.train.use_rollout_routing_replay, replay is not None, recorded)
+        if replay is None or not mbs or not recorded:
             yield
             return
         records = [mb.routed_experts for mb in mbs]
@@ -282,16 +285,19 @@ class PPORank:
     def forward_stats(self, model, mb: MicroBatch) -> TokenStats:
         """`token_stats`, its routers following the engine's record when the batch carries one (and
         replaying it with --use-rollout-routing-replay); in the policy's log-prob pass, adds the
-        per-sample share of response (token, layer) routings the trainer's own router chose otherwise
-        to `self.r3_sums`."""
+        per-sample share of response (token, layer) routings the trainer's own router chose
+        otherwise to `self.r3_sums`."""
         replay = self.replays.get(id(model))
+        require_records(self.config.train.use_rollout_routing_replay, replay is not None,
+                        mb.routed_experts is not None)
         if replay is None or mb.routed_experts is None:
             return self.token_stats(model, mb)
         with replay.following(mb.routed_experts, self.config.train.use_rollout_routing_replay):
             stats = self.token_stats(model, mb)
         sums = self.r3_sums if model is self.model else None
         if sums is not None:
-            differs = replay.mismatch_fraction(mb.input_ids.shape[0])[:, :-1]  # aligned with the mask
+            # (B, T-1): aligned with the response mask
+            differs = replay.mismatch_fraction(mb.input_ids.shape[0])[:, :-1]
             differs = differs.to(mb.response_mask.device)
             sums[R3_MISMATCH] += sample_mean(differs, mb.response_mask).sum().item()
         return stats

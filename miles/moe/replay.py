@@ -99,3 +99,13 @@ def require_routers(replay: RoutingReplay | None, wanted: bool, model_path) -> N
     if wanted and replay is None:
         raise ValueError(f"{FLAG}: the policy {model_path} has no mixture-of-experts routers "
                          f"(transformers Qwen3-MoE `mlp.gate`); replay needs an MoE model")
+
+
+def require_records(wanted: bool, has_routers: bool, has_records: bool) -> None:
+    """The flag on an MoE policy whose samples came without the engine's routing: refused, rather
+    than trained on the trainer's own routing while the run claims replay."""
+    if wanted and has_routers and not has_records:
+        raise ValueError(f"{FLAG}: the rollout's samples carry no routed experts (the engine did "
+                         f"not return them: SGLang needs --enable-return-routed-experts, e.g. in "
+                         f"--sglang-extra-args; a custom generate function must fill "
+                         f"Sample.routed_experts for every sample)")

@@ -10,7 +10,7 @@ from miles.backends.batch import micro_batches
 from miles.backends.pack import split_for_ranks
 from miles.config import parse_config
 from miles.config.fields import ConfigError
-from miles.moe.replay import RoutingReplay, require_routers
+from miles.moe.replay import RoutingReplay, require_records, require_routers
 from miles.record.samples import sample_row
 from miles.rollout.sample import Sample
 
@@ -68,3 +68,13 @@ def test_a_dense_policy_refuses_replay():
     with pytest.raises(ValueError, match="--use-rollout-routing-replay: the policy dense/ has no "):
         require_routers(None, True, "dense/")
     require_routers(None, False, "dense/")  # without the flag a dense policy trains as before
+
+
+def test_replay_without_the_engines_records_is_refused():
+    """An engine that did not return them (SGLang without its server flag) or a custom generate
+    function that did not fill them: the run stops instead of training on its own routing."""
+    with pytest.raises(ValueError, match="carry no routed experts.*--enable-return-routed-experts"):
+        require_records(True, True, False)
+    require_records(True, False, False)  # a dense policy: nothing to replay (refused at load)
+    require_records(False, True, False)  # no replay asked: the run trains as before, no metric
+    require_records(True, True, True)
