@@ -4,6 +4,7 @@ padding; a dense model refuses the field with a 400 naming it; the rollout reads
 from __future__ import annotations
 
 import base64
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,7 +19,7 @@ from miles.engines.routing_capture import compact_dtype
 from miles.engines.scheduler import Scheduler
 from miles.engines.server import EngineServer
 from miles.rollout.routed_experts import RoutedExpertsError, read_routed_experts, wanted_routing
-from tests.support.in_process_engine import Tracked, params, prompt
+from tests.support.in_process_engine import TIMEOUT_S, Tracked, params, prompt
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,32 @@ def test_each_request_gets_its_own_tokens_routing_in_a_continuous_batch(moe_runn
         clear = margin > 1e-5
         assert clear.mean() > 0.9
         assert (np.sort(r.routed_experts, -1) == alone).all(-1)[clear].all(), f"request {i}"
+
+
+def test_a_retracted_request_keeps_a_whole_record(moe_runner):
+    """SGLang's `retract` pause puts a running request back in the queue; re-admitted, it is
+    prefilled again from prompt + tokens so far: its record restarts there and still covers every
+    token it read once, as its routers choose them alone."""
+    scheduler = Scheduler(moe_runner, EngineMetrics(model_name="t"), max_batch_size=8,
+                          max_queued=64)
+    scheduler.start()
+    asked: Future = Future()
+    request = Tracked(scheduler, "retracted", prompt(moe_runner, "12+34="), params(12, seed=3))
+    request.request.return_routed_experts = True
+    request.on_token(5, lambda: asked.set_result(scheduler.pause("retract")))
+    try:
+        request.submit()
+        assert asked.result(timeout=TIMEOUT_S).result(timeout=TIMEOUT_S) == 1
+        assert not request.done.done()
+        scheduler.set_paused(False)
+        result = request.result()
+    finally:
+        scheduler.stop()
+    ids = result.prompt_ids + result.output_ids[:-1]
+    assert len(result.output_ids) == 12 and result.routed_experts.shape[0] == len(ids)
+    alone, margin = alone_routing(moe_runner, ids)
+    clear = margin > 1e-5
+    assert (np.sort(result.routed_experts, -1) == alone).all(-1)[clear].all()
 
 
 def test_the_answer_carries_the_record_compactly_and_the_rollout_reads_it(moe_runner):
