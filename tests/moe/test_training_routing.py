@@ -1,7 +1,8 @@
 """The routing figures of real training passes over the tiny Qwen3-MoE: two FSDP ranks count each
 real token once per layer and the driver adds their counts; Megatron (EP=2: the experts split, the
 tokens sent all-to-all, its routers laying tokens out sequence-major and its forward given no
-attention mask) counts the same routing as FSDP on the same samples and weights."""
+attention mask) counts the same routing as FSDP on the same samples and weights, and so do its
+two pipeline stages at PP=2, each counting its own layer."""
 from __future__ import annotations
 
 import pytest
@@ -65,3 +66,16 @@ def test_megatron_ep2_counts_the_routing_fsdp_counts(fsdp, moe_base):
     m, f = rank_routing_metrics(megatron), rank_routing_metrics(fsdp)
     assert m.keys() == f.keys()
     assert all(m[k] == pytest.approx(f[k], rel=1e-4) for k in f)
+
+
+@pytest.mark.slow
+def test_megatron_pp2_stages_each_count_their_own_layer(fsdp, moe_base):
+    """PP=2: each stage reports its own layer, by its global index, and the counts are FSDP's.
+    (A tensor-parallel peer would route its TP rank 0's tokens again and reports none:
+    routes_own_tokens; this build trains MoE models at TP = 1 only.)"""
+    ranks = train_once(moe_base, train_backend="megatron", pipeline_model_parallel_size=2)
+    assert [sorted(r.routing) for r in ranks] == [[0], [1]]
+    got, want = merge_ranks([r.routing for r in ranks]), merge_ranks([r.routing for r in fsdp])
+    for layer in want:
+        assert (got[layer].tokens, got[layer].counts) == (want[layer].tokens, want[layer].counts)
+        assert got[layer].prob_sums == pytest.approx(want[layer].prob_sums, rel=1e-4)
