@@ -18,6 +18,7 @@ from typing import Awaitable, Callable
 from miles.config import ConfigError
 from miles.rollout.generate import GenerateFnInput, read_reply
 from miles.rollout.plugins import load_function, load_object
+from miles.rollout.routed_experts import read_routed_experts, stitched
 from miles.rollout.sample import FINISH_TO_STATUS, Sample, Status
 from miles.rollout.tool_calls import TOOL_CALL_END, ToolCallParser, make_parser, run_tool_calls
 
@@ -67,13 +68,18 @@ async def generate(input: GenerateFnInput) -> Sample:
     prompt_ids, response_ids, loss_mask, log_probs = list(sample.tokens), [], [], []
     sample.turns = [{"role": "user", "text": sample.prompt}]
     tool_calls = tool_errors = 0
+    routed: list = []  # (tokens read, answer length, routed experts) per turn, when the run asks
     status, hit_max_turns = Status.COMPLETED, False
     for turn in range(tools.max_turns):
         turn_params = {**params, "max_new_tokens": budget - len(response_ids), "seed": params["seed"] + turn,
                        "stop": [TOOL_CALL_END]}
-        reply = await state.generate({"input_ids": prompt_ids + response_ids, "sampling_params": turn_params,
-                                      "return_logprob": True}, routing_key=routing_key)
+        read = len(prompt_ids) + len(response_ids)
+        reply = await state.generate(state.payload(prompt_ids + response_ids, turn_params),
+                                     routing_key=routing_key)
         ids, lps, finish, sample.weight_version = read_reply(reply)
+        if state.routing is not None:
+            routed.append((read, len(ids), read_routed_experts(reply.get("meta_info") or {},
+                                                               state.routing)))
         response_ids += ids
         loss_mask += [1] * len(ids)
         log_probs += lps
@@ -106,6 +112,7 @@ async def generate(input: GenerateFnInput) -> Sample:
     sample.response_length = len(response_ids)
     sample.rollout_log_probs = log_probs
     sample.loss_mask = loss_mask
+    sample.routed_experts = stitched(routed)
     sample.response = tokenizer.decode(response_ids, skip_special_tokens=True)
     sample.status = status
     sample.metadata.update(tool_calls=tool_calls, tool_errors=tool_errors, hit_max_turns=hit_max_turns)

@@ -82,3 +82,17 @@ def read_routed_experts(meta: dict[str, Any],
     except (ValueError, TypeError):
         raise RoutedExpertsError(f"{flat.size} routed expert ids do not fill the shape "
                                  f"{shape!r:.60}") from None
+
+
+def stitched(turns: list[tuple[int, int, np.ndarray | None]]) -> np.ndarray | None:
+    """One multi-turn sample's record from its turns' (tokens read before the turn's answer, answer
+    length, that call's record): the last call's record (it read the whole trajectory but its last
+    token), with the rows that routed each earlier answer's tokens as that answer's own call routed
+    them (the later calls prefilled them again, maybe otherwise). None if any call sent none."""
+    if not turns or any(record is None for _, _, record in turns):
+        return None
+    out = np.array(turns[-1][2])
+    for read, answered, record in turns[:-1]:
+        rows = slice(read - 1, read - 1 + answered)  # the positions that predict the answer
+        out[rows] = record[rows]
+    return out

@@ -2,6 +2,10 @@
 out of the sample tables, and the replay flag refused where it cannot replay."""
 from __future__ import annotations
 
+import asyncio
+import json
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +14,7 @@ from miles.backends.batch import micro_batches
 from miles.backends.pack import split_for_ranks
 from miles.config import parse_config
 from miles.config.fields import ConfigError
+from miles.engines.routing_capture import encode
 from miles.moe.replay import RoutingReplay, require_records, require_routers
 from miles.record.samples import sample_row
 from miles.rollout.sample import Sample
@@ -78,3 +83,52 @@ def test_replay_without_the_engines_records_is_refused():
     require_records(True, False, False)  # a dense policy: nothing to replay (refused at load)
     require_records(False, True, False)  # no replay asked: the run trains as before, no metric
     require_records(True, True, True)
+
+
+class ScriptedEngine:
+    """A /generate client answering each turn from a script: the answer's tokens and a record of the
+    tokens that call read, each row holding the turn number (which call routed it)."""
+
+    def __init__(self, answers: list[list[int]]):
+        self.answers, self.bodies = answers, []
+
+    async def post(self, path, payload, headers=None):
+        turn = len(self.bodies)
+        self.bodies.append(payload)
+        ids = self.answers[turn]
+        read = len(payload["input_ids"]) + len(ids) - 1
+        meta = {"output_token_logprobs": [[-0.5, t, None] for t in ids],
+                "finish_reason": {"type": "stop"}, "weight_version": "1",
+                **encode(np.full((read, 2, 2), turn, dtype=np.int8))}
+        return 200, json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode()
+
+
+def test_a_multi_turn_sample_keeps_each_answer_routed_as_its_own_call_routed_it():
+    """Turn 1 calls the calculator, turn 2 answers; the second call prefills the whole conversation
+    again. The sample's record is the last call's, but the positions that predict turn 1's answer
+    keep turn 1's routing: what sampled those tokens."""
+    from miles.rollout.generate import GenerateFnInput, GenerateState
+    from miles.rollout.multi_turn import generate
+    from miles.tiny.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(tool_markers=True)  # the tool model's: <tool_call> is one token
+    ids = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    answers = [ids("<tool_call>calc 2+3</tool_call>"), ids("5")]
+    engine = ScriptedEngine(answers)
+    args = SimpleNamespace(generate_tool_specs_path="miles.tiny.calculator.TOOL_SPECS",
+                           generate_tool_call_parser="tiny", generate_max_turns=4,
+                           generate_tool_timeout=5.0,
+                           generate_execute_tool_function_path="miles.tiny.calculator.execute_tool")
+    state = GenerateState("http://scripted", tokenizer, args, engine, asyncio.Semaphore(1), (2, 2))
+    prompt = ids("2+3=")
+    start = Sample(index=0, group_index=0, prompt="2+3=", label="5", tokens=list(prompt))
+    done = asyncio.run(generate(GenerateFnInput(state, start, {"seed": 1, "max_new_tokens": 40},
+                                                False)))
+    assert all(body["return_routed_experts"] for body in engine.bodies) and len(engine.bodies) == 2
+    record = done.routed_experts
+    assert record.shape == (len(done.tokens) - 1, 2, 2)
+    first = slice(len(prompt) - 1, len(prompt) - 1 + len(answers[0]))  # predict turn 1's answer
+    assert (record[first] == 0).all()
+    rest = np.ones(len(record), dtype=bool)
+    rest[first] = False
+    assert (record[rest] == 1).all()  # the prompt, the observation and the last answer: call 2's
