@@ -30,8 +30,9 @@ def compact_dtype(num_experts: int) -> np.dtype:
 
 
 def moe_routers(model) -> list[torch.nn.Module]:
-    """The model's top-k routers in layer order: each `mlp.gate` that returns expert indices (it has
-    `top_k`); a dense layer's `mlp.gate_proj` is no router. Empty for a dense model."""
+    """The model's top-k routers in layer order: each `mlp.gate` with a `top_k` (transformers'
+    Qwen3-MoE `Qwen3MoeTopKRouter` and its kin); a dense layer's `mlp.gate_proj` is no router.
+    Empty for a dense model."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
     found = []
     for layer in layers:
@@ -59,12 +60,21 @@ class RoutingCapture:
         return bool(self.routers)
 
     def _keeper(self, layer: int):
-        def keep(_module, _inputs, output) -> None:
-            self._last[layer] = output[2].detach()  # (batch * time, top_k): the routed indices
+        def keep(module, _inputs, output) -> None:
+            # (logits, weights, indices) as Qwen3-MoE's router returns them; a router of another
+            # shape is kept as None (never an error in a forward that did not ask)
+            fits = isinstance(output, tuple) and len(output) == 3 and torch.is_tensor(output[2]) \
+                and not output[2].is_floating_point()
+            self._last[layer] = output[2].detach() if fits else None  # (batch * time, top_k)
         return keep
 
     def last(self, batch: int) -> np.ndarray:
         """The last forward's choices as (batch, time, layers, top_k) in the compact dtype."""
+        if any(t is None for t in self._last):
+            kind = type(self.routers[0]).__name__
+            raise RuntimeError(f"{FIELD}: this model's routers ({kind}) do not return expert "
+                               f"indices as transformers' Qwen3-MoE router does (logits, weights, "
+                               f"indices)")
         stacked = torch.stack([t.reshape(batch, -1, self.top_k) for t in self._last], dim=2)
         return stacked.cpu().numpy().astype(self.dtype)
 

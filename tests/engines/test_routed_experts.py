@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from miles.config import EngineConfig
 from miles.engines.metrics import EngineMetrics
 from miles.engines.model_runner import ModelRunner
-from miles.engines.routing_capture import compact_dtype
+from miles.engines.routing_capture import RoutingCapture, compact_dtype
 from miles.engines.scheduler import Scheduler
 from miles.engines.server import EngineServer
 from miles.rollout.routed_experts import RoutedExpertsError, read_routed_experts, wanted_routing
@@ -170,3 +170,30 @@ def test_the_rollout_asks_only_for_an_moe_policy(moe_dir, untrained_model):
     assert wanted_routing(off) is None
     assert wanted_routing(SimpleNamespace(record_routed_experts=True,
                                           hf_checkpoint=str(untrained_model))) is None
+
+
+def test_a_router_of_another_shape_never_breaks_a_forward_and_is_named_when_asked():
+    """A router that returns other than (logits, weights, indices): the hook keeps nothing (a
+    request that did not ask is served as before); reading its choices names the router."""
+    class PairRouter(torch.nn.Module):
+        top_k = 2
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(4, 3))
+
+        def forward(self, x):
+            return torch.topk(x @ self.weight.T, 2, dim=-1)  # (values, indices): a pair
+
+    layer = torch.nn.Module()
+    layer.mlp = torch.nn.Module()
+    layer.mlp.gate = PairRouter()
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([layer])
+    capture = RoutingCapture(model)
+    assert capture.is_moe and capture.num_experts == 4
+    layer.mlp.gate(torch.ones(5, 3))  # the forward goes through
+    with pytest.raises(RuntimeError, match="return_routed_experts: this model's routers "
+                                           r"\(PairRouter\) do not return expert"):
+        capture.last(1)
