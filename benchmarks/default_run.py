@@ -218,7 +218,9 @@ def main(argv=None) -> int:
         args.write = True
     figures = load()
     if args.screenshot:
-        screenshot(args.run_dir or Path("runs") / figures["run_dir"], figures)  # cwd: ROOT
+        # the dashboard runs in ROOT: a --run-dir as given, the recorded one as runs/NAME
+        shot_dir = args.run_dir.resolve() if args.run_dir else Path("runs") / figures["run_dir"]
+        screenshot(shot_dir, figures)
     if args.write:
         for page in stale_pages(figures):
             page.write_text(render(page.read_text(), figures))
