@@ -166,6 +166,10 @@ def build_gpt(hf_config, device: torch.device, vocab_size: int):
                                 parallel_state.get_expert_model_parallel_world_size())
     if num_experts(hf_config):
         shim.define_te_gemm_absent()  # the router's matmul without Transformer Engine (shim 7)
+        # megatron-core gathers the dispatcher's token counts with all_gather_into_tensor, which
+        # torch marks deprecated: a FutureWarning in every rank's log that no user can act on
+        warnings.filterwarnings("ignore", category=FutureWarning,
+                                message=r"`torch.distributed.all_gather_into_tensor` is deprecated")
     with _quiet():
         spec = local_spec(num_experts=num_experts(hf_config) or None, moe_grouped_gemm=False,
                           qk_layernorm=qk_norm(hf_config), normalization="RMSNorm")

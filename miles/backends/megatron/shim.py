@@ -1,8 +1,9 @@
-"""What megatron-core needs to run on a CPU-only torch with gloo; with a GPU it changes nothing.
+"""What megatron-core needs to run on a CPU-only torch with gloo; with a GPU it changes nothing
+(but 7, which is about Transformer Engine, not CUDA).
 
 Megatron-core assumes CUDA in a few places on the path this backend uses (GPTModel, local
-layer spec, tensor and pipeline parallel ranks, megatron-core's own pipeline schedule, no
-dropout). Each piece below was found by running that path on a CPU-only torch and is the
+layer spec, tensor and pipeline parallel ranks, megatron-core's own pipeline schedule, its MoE
+layer with the all-to-all token dispatcher over expert parallel ranks, no dropout). Each piece below was found by running that path on a CPU-only torch and is the
 smallest change that lets it through; the math is untouched.
 
 1. `torch.cuda.current_device()` is where megatron-core puts new tensors: RoPE's `inv_freq`,
