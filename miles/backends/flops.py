@@ -2,7 +2,8 @@
 FLOP/s of the device it ran on (a table of GPUs' dense bf16 peaks, or a matmul measured once on CPU).
 
 Counted, not estimated from parameters alone: every matmul of a decoder layer (attention projections with
-grouped KV heads, the gated MLP), the LM head, and causal attention's score and value products over each
+grouped KV heads, the gated MLP; in a mixture of experts the router and the k experts each token goes to),
+the LM head, and causal attention's score and value products over each
 sequence's own length. A training pass is three forward passes (forward, and backward's two products),
 the convention of the MFU papers (PaLM, Megatron); recomputation is not counted (it is not useful work).
 """
@@ -40,6 +41,7 @@ class ModelShape:
     ffn: int
     vocab: int
     gated_mlp: bool = True  # SwiGLU (Qwen, Llama): three ffn matmuls; a plain MLP has two
+    experts: int = 0  # a mixture of experts' router width (its ffn: the k chosen experts' together)
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelShape":
@@ -48,8 +50,9 @@ class ModelShape:
             shape = cls(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
                         kv_heads=int(config.get("num_key_value_heads") or heads),
                         head_dim=int(config.get("head_dim") or hidden // heads),
-                        ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
-                        gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh"))
+                        ffn=_active_ffn(config), vocab=int(config["vocab_size"]),
+                        gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh"),
+                        experts=_experts(config))
         except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as exc:
             raise ValueError(f"the model config lacks what a FLOP count needs ({exc})") from None
         shape.check()
@@ -73,9 +76,11 @@ class ModelShape:
         return cls.from_config(json.loads((Path(path) / "config.json").read_text()))
 
     def layer_params(self) -> int:
-        """Weights every token multiplies by in one decoder layer: attention projections and MLP."""
+        """Weights every token multiplies by in one decoder layer: attention projections, the MLP
+        (the chosen experts') and a router."""
         attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o; k, v
-        return attention + (3 if self.gated_mlp else 2) * self.hidden * self.ffn
+        return attention + (3 if self.gated_mlp else 2) * self.hidden * self.ffn + \
+            self.hidden * self.experts
 
     def matmul_params(self) -> int:
         """Weights every token multiplies by: the layers' projections and MLP, and the LM head."""
@@ -96,6 +101,20 @@ class ModelShape:
 
     def train_flops(self, seq_lens: list[int], share: "RankShare | None" = None) -> float:
         return 3.0 * self.forward_flops(seq_lens, share=share)
+
+
+def _experts(config: dict) -> int:
+    """Routed experts per layer (0: dense); transformers 5 writes Qwen3-MoE's `num_experts` as
+    `num_local_experts`."""
+    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
+
+
+def _active_ffn(config: dict) -> int:
+    """The MLP width a token passes through: the dense MLP's, or (Qwen3-MoE: every layer sparse)
+    its k experts' together."""
+    if _experts(config):
+        return int(config["moe_intermediate_size"]) * int(config["num_experts_per_tok"])
+    return int(config["intermediate_size"])
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,22 @@ def test_forward_and_training_flops_match_torch_flop_counter(tiny, lengths):
     assert 3 * shape.forward_flops(lengths, causal=False) == counted_train
 
 
+def test_a_mixture_of_experts_counts_its_router_and_the_chosen_experts():
+    """The tiny Qwen3-MoE: each token through the router and its 2 of 4 experts (HF runs only the
+    experts a token is routed to), as torch's counter sees it."""
+    from miles.tiny.moe_model import build_tiny_moe_model
+
+    model, _ = build_tiny_moe_model(0)
+    model.config._attn_implementation = "eager"
+    model.config._experts_implementation = "eager"  # torch's counter does not see grouped_mm
+    shape = ModelShape.from_config(model.config.to_dict())
+    assert (shape.ffn, shape.experts) == (2 * 192, 4)
+    ids = torch.randint(3, shape.vocab, (1, 13))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    assert shape.forward_flops([13], causal=False) == counter.get_total_flops()
+
+
 def test_mfu_is_achieved_over_peak_per_rank(tiny):
     _, shape = tiny
     lens = [[20, 20], [40]]
