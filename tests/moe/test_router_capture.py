@@ -65,3 +65,22 @@ def test_dense_model_gets_no_hooks():
 
     model, _ = build_tiny_model(0)
     assert RouterCapture.attach(model) is None
+
+
+def test_with_replay_the_capture_counts_the_replayed_experts():
+    """R3's hooks run before the capture's: the figures are of the routing the step used (the
+    engine's experts 2 and 3 for every token read), whatever the trainer's router preferred."""
+    from miles.moe.replay import RoutingReplay
+
+    model, _ = build_tiny_moe_model(0)
+    capture = RouterCapture.attach(model)
+    replay = RoutingReplay.attach(model)  # attached after, its hooks still run first
+    ids, attn = batch(1)
+    record = torch.tensor([2, 3]).expand(*ids.shape, 2, 2).clone()  # (B, T, layers, top_k)
+    model.train()
+    with replay.following(record, replay=True):
+        model(input_ids=ids, attention_mask=attn)
+    for r in capture.take().values():
+        assert r.counts[:2] == [0, 0] and r.counts[2] == r.counts[3] == r.tokens == int(attn.sum())
+    model(input_ids=ids, attention_mask=attn)  # the router's own choice again: not only 2 and 3
+    assert any(r.counts[:2] != [0, 0] for r in capture.take().values())
