@@ -135,7 +135,7 @@ def profile_window(config: MilesConfig, chunk: Chunk, services: RunServices) -> 
     result = run_chunk(config, chunk, services)
     run_dir = Path(config.train.run_dir)
     create_table_artifact(summary_rows(read_summaries(run_dir, chunk.first, chunk.stop)),
-                          key=f"profile-window-{chunk.first}-{chunk.stop}",
+                          key="profile-window-" + chunk.iters.replace(" ", "-").replace("..", "-"),
                           description=f"Profiled rollouts ({chunk.iters}): top operators by self "
                                       f"time and span totals per trace (files under {run_dir})")
     return result

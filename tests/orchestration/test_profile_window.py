@@ -37,6 +37,7 @@ def test_profile_window_task_profiles_its_rollouts_and_leaves_a_summary(flow_run
     assert journal_steps(run_dir) == list(range(SessionFlow.NUM_ROLLOUT))
     task = next(r for r in task_runs_of(flow_run.flow_run.id) if r.name == f"profile_window[iter {start}]")
     (artifact,) = [a for a in artifacts_of(task.id) if a.type == "table"]
+    assert artifact.key == f"profile-window-iter-{start}"  # named as the task is (N18)
     rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
     assert {row["target"] for row in rows} == {"train_overall", "train_actor", "rollout"}
     assert all(row["rollouts"] == window for row in rows)
