@@ -31,6 +31,14 @@ class RankActivity:
         self._thread = threading.Thread(target=self._run, daemon=True, name="miles-rank-activity")
 
     def start(self) -> None:
+        """A first record (done: the rank started), so a peer is named by its coordinates even
+        before its first long phase; then the thread."""
+        try:
+            started = self._state_for(("start", "", "", time.time()))
+            started.state = DONE
+            write_state(self.run_dir, started)
+        except OSError:
+            pass
         self._thread.start()
 
     def _run(self) -> None:
@@ -55,10 +63,14 @@ class RankActivity:
             self._state, self._announced = self._announce(current), current
 
     def _announce(self, current: tuple[str, str, str, float]) -> CollectiveState:
+        state = self._state_for(current)
+        write_state(self.run_dir, state)
+        return state
+
+    def _state_for(self, current: tuple[str, str, str, float]) -> CollectiveState:
         phase, kind, what, start = current
         state = CollectiveState.entering(self.rank, self.rec.coords.name, self.rec.rollout_id or 0,
                                          phase, what, self.world_size, kind=TRAIN,
                                          state=WAITING if kind == WAIT else WORKING)
         state.entered = start
-        write_state(self.run_dir, state)
         return state

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from miles.run.collective_waits import (FAILED, PUSH, TRAIN, WAITING, read_states, silent,
-                                        waited_for)
+from miles.run.collective_waits import (FAILED, PUSH, TRAIN, WAITING, WORKING, read_states,
+                                        silent, waited_for, why_not_done)
 
 
 def _printable(text: str, limit: int) -> str:
@@ -47,4 +47,24 @@ def _lines(run_dir: Path, kind: str, now: float) -> list[str]:
             lines.append(_printable(
                 f"{what}{state.step()}: {state.who()} has waited {now - state.entered:.0f} s "
                 f"in {state.phase} ({state.collective}) for: {whom}", 600))
+        elif state.state == WORKING and not silent(state, now):
+            lines += _working_line(state, states, world, now)
     return lines
+
+
+def _working_line(state, states, world: int, now: float) -> list[str]:
+    """A rank long in its own work whose passes hold collectives (FSDP's gathers): a line only
+    when a peer is absent from the phase, silent or gone (one still working is no finding)."""
+    away = []
+    for rank in range(world):
+        peer = states.get(rank)
+        here = peer is not None and peer.version == state.version and \
+            peer.state in (WAITING, WORKING) and not silent(peer, now)  # working, or waiting on it
+        reason = None if rank == state.rank or here else why_not_done(state, peer, now)
+        if reason is not None:
+            away.append(f"{peer.who() if peer else f'rank {rank}'} {reason}")
+    if not away:
+        return []
+    return [_printable(f"{state.step()}: {state.who()} has been in its own {state.phase} work "
+                       f"for {now - state.entered:.0f} s (a collective inside it waits for its "
+                       f"peers); away: {'; '.join(away)}", 600)]

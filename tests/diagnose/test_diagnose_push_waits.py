@@ -92,3 +92,17 @@ def test_a_hung_training_barrier_names_the_rank_still_in_its_work_or_silent(tmp_
     train_record(tmp_path, 1, 2, "working", "backward", beat_age=20.0)
     (line,) = push_wait_lines(tmp_path)
     assert "rank 1 (node0/dp1/pp0/tp0) stopped answering in its own backward work" in line
+
+
+def test_a_rank_long_in_work_that_holds_collectives_names_the_peer_away(tmp_path):
+    """FSDP's passes gather inside the rank's own work: a rank stopped while idle leaves the other
+    in its own log-probs, blocked; two ranks both long in the same work are no finding."""
+    train_record(tmp_path, 0, 6, "working", "log_probs")
+    train_record(tmp_path, 1, 6, "working", "log_probs")
+    assert push_wait_lines(tmp_path) == []
+    train_record(tmp_path, 1, 5, "done", "optimizer")
+    (line,) = push_wait_lines(tmp_path)
+    assert line.startswith("rollout 6: rank 0 (node0/dp0/pp0/tp0) has been in its own log_probs "
+                           "work for 30 s"), line
+    assert line.endswith("away: rank 1 (node0/dp1/pp0/tp0) is not in it (last in optimizer of "
+                         "rollout 5: done)")

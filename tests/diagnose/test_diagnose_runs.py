@@ -156,3 +156,5 @@ def test_a_rank_stopped_in_training_leaves_the_other_blocked_in_a_collective(sta
     assert "torch/distributed/" in stack, stack[:3000]  # blocked in a collective of the process group
     assert re.search(rf"rank0 \(pid {rank0}\) (waits|busy) in \w*(all_reduce|reduce_scatter|all_gather|broadcast|barrier)",
                      verdict["headline"]), verdict["headline"]
+    # issue 54: the ranks' records (RUN_DIR/collectives) name the rank rank 0 waits for
+    assert any("rank 1 (node0/dp1/pp0/tp0)" in line for line in verdict["ranks"]), verdict["ranks"]
