@@ -57,6 +57,8 @@ class RankTrainResult:
     # an MoE policy's routing sums of this rank's training passes, per layer
     # (miles.moe.routing_stats.LayerRouting: counts, added up by the driver); {} on a dense model
     routing: dict[int, Any] = field(default_factory=dict)
+    # token sums of the train-vs-rollout mismatch (miles.backends.mismatch.MismatchSums); None: none
+    mismatch: Any = None
 
 
 @dataclass

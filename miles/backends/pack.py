@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from miles.backends.base import RankBatch, RankTrainResult
+from miles.backends.mismatch import merge as merge_mismatch
+from miles.backends.mismatch import metrics as mismatch_metrics
 from miles.rollout.sample import Sample
 
 
@@ -76,6 +78,8 @@ def combine(results: list[RankTrainResult]) -> TrainSummary:
         metrics[key] = sum(values) / len(values)
     for key in sorted({k for r in results for k in r.maxes}):
         metrics[key] = max(r.maxes[key] for r in results if key in r.maxes)
+    # token means over every rank's response tokens: the ranks' sums and counts added, divided once
+    metrics.update(mismatch_metrics(merge_mismatch([r.mismatch for r in results])))
     token_stats = {index: stats for r in results for index, stats in r.token_stats.items()}
     return TrainSummary(metrics, sum(r.num_tokens for r in results), max(r.log_probs_time for r in results),
                         max(r.ref_log_probs_time for r in results), max(r.actor_train_time for r in results),

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from miles.backends import hf_weights as W
 from miles.backends.base import ActorInfo, NonFiniteError, RankBatch, RankTrainResult
+from miles.backends.mismatch import MismatchSums, MismatchTally
 from miles.backends.batch import MicroBatch, micro_batches
 from miles.backends.flops import rank_peak_flops
 from miles.backends.logprobs import TokenStats
@@ -278,7 +279,8 @@ class PPORank:
         with replay.passing(records, self.config.train.use_rollout_routing_replay):
             yield
         sums = self.r3_sums if model is self.model else None
-        for mb, share in zip(mbs, replay.mismatches if sums is not None else []):
+        # collective at PP > 1: every stage takes this branch in the policy's log-prob pass
+        for mb, share in zip(mbs, replay.mismatch_shares() if sums is not None else []):
             share = share[:, :-1].to(mb.response_mask.device)  # aligned with the mask
             sums[R3_MISMATCH] += sample_mean(share, mb.response_mask).sum().item()
 
@@ -469,16 +471,7 @@ class PPORank:
                 with timed("ref_log_probs", times, phases), rec.span("ref_log_probs"):
                     ref = self._score(self.ref_model, mbs)
             rec.wait("log_probs")
-        for i, mb in enumerate(mbs):
-            m = mb.response_mask
-            sums["rollout/log_probs"] += sample_mean(old[i].log_probs, m).sum().item()
-            sums["rollout/rollout_log_probs"] += sample_mean(mb.rollout_log_probs, m).sum().item()
-            sums["rollout/entropy"] += sample_mean(old[i].entropy, m).sum().item()
-            diff = (old[i].log_probs - mb.rollout_log_probs).abs()
-            sums["train/train_rollout_logprob_abs_diff"] += sample_mean(diff, m).sum().item()
-            if ref is not None:
-                sums["rollout/ref_log_probs"] += sample_mean(ref[i].log_probs, m).sum().item()
-        maxes = self._mismatch_metrics(mbs, old, sums) if off_policy_metrics(self.config) else {}
+        maxes, mismatch = self._log_prob_sums(mbs, old, ref, sums)
 
         self.model.train()
         # param_norm after each step and its growth over the step: exploding weights (a learning rate far
@@ -506,7 +499,26 @@ class PPORank:
                                times.get("ref_log_probs", 0.0), times["actor_train"], phases, token_stats, maxes,
                                rank_spans=rec.take(),
                                memory=rank_memory(self.model, self.optimizer, self.device),
-                               routing=self._take_routing())
+                               routing=self._take_routing(), mismatch=mismatch)
+
+    def _log_prob_sums(self, mbs: list[MicroBatch], old: list[TokenStats], ref: list[TokenStats] | None,
+                       sums) -> tuple[dict[str, float], MismatchSums]:
+        """The log-prob pass's per-sample sums (into `sums`), the off-policy maxes and the token sums
+        of the train-vs-rollout mismatch (`miles.backends.mismatch`)."""
+        cfg = self.config.train
+        tally = MismatchTally(cfg.tis_clip_low, cfg.tis_clip, self.device)
+        for i, mb in enumerate(mbs):
+            m = mb.response_mask
+            sums["rollout/log_probs"] += sample_mean(old[i].log_probs, m).sum().item()
+            sums["rollout/rollout_log_probs"] += sample_mean(mb.rollout_log_probs, m).sum().item()
+            sums["rollout/entropy"] += sample_mean(old[i].entropy, m).sum().item()
+            diff = (old[i].log_probs - mb.rollout_log_probs).abs()
+            sums["train/train_rollout_logprob_abs_diff"] += sample_mean(diff, m).sum().item()
+            if ref is not None:
+                sums["rollout/ref_log_probs"] += sample_mean(ref[i].log_probs, m).sum().item()
+            tally.add(old[i].log_probs, mb.rollout_log_probs, m, mb.advantages)
+        maxes = self._mismatch_metrics(mbs, old, sums) if off_policy_metrics(self.config) else {}
+        return maxes, tally.result()
 
     def _take_routing(self) -> dict:
         """This iteration's routing sums (layer -> LayerRouting); {} on a dense policy."""

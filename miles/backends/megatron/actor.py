@@ -100,20 +100,21 @@ class MegatronTrainActor(PPORank):
 
     def routes_own_tokens(self) -> bool:
         """TP peers route the same tokens (no sequence parallelism): TP rank 0 counts them for
-        its pipeline stage's layers."""
-        return self.par.tp_rank == 0
+        its pipeline stage's layers. With sequence parallel each TP rank routes its own chunk of
+        the (padded) sequence, which the routing capture cannot count yet: no rank counts."""
+        return self.par.tp_rank == 0 and not self.config.train.sequence_parallel
 
     def routing_replay_of(self, model):
-        """megatron-core's RouterReplay on each router of an MoE model (R3); none at PP > 1, where a
-        stage holds only some layers (the flag is refused there)."""
+        """megatron-core's RouterReplay on each router of an MoE model (R3): this stage's layers,
+        their mismatches added over the pipeline group."""
         from miles.moe.megatron_replay import MegatronRoutingReplay
 
-        if self.par.pp_size > 1:
-            return None
-        return MegatronRoutingReplay.attach(model, self.layout.num_layers)
+        group = self.ps.get_pipeline_model_parallel_group() if self.par.pp_size > 1 else None
+        return MegatronRoutingReplay.attach(model, self.layout.num_layers, group)
 
     def _build(self, hf_config, hf_state: dict[str, torch.Tensor], trainable: bool):
-        model = build_gpt(hf_config, self.device, self.padded_vocab)
+        model = build_gpt(hf_config, self.device, self.padded_vocab,
+                          self.config.train.sequence_parallel)
         self._load_hf(model, hf_state)
         model.train(trainable)
         model.requires_grad_(trainable)
@@ -144,7 +145,7 @@ class MegatronTrainActor(PPORank):
         if self.reports:
             return result
         return dataclasses.replace(result, sums={}, num_samples=0, num_tokens=0, token_stats={},
-                                   maxes={})
+                                   maxes={}, mismatch=None)
 
     def _stats(self, logits: torch.Tensor, mb: MicroBatch) -> TokenStats:
         """Log-probs and entropy from this rank's vocabulary slice of the logits."""
