@@ -92,8 +92,8 @@ class TrainConfig:
               "to (return_routed_experts) and log train/r3_mismatch_fraction; a dense policy ignores it")
     use_rollout_routing_replay: bool = flag(
         False, "R3: the trainer routes each rollout token to the experts the engine chose, in its "
-               "log-prob and training passes (MoE policies; FSDP, or Megatron on one pipeline "
-               "stage; needs --record-routed-experts)")
+               "log-prob and training passes (MoE policies; FSDP, or Megatron with each pipeline "
+               "stage replaying its own layers; needs --record-routed-experts)")
     staleness_guard: bool = flag(False, "tighten --max-weight-staleness (down to 0) while train/mismatch_kl, "
                                         "train/ess or train/pg_clipfrac cross their bounds")
     staleness_guard_max_mismatch_kl: float = flag(0.05, "--staleness-guard bound on train/mismatch_kl", minimum=0.0)

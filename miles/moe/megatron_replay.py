@@ -8,9 +8,17 @@ wait in a queue: a forward pre-hook on the model takes the next micro-batch's re
 pre-hook on each router computes the router's own choice (the mismatch), then sets the target:
 the engine's experts where it read the token, the router's own elsewhere (the last token, padding).
 
+Pipeline parallel: each stage holds the routers of its own layers, found by their global index
+(`layer_number - 1`), and takes their columns of the whole record ([tokens, all MoE layers, k]).
+megatron-core's 1F1B schedule (and its forward-only pass) runs a stage's forwards in micro-batch
+order, so the queue lines up on every stage; the model hook checks each micro-batch's shape against
+its record all the same. Targets are set per forward (`REPLAY_FORWARD`); the backward pass reuses
+the indices autograd kept. `REPLAY_BACKWARD`, which pops targets again for activation recompute, is
+not used: a model configured to recompute is refused. Each stage counts the mismatches of its own
+layers; `mismatch_shares` adds the counts over the pipeline group before dividing by all layers.
+
 Megatron lays a micro-batch's tokens out sequence-major (row s * B + b of the router's logits);
-the records are (B, T, layers, top_k) as the HF model's, so each is transposed once. One pipeline
-stage holds all layers here: pipeline parallel replay is refused (config/replay_flags.py).
+the records are (B, T, layers, top_k) as the HF model's, so each is transposed once.
 """
 from __future__ import annotations
 
@@ -19,6 +27,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
+
+from miles.moe.replay import FLAG
 
 
 def megatron_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
@@ -32,20 +43,22 @@ def megatron_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
 
 
 class MegatronRoutingReplay:
-    """The routers of one Megatron model following queued engine records, pass by pass."""
+    """The routers of one Megatron model (one pipeline stage's) following queued engine records,
+    pass by pass; `group`: the pipeline group whose stages hold the other layers (None: PP = 1)."""
 
-    def __init__(self, routers: dict[int, torch.nn.Module], num_layers: int):
-        self.routers, self.num_layers = routers, num_layers
+    def __init__(self, routers: dict[int, torch.nn.Module], num_layers: int, group=None):
+        self.routers, self.num_layers, self.group = routers, num_layers, group
         self.replay = False
         self.queue: deque = deque()  # (B, T, layers, k) records of the micro-batches to come
         self.record: torch.Tensor | None = None  # the running micro-batch's, sequence-major
-        self.mismatches: list[torch.Tensor] = []  # per micro-batch (B, T) share of layers
-        self._current: torch.Tensor | None = None
+        self.counts: list[torch.Tensor] = []  # per micro-batch (B, T): own layers that differ
+        self._current: torch.Tensor | None = None  # (T, B) the running micro-batch's count
         self.handles = [r.register_forward_pre_hook(self._router_hook(layer))
                         for layer, r in routers.items()]
 
     @classmethod
-    def attach(cls, model: torch.nn.Module, num_layers: int) -> "MegatronRoutingReplay | None":
+    def attach(cls, model: torch.nn.Module, num_layers: int,
+               group=None) -> "MegatronRoutingReplay | None":
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
         routers = megatron_routers(model)
@@ -54,7 +67,11 @@ class MegatronRoutingReplay:
         RouterReplay.clear_global_router_replay_instances()
         if not routers:
             return None
-        replay = cls(routers, num_layers)
+        if getattr(model.config, "recompute_granularity", None) is not None:
+            raise ValueError(f"{FLAG}: the model recomputes activations "
+                             f"({model.config.recompute_granularity}), whose second router pass "
+                             "replay does not follow")
+        replay = cls(routers, num_layers, group)
         replay.handles.append(model.register_forward_pre_hook(replay._next_micro_batch))
         return replay
 
@@ -64,13 +81,21 @@ class MegatronRoutingReplay:
         record."""
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
-        self.queue, self.replay, self.mismatches = deque(records), replay, []
+        for record in records:
+            if record.shape[2] != self.num_layers:
+                raise ValueError(f"the routing record holds {record.shape[2]} MoE layers, the "
+                                 f"model {self.num_layers}: was it made by another model?")
+        self.queue, self.replay, self.counts = deque(records), replay, []
         action = RouterReplayAction.REPLAY_FORWARD if replay else None
         for router in self.routers.values():
             router.router_replay.clear_indices()
             router.router_replay.set_router_replay_action(action)
         try:
             yield
+            if self.queue:
+                raise RuntimeError(f"routing replay: the schedule ran "
+                                   f"{len(records) - len(self.queue)} of this pass's "
+                                   f"{len(records)} micro-batches")
         finally:
             self._close_micro_batch()
             self.queue.clear()
@@ -78,18 +103,33 @@ class MegatronRoutingReplay:
                 router.router_replay.clear_indices()
                 router.router_replay.clear_router_replay_action()
 
-    def _next_micro_batch(self, _module, _args) -> None:
+    def mismatch_shares(self) -> list[torch.Tensor]:
+        """Per micro-batch of the last pass, (B, T): the share of all MoE layers whose router chose
+        other experts than the record. Collective over the pipeline group at PP > 1 (its stages'
+        counts added), so every stage gets PP = 1's numbers."""
+        if not self.counts:
+            return []
+        flat = torch.cat([c.reshape(-1) for c in self.counts]).to(torch.float64)
+        if self.group is not None:
+            dist.all_reduce(flat, group=self.group)
+        shares = (flat / self.num_layers).to(torch.float32).split([c.numel() for c in self.counts])
+        return [s.reshape(c.shape) for s, c in zip(shares, self.counts)]
+
+    def _next_micro_batch(self, _module, args) -> None:
         if not self.queue:
             return
         self._close_micro_batch()
         record = self.queue.popleft()  # (B, T, L, k) -> (T * B, L, k): Megatron's token order
+        if tuple(args[0].shape) != tuple(record.shape[:2]):
+            raise RuntimeError(f"routing replay out of step with the schedule: a micro-batch of "
+                               f"{tuple(args[0].shape)} tokens met a record for "
+                               f"{tuple(record.shape[:2])}")
         self.record = record.transpose(0, 1).reshape(-1, *record.shape[2:])
-        self._current = torch.zeros((record.shape[1], record.shape[0], self.num_layers),
-                                    dtype=torch.bool)
+        self._current = torch.zeros((record.shape[1], record.shape[0]), dtype=torch.int32)
 
     def _close_micro_batch(self) -> None:
-        if self._current is not None:  # (T, B, L) -> (B, T) share of layers that chose otherwise
-            self.mismatches.append(self._current.float().mean(dim=-1).transpose(0, 1))
+        if self._current is not None:  # (T, B) -> (B, T)
+            self.counts.append(self._current.transpose(0, 1))
         self._current = self.record = None
 
     def _router_hook(self, layer: int):
@@ -105,7 +145,7 @@ class MegatronRoutingReplay:
         engine = self.record[:, layer].to(device=own.device, dtype=own.dtype)
         known = (engine >= 0).all(dim=-1)
         differs = (own.sort(-1).values != engine.sort(-1).values).any(-1) & known
-        self._current[:, :, layer] = differs.reshape(self._current.shape[:2]).cpu()
+        self._current += differs.reshape(self._current.shape).cpu().to(self._current.dtype)
         if self.replay:
             router.router_replay.clear_indices()
             router.router_replay.set_target_indices(torch.where(known[:, None], engine, own))

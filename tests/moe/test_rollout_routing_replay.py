@@ -16,47 +16,15 @@ import torch
 from miles.backends.batch import micro_batches
 from miles.backends.pack import split_for_ranks
 from miles.config import parse_config
-from miles.engines import routing_capture as wire
-from miles.engines.metrics import EngineMetrics
-from miles.engines.model_runner import ModelRunner
-from miles.engines.scheduler import Scheduler
 from miles.moe.replay import METRIC
-from miles.rollout.routed_experts import read_routed_experts
 from miles.rollout.sample import Sample
-from tests.support.in_process_engine import Tracked, params, prompt
-from tests.support.moe import moe_checkpoint
+from tests.support.moe import engine_rollout, moe_checkpoint
 
 PROMPTS = ["12+13=", "1+2=", "99+1=", "7+8="]
 PER_PROMPT = 4
 SAMPLES = len(PROMPTS) * PER_PROMPT
 ENGINE_DTYPE = "bfloat16"
 DIFF = "train/train_rollout_logprob_abs_diff"
-
-
-def engine_rollout(model_dir: Path) -> list[Sample]:
-    """The engine's samples with their routed experts, encoded and read back as on the wire."""
-    runner = ModelRunner(model_dir, device="cpu", dtype=ENGINE_DTYPE)
-    scheduler = Scheduler(runner, EngineMetrics(model_name="r3"), max_batch_size=8, max_queued=64)
-    scheduler.start()
-    try:
-        tracked = []
-        for g, text in enumerate(PROMPTS):
-            for j in range(PER_PROMPT):
-                ids = prompt(runner, text)
-                t = Tracked(scheduler, f"r{g}-{j}", ids, params(10, seed=g * 8 + j))
-                t.request.return_routed_experts = True
-                tracked.append((g, text, t.submit()))
-        samples = []
-        for i, (g, text, t) in enumerate(tracked):
-            r = t.result()
-            record = read_routed_experts(wire.encode(r.routed_experts))
-            samples.append(Sample(index=i, group_index=g, prompt=text, label=None,
-                                  tokens=r.prompt_ids + r.output_ids,
-                                  response_length=len(r.output_ids),
-                                  rollout_log_probs=list(r.output_logprobs), routed_experts=record))
-        return samples
-    finally:
-        scheduler.stop()
 
 
 def config(replay: bool, backend: str):
@@ -112,7 +80,7 @@ def rank(backend: str, model_dir: Path):
 @pytest.fixture(scope="module")
 def rollout(tmp_path_factory):
     engine_weights = moe_checkpoint(tmp_path_factory.mktemp("r3") / "engine")
-    samples = engine_rollout(engine_weights)
+    samples = engine_rollout(engine_weights, PROMPTS, PER_PROMPT, ENGINE_DTYPE)
     advantages = [float(a) for a in np.random.default_rng(0).standard_normal(SAMPLES)]
     batch = split_for_ranks(samples, advantages, SAMPLES, 1, rollout_id=0)[0]
     return engine_weights, samples, batch

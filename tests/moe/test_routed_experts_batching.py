@@ -41,6 +41,21 @@ def test_records_reach_each_micro_batch_right_padded_with_no_choice():
         assert (mb.routed_experts[r, n:] == -1).all()  # the last token and the padding: no choice
 
 
+def test_a_model_parallel_replica_pools_its_members_records_with_their_samples():
+    """Megatron's TP x PP members pool their slices (replica_batch): each record stays with its
+    sample; members handed the same batch (split by replica) compare their records as arrays."""
+    from miles.backends.megatron import replica_batch
+
+    samples = [sample(i, 3 + i, 2 + (i % 3)) for i in range(8)]
+    whole = split_for_ranks(samples, [0.5] * 8, 4, 1, rollout_id=0)[0]  # 2 steps of 4
+    pooled = replica_batch.merge(split_for_ranks(samples, [0.5] * 8, 4, 2, rollout_id=0))
+    assert pooled.sample_indices == whole.sample_indices
+    assert all(np.array_equal(samples[i].routed_experts, r)
+               for i, r in zip(pooled.sample_indices, pooled.routed_experts))
+    copy = split_for_ranks(samples, [0.5] * 8, 4, 1, rollout_id=0)[0]  # equal, not the same
+    assert replica_batch.merge([whole, copy]) is whole
+
+
 def test_a_batch_with_a_sample_missing_its_record_carries_none():
     samples = [sample(0, 3, 2), sample(1, 3, 2, record=False)]
     batch = split_for_ranks(samples, [0.0, 0.0], 2, 1, rollout_id=0)[0]
@@ -52,10 +67,13 @@ def test_the_sample_table_leaves_the_record_out():
     assert not any("routed" in key for key in sample_row(0, sample(0, 3, 2)))
 
 
+def test_the_replay_flag_is_taken_with_pipeline_stages():
+    cfg = parse_config(["--use-rollout-routing-replay", "--train-backend", "megatron",
+                        "--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2"])
+    assert cfg.train.use_rollout_routing_replay and cfg.train.pipeline_model_parallel_size == 2
+
+
 @pytest.mark.parametrize("argv,fragment", [
-    (["--use-rollout-routing-replay", "--train-backend", "megatron",
-      "--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2"],
-     "one pipeline stage only"),
     (["--use-rollout-routing-replay", "--no-record-routed-experts"], "--no-record-routed-experts"),
 ])
 def test_the_replay_flag_is_refused_where_it_cannot_replay(argv, fragment):
