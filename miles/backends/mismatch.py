@@ -23,6 +23,9 @@ LOG_RATIO_EDGES = torch.cat([-(10 ** _DECADES).flip(0), 10 ** _DECADES])  # bins
 # response-token positions, bucketed in powers of two: [0, 4), [4, 8), ..., [4096, inf)
 POSITION_EDGES = (0, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 P99 = 0.99
+# |log r| below this is rounding (fp32 log-probs of the same weights differ by ~1e-6): its sign says
+# nothing, so such a token does not count as pushing against its advantage
+OPPOSED_MIN_LOG_RATIO = 1e-4
 SUM_KEYS = ("k1", "k2", "k3", "abs_diff", "beyond_tis_clip", "adv_opposed")
 
 
@@ -110,7 +113,8 @@ class MismatchTally:
         r = log_r.exp()
         k3 = (torch.expm1(log_r) - log_r).clamp(min=0.0)  # expm1: exact near r = 1
         beyond = (r > self.high) | (r < self.low)
-        opposed = (advantages[on] * log_r) < 0  # sign(A) against sign(r - 1)
+        # sign(A) against sign(r - 1), past the float noise of a matched pair (else a coin flip)
+        opposed = ((advantages[on] * log_r) < 0) & (log_r.abs() > OPPOSED_MIN_LOG_RATIO)
         parts = [-log_r, log_r ** 2 / 2, k3, log_r.abs(), beyond.float(), opposed.float()]
         count = torch.tensor(float(log_r.numel()), dtype=torch.float64, device=log_r.device)
         self.sums += torch.stack([p.double().sum() for p in parts] + [count])

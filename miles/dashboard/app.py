@@ -17,6 +17,7 @@ from miles.serving import auth
 from miles.dashboard import baselines as compare_view
 from miles.dashboard import views
 from miles.dashboard.diagnose_action import Busy, Failed, run_diagnose
+from miles.dashboard.mismatch_view import mismatch_view
 from miles.dashboard.rank_heatmap import rank_heatmap
 from miles.dashboard.routing_view import routing_view
 from miles.dashboard.run_files import RunFiles
@@ -116,6 +117,10 @@ def _timing_routes(app: FastAPI, files: RunFiles) -> None:
     @app.get("/api/routing")
     def routing() -> dict:
         return routing_view(files.journal().rows, files.health().rows, files.config())
+
+    @app.get("/api/mismatch")
+    def mismatch() -> dict:
+        return mismatch_view(files.journal().rows)
 
     @app.get("/api/profiler")
     def profiler() -> dict:

@@ -31,11 +31,13 @@ def test_estimators_equal_hand_computed_values():
     m = metrics(tally_of([batch([[0.5, -0.2, 0.1, 3.0]], [[1.0, 1.0, 1.0, 1.0]], [[1, 1, 1, 0]])]))
     logs = [0.5, -0.2, 0.1]
     assert m["train/mismatch_k1"] == pytest.approx(sum(-x for x in logs) / 3, rel=1e-5)
-    assert m["train/mismatch_k1"] < 0  # k1's mean can be negative on a sample; it is unbiased, not positive
+    assert m["train/mismatch_k1"] < 0  # k1's mean can be negative on a sample: unbiased, not >= 0
     assert m["train/mismatch_k2"] == pytest.approx(sum(x * x / 2 for x in logs) / 3, rel=1e-5)
-    assert m["train/mismatch_k3"] == pytest.approx(sum(math.exp(x) - 1 - x for x in logs) / 3, rel=1e-5)
+    k3 = sum(math.exp(x) - 1 - x for x in logs) / 3
+    assert m["train/mismatch_k3"] == pytest.approx(k3, rel=1e-5)
     assert m["train/mismatch_ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-6)
-    assert m["train/mismatch_ratio_p99"] == pytest.approx(math.exp(0.5), rel=1e-6)  # 3 tokens: p99 = max
+    # 3 tokens: the nearest-rank p99 is the max
+    assert m["train/mismatch_ratio_p99"] == pytest.approx(math.exp(0.5), rel=1e-6)
     # advantage +1 everywhere: the token whose ratio is below 1 (log r = -0.2) pushes the other way
     assert m["train/mismatch_adv_opposed_frac"] == pytest.approx(1 / 3)
     assert m["train/mismatch_ratio_beyond_tis_clip"] == 0.0  # all of r in [0, 2]
@@ -49,6 +51,7 @@ def test_k3_is_never_negative_and_tis_clip_share_counts_both_sides():
     assert metrics(s)["train/mismatch_ratio_beyond_tis_clip"] == pytest.approx(beyond / 61)
     tiny = tally_of([batch([[1e-6, -1e-6, 2e-7]], [[1.0]])])
     assert tiny.sums["k3"] >= 0  # float rounding of exp(x) - 1 - x near 0 held at 0, not below
+    assert tiny.sums["adv_opposed"] == 0  # a sign in the rounding noise is no push either way
 
 
 def test_two_micro_batches_and_two_ranks_equal_one_batch():
@@ -57,7 +60,8 @@ def test_two_micro_batches_and_two_ranks_equal_one_batch():
     adv = [[1.0], [-1.0], [0.5], [-2.0]]
     mask = [[1] * 40, [1] * 25 + [0] * 15, [0] * 5 + [1] * 30 + [0] * 5, [1] * 10 + [0] * 30]
     whole = metrics(tally_of([batch(log_r, adv, mask)]))
-    micro = metrics(tally_of([batch(log_r[:1], adv[:1], mask[:1]), batch(log_r[1:], adv[1:], mask[1:])]))
+    micro = metrics(tally_of([batch(log_r[:1], adv[:1], mask[:1]),
+                              batch(log_r[1:], adv[1:], mask[1:])]))
     ranks = metrics(merge([tally_of([batch(log_r[:3], adv[:3], mask[:3])]), None,
                            tally_of([batch(log_r[3:], adv[3:], mask[3:])])]))
     assert whole.keys() == micro.keys() == ranks.keys()
@@ -66,8 +70,8 @@ def test_two_micro_batches_and_two_ranks_equal_one_batch():
         assert ranks[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
     # token means, not means of samples' means: the 10-token sample weighs 10 / 105 of k3
     flat = [x for row, m in zip(log_r, mask) for x, on in zip(row, m) if on]
-    assert whole["train/mismatch_k3"] == pytest.approx(sum(math.exp(x) - 1 - x for x in flat) / len(flat),
-                                                       rel=1e-5)
+    k3 = sum(math.exp(x) - 1 - x for x in flat) / len(flat)
+    assert whole["train/mismatch_k3"] == pytest.approx(k3, rel=1e-5)
 
 
 def test_p99_from_the_histogram_brackets_the_exact_one():

@@ -8,6 +8,13 @@ from prometheus_client.parser import text_string_to_metric_families
 # The engine's log-probs come from whatever batch a request joined; they may differ in the last bits
 # (fp32 log-probs of magnitude ~1-5 carry ~5e-7 of rounding, so these compare within 2e-6).
 ENGINE_FLOAT_KEYS = {"rollout/rollout_log_probs", "train/train_rollout_logprob_abs_diff"}
+# the train-vs-rollout mismatch figures (miles.backends.mismatch) are made of the same differences
+ENGINE_FLOAT_PREFIX = "train/mismatch_"
+
+
+def is_engine_float(key: str) -> bool:
+    """A journal key compared within float tolerance between two runs, not bit for bit."""
+    return key in ENGINE_FLOAT_KEYS or key.startswith(ENGINE_FLOAT_PREFIX)
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:

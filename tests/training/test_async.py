@@ -10,7 +10,7 @@ from miles.loop import run_loop
 from miles.prepare import prepare_config
 from miles.run import checkpoint
 from miles.trainer import RLTrainer
-from tests.support.metrics import ENGINE_FLOAT_KEYS
+from tests.support.metrics import is_engine_float
 
 ROLLOUTS = ["--num-rollout", "3", "--save-interval", "1", "--keep-checkpoints", "3"]
 ASYNC_ONLY = ("rollout/staleness/", "rollout/mixed_version_ratio", "rollout/buffer_size", "rollout/max_weight_staleness",
@@ -39,7 +39,7 @@ def test_staleness_zero_through_the_producer_gives_the_synchronous_journal(small
         for key, value in s.items():
             if key.startswith(("perf/", "straggler/")) or key in ("time", "timestamp", "_timestamp"):
                 continue
-            if key in ENGINE_FLOAT_KEYS:
+            if is_engine_float(key):
                 assert a[key] == pytest.approx(value, rel=1e-5, abs=2e-6), key
             else:
                 assert a[key] == value, f"rollout {s.get('rollout/step')}: {key}"

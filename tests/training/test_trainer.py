@@ -12,7 +12,7 @@ from miles.prepare import prepare_config
 from miles.record.timeline import read_spans
 from miles.trainer import RLTrainer
 from tests.support.wait import wait_for
-from tests.support.metrics import ENGINE_FLOAT_KEYS, check_histogram, histogram, scrape, value
+from tests.support.metrics import check_histogram, histogram, is_engine_float, scrape, value
 
 TRAIN_KEYS = ["loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
               "grad_norm", "lr"]
@@ -152,7 +152,7 @@ def run(config, run_dir, engine, rollout_ids, save_at=(), last=False):
 
 def comparable(metrics):
     return {k: v for k, v in metrics.items()  # timings (perf/, straggler/) differ from run to run
-            if not k.startswith(("perf/", "straggler/")) and k not in ENGINE_FLOAT_KEYS}
+            if not k.startswith(("perf/", "straggler/")) and not is_engine_float(k)}
 
 
 def test_resume_is_exact_even_past_a_corrupt_checkpoint(small_config, ray_cluster, engine, tmp_path, capsys):
@@ -172,8 +172,9 @@ def test_resume_is_exact_even_past_a_corrupt_checkpoint(small_config, ray_cluste
     for r in range(4):
         got = part1[r] if r < 2 else part2[r]
         assert comparable(got) == comparable(straight[r]), f"rollout {r} differs"
-        for key in ENGINE_FLOAT_KEYS:
-            assert got[key] == pytest.approx(straight[r][key], rel=1e-5, abs=2e-6)
+        assert {k for k in got if is_engine_float(k)} == {k for k in straight[r] if is_engine_float(k)}
+        for key in (k for k in straight[r] if is_engine_float(k)):
+            assert got[key] == pytest.approx(straight[r][key], rel=1e-5, abs=2e-6), key
     journal = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [row["rollout/step"] for row in journal] == [0, 1, 2, 3]  # the redone rollout 2 is not doubled
     # the trainer that continued wrote where it took over: the dashboard marks it (first-hour N15)

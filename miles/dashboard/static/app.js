@@ -192,6 +192,7 @@ async function showMetrics(view) {
     }
   }
   await showRouting(view);
+  await showMismatch(view);
   if (watch.other_verdicts.length) {
     view.append(el("h3", {}, "Other health verdicts"), el("ul", {id: "other-verdicts"}, ...watch.other_verdicts.map(v =>
       el("li", {class: "flag"}, `rollout ${v.rollout_id} ${v.signal} ${v.severity}: ${v.message}`))));
@@ -394,6 +395,33 @@ async function showRouting(view) {
     `rollout ${w.rollout_id} (balanced: ${pct(w.balanced)}; a red flag above ` +
     `${pct(data.bound)} for --health-router-collapse-window rollouts) `,
     el("span", {class: "scale"}), " balanced to all"), t);
+}
+
+// The mismatch panel (/api/mismatch): where in the response the train-vs-rollout mismatch
+// sits, per rollout and response-position bucket, the cell coloured by the bucket's k3
+// estimate of KL(rollout || train) from 0 (white) to the run's largest (red).
+function mismatchCell(data, c, rollout, bucket) {
+  if (!c) return el("td", {class: "mismatch-cell"}, "");
+  return el("td", {class: "mismatch-cell", style: heat(c.k3, {low: 0, high: data.max || 1}),
+    title: `rollout ${rollout}, response tokens ${bucket}: k3 ${fmt(c.k3)}, ` +
+           `mean |log p_train - log p_rollout| ${fmt(c.abs_diff)}, ${pct(c.tokens)} of its tokens`},
+    c.k3.toExponential(1));
+}
+
+async function showMismatch(view) {
+  const data = await api("/api/mismatch");
+  if (!data.available) return;  // a journal from before the per-position figures
+  view.append(el("h2", {}, "Train-vs-rollout mismatch by response position (k3)"));
+  const t = el("table", {class: "mismatch-heatmap", id: "mismatch-heatmap"},
+    el("tr", {}, el("th", {}, "rollout / tokens"), ...data.buckets.map(b => el("th", {}, b)),
+      el("th", {}, "all k3"), el("th", {}, "ratio p99")));
+  data.rollouts.forEach((r, i) => t.append(el("tr", {}, el("td", {}, String(r)),
+    ...data.cells[i].map((c, j) => mismatchCell(data, c, r, data.buckets[j])),
+    el("td", {}, fmt(data.k3[i])), el("td", {}, fmt(data.ratio_p99[i])))));
+  const w = data.worst;
+  view.append(el("div", {class: "legend", id: "mismatch-worst"},
+    `largest: k3 ${fmt(w.k3)} at response tokens ${w.bucket} of rollout ${w.rollout_id} `,
+    el("span", {class: "scale"}), " 0 to largest"), t);
 }
 
 // ---- rollouts --------------------------------------------------------------------------
