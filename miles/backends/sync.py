@@ -62,10 +62,14 @@ def push_disk_each(engine_urls: list[str], model_dir: Path, version: int, token:
         try:
             weights.push_weights_from_disk(url, str(model_dir), str(version), timeout=timeout_s,
                                            token=token)
-        except httpx.TransportError as exc:  # a timeout or a lost connection: name the engine
+        except httpx.TimeoutException as exc:  # the deadline passed: name the engine and the wait
             return WeightSyncError(f"engine {url} did not load weight version {version} from disk "
                                    f"within {time.perf_counter() - start:.1f} s (deadline "
                                    f"--update-weight-timeout {timeout_s:g} s): {exc!r}")
+        except httpx.TransportError as exc:  # refused or dropped: no deadline to blame
+            return WeightSyncError(f"engine {url} could not be reached to load weight version "
+                                   f"{version} from disk (after {time.perf_counter() - start:.1f} s): "
+                                   f"{exc!r}")
         except Exception as exc:  # reported per engine: with supervision one dead engine must not fail the push
             return exc
         finally:

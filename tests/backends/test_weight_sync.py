@@ -130,3 +130,20 @@ def test_an_engine_that_times_out_a_disk_push_is_named(tmp_path, monkeypatch):
     failures, _ = sync.push_disk_each([DEAD], tmp_path, 3, timeout_s=7)
     assert "engine http://127.0.0.1:2 did not load weight version 3" in str(failures[DEAD])
     assert "--update-weight-timeout 7 s" in str(failures[DEAD])
+
+
+def test_an_engine_that_refuses_the_connection_is_not_blamed_on_the_deadline(tmp_path, monkeypatch):
+    """A refused connection fails at once: the message says so, not that a deadline of minutes passed
+    in 0.0 s (a killed engine's push read 'did not load ... within 0.0 s (deadline ...)')."""
+    import httpx
+
+    class Refusing:
+        @staticmethod
+        def push_weights_from_disk(url, model_dir, version, timeout=None, token=None):
+            raise httpx.ConnectError("connection refused")
+
+    monkeypatch.setattr(sync, "_engine_weights", lambda: Refusing)
+    failures, _ = sync.push_disk_each([DEAD], tmp_path, 3, timeout_s=7)
+    message = str(failures[DEAD])
+    assert "engine http://127.0.0.1:2 could not be reached to load weight version 3" in message
+    assert "deadline" not in message
