@@ -102,7 +102,7 @@ def check_parallel_layout(config) -> None:
         return
     model = shape[1]
     experts = int(getattr(model, "num_experts", 0) or 0)
-    check_model_experts(ep, experts, layout.tp)
+    check_model_experts(ep, experts, layout.tp, config.train.sequence_parallel)
     # an MoE model's MLPs are its experts, split over TP as a dense MLP is
     ffn = model.moe_intermediate_size if experts else model.intermediate_size
     check_model_divides(layout, model.num_attention_heads, model.num_key_value_heads, ffn,

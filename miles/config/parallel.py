@@ -17,9 +17,6 @@ TP_FLAG, PP_FLAG, SP_FLAG = ("--tensor-model-parallel-size", "--pipeline-model-p
                              "--sequence-parallel")
 EP_FLAG = "--expert-model-parallel-size"
 
-# Megatron's sequence parallel (activations split along the sequence within a TP group): not built.
-SEQUENCE_PARALLEL_BUILT = False
-
 
 @dataclass(frozen=True)
 class RankLayout:
@@ -52,9 +49,9 @@ def check_parallel_flags(train) -> None:
         raise ConfigError(flag, f"the {world} training ranks (--actor-num-nodes x "
                                 f"--actor-num-gpus-per-node) must divide by TP x PP = {tp} x {pp}; "
                                 "DP = ranks / (TP x PP)")
-    if train.sequence_parallel and not (tp > 1 and SEQUENCE_PARALLEL_BUILT):
-        needs = "" if tp > 1 else " (and it needs --tensor-model-parallel-size > 1)"
-        raise ConfigError(SP_FLAG, "sequence parallel is not supported on this build yet" + needs)
+    if train.sequence_parallel and tp == 1:
+        raise ConfigError(SP_FLAG, "sequence parallel splits activations over the tensor parallel "
+                                   "ranks: it needs --tensor-model-parallel-size > 1")
     check_expert_flag(train)
 
 
@@ -74,14 +71,14 @@ def check_expert_flag(train) -> None:
                                    "megatron-core carves the EP ranks out of them")
 
 
-def check_model_experts(ep: int, experts: int, tp: int = 1) -> None:
+def check_model_experts(ep: int, experts: int, tp: int = 1, sp: bool = False) -> None:
     """--expert-model-parallel-size against the model: it needs experts, and they split evenly.
-    A MoE model with TP > 1: megatron-core's MoE layer refuses to train without sequence parallel,
-    which is not built here."""
-    if experts and tp > 1:
-        raise ConfigError(TP_FLAG, f"a mixture-of-experts model trains at TP = 1 only on this "
-                                   f"build (got TP={tp}): megatron-core's MoE layer needs "
-                                   "--sequence-parallel with TP > 1, which is not supported yet")
+    A MoE model with TP > 1: megatron-core's MoE layer refuses to train without sequence
+    parallel."""
+    if experts and tp > 1 and not sp:
+        raise ConfigError(SP_FLAG, f"a mixture-of-experts model at TP={tp} needs "
+                                   "--sequence-parallel: megatron-core's MoE layer trains with "
+                                   "tensor parallel only when the sequence is split too")
     if ep > 1 and not experts:
         raise ConfigError(EP_FLAG, f"expert parallel size {ep} needs a mixture-of-experts model; "
                                    "this one is dense")

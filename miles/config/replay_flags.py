@@ -12,6 +12,10 @@ def check_replay_flags(train) -> None:
     """ConfigError for --use-rollout-routing-replay where it cannot do what it promises."""
     if not train.use_rollout_routing_replay:
         return
+    if train.sequence_parallel:
+        raise ConfigError("--use-rollout-routing-replay",
+                          "with --sequence-parallel each tensor parallel rank routes its own chunk "
+                          "of the sequence, which replay does not cut the records for yet")
     if not train.record_routed_experts:
         raise ConfigError("--use-rollout-routing-replay",
                           "replays the experts the engine chose, which --no-record-routed-experts "

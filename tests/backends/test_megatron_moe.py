@@ -2,9 +2,11 @@
 the HF <-> Megatron expert conversion (whole, and each EP x TP x PP rank's shard) is exact; the EP=1
 model's log-probs are HF's; EP=2 (2 ranks, the experts split, tokens sent all-to-all) takes the step
 EP=1 takes on the same batch (loss, log-probs, grad norm; weights after three optimizer steps), as
-does PP=2 (the MoE layers in two pipeline stages); the export gathers every expert into the HF
-state dict, exactly, and an EP=2 checkpoint resumes bit for bit; bad --expert-model-parallel-size
-values (and a MoE model at TP > 1) are refused by name."""
+do PP=2 (the MoE layers in two pipeline stages) and TP=2 with sequence parallel (the experts cut
+over TP, each TP rank routing its own chunk of the sequence, the router's gradient summed); the
+export gathers every expert into the HF state dict, exactly, and an EP=2 checkpoint resumes bit
+for bit; bad --expert-model-parallel-size values (and a MoE model at TP > 1 without
+--sequence-parallel) are refused by name."""
 import itertools
 
 import pytest
@@ -134,13 +136,16 @@ def test_bad_expert_parallel_sizes_are_refused_by_name(monkeypatch):
     assert err.value.flag == EP_FLAG
     with pytest.raises(ConfigError, match="4 experts must divide by the expert parallel size 3"):
         checked(tiny_moe_shape(), 3, 3)
-    # megatron-core's MoE layer refuses to train at TP > 1 without sequence parallel (not built)
+    # megatron-core's MoE layer refuses to train at TP > 1 without sequence parallel
     monkeypatch.setattr(preflight, "_model_shape", lambda config: tiny_moe_shape())
     train = TrainConfig(train_backend="megatron", actor_num_gpus_per_node=2,
                         tensor_model_parallel_size=2)
-    with pytest.raises(ConfigError, match="trains at TP = 1 only") as err:
+    with pytest.raises(ConfigError, match="needs --sequence-parallel") as err:
         preflight.check_parallel_layout(MilesConfig(train=train))
-    assert err.value.flag == "--tensor-model-parallel-size"
+    assert err.value.flag == "--sequence-parallel"
+    sp = TrainConfig(train_backend="megatron", actor_num_gpus_per_node=2,
+                     tensor_model_parallel_size=2, sequence_parallel=True)
+    preflight.check_parallel_layout(MilesConfig(train=sp))
 
 
 # ---- EP = 2 against EP = 1 on gloo ranks --------------------------------------------------------
@@ -154,11 +159,13 @@ def moe_model(tmp_path_factory):
     return out
 
 
-def run_layout(model_dir, world: int, ep: int, pp: int = 1, then=None):
+def run_layout(model_dir, world: int, ep: int, pp: int = 1, then=None, tp: int = 1):
     """The HF state exported before training, STEPS one-step trainings, the weights after;
-    `then(group, cfg)` runs on the group before it stops."""
+    `then(group, cfg)` runs on the group before it stops. TP > 1 runs with sequence parallel
+    (megatron-core's MoE layer needs it)."""
     cfg = config(world, train_backend="megatron", num_steps_per_rollout=1,
-                 expert_model_parallel_size=ep, pipeline_model_parallel_size=pp, **LOSS)
+                 expert_model_parallel_size=ep, pipeline_model_parallel_size=pp,
+                 tensor_model_parallel_size=tp, sequence_parallel=str(tp > 1).lower(), **LOSS)
     group = ActorGroup(cfg, str(model_dir))
     try:
         places = [info.extra["parallel"] for info in group.call("info")]
@@ -233,11 +240,13 @@ def one_step(group, cfg):
                                                cfg.world_size, rollout_id=STEPS)))
 
 
-@pytest.mark.parametrize("ep,pp", [(2, 1), (1, 2)], ids=["ep2", "pp2"])
-def test_ep2_and_pp2_take_the_ep1_steps_and_export_every_expert(ep1, moe_model, tmp_path, ep, pp):
+@pytest.mark.parametrize("ep,pp,tp", [(2, 1, 1), (1, 2, 1), (1, 1, 2)],
+                         ids=["ep2", "pp2", "tp2-sequence-parallel"])
+def test_ep2_and_pp2_take_the_ep1_steps_and_export_every_expert(ep1, moe_model, tmp_path, ep, pp,
+                                                                tp):
     (ref_export, ref, ref_weights) = ep1
     then = resumes_bit_exact(tmp_path) if ep > 1 else None
-    exported, got, weights = run_layout(moe_model, 2, ep, pp, then=then)
+    exported, got, weights = run_layout(moe_model, 2, ep, pp, then=then, tp=tp)
     assert exported.keys() == ref_export.keys()
     assert all(torch.equal(exported[k], ref_export[k]) for k in exported)  # the EP gather
     first, mine = ref[0], got[0]

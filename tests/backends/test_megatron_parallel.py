@@ -1,8 +1,10 @@
 """Megatron-core's tensor and pipeline parallel ranks on gloo (CPU): the same batch and seed give
-TP=2, PP=2, TP=2 x PP=2 and TP=2 x DP=2 the step TP = PP = 1 takes (loss, per-token log-probs, grad
-norm; weights after three optimizer steps), through megatron-core's own parallel layers and 1F1B
-schedule. Also: the vocab-parallel log-prob and entropy math against the full-logit one, and the
-CPU shim staying out of the way when CUDA is present."""
+TP=2, PP=2, TP=2 x PP=2, TP=2 x DP=2 and TP=2 with sequence parallel (odd sequence lengths padded
+to a multiple of TP, the norms' partial gradients summed over TP) the step TP = PP = 1 takes
+(loss, per-token log-probs, grad norm; weights after three optimizer steps), through
+megatron-core's own parallel layers and 1F1B schedule. Also: the vocab-parallel log-prob and
+entropy math against the full-logit one, and the CPU shim staying out of the way when CUDA is
+present."""
 import contextlib
 
 import pytest
@@ -133,11 +135,12 @@ def test_the_shim_maps_cuda_to_the_cpu_without_cuda():
 
 
 # ---- the parallel step against TP = PP = 1 ------------------------------------------------------
-def parallel_config(world: int, tp: int = 1, pp: int = 1):
+def parallel_config(world: int, tp: int = 1, pp: int = 1, sp: bool = False):
     """One optimizer step per call (16 samples, micro-batches of 2), the whole loss (KL,
     entropy)."""
     return config(world, train_backend="megatron", num_steps_per_rollout=1,
-                  tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, **LOSS)
+                  tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                  sequence_parallel=str(sp).lower(), **LOSS)
 
 
 def train_steps(group, cfg) -> list:
@@ -151,8 +154,8 @@ def train_steps(group, cfg) -> list:
     return summaries
 
 
-def run_layout(base_model, world: int, tp: int, pp: int):
-    cfg = parallel_config(world, tp, pp)
+def run_layout(base_model, world: int, tp: int, pp: int, sp: bool = False):
+    cfg = parallel_config(world, tp, pp, sp)
     group = ActorGroup(cfg, str(base_model))
     try:
         places = [info.extra["parallel"] for info in group.call("info")]
@@ -169,10 +172,11 @@ def single(ray_cluster, base_model):
     return run_layout(base_model, 1, 1, 1)
 
 
-@pytest.mark.parametrize("world,tp,pp", [(2, 2, 1), (2, 1, 2), (4, 2, 2), (4, 2, 1)],
-                         ids=["tp2", "pp2", "tp2xpp2", "tp2xdp2"])
-def test_parallel_layouts_take_the_single_rank_step(single, base_model, world, tp, pp):
-    (ref, ref_weights), (got, got_weights) = single, run_layout(base_model, world, tp, pp)
+@pytest.mark.parametrize("world,tp,pp,sp", [(2, 2, 1, False), (2, 1, 2, False), (4, 2, 2, False),
+                                           (4, 2, 1, False), (2, 2, 1, True)],
+                         ids=["tp2", "pp2", "tp2xpp2", "tp2xdp2", "tp2-sequence-parallel"])
+def test_parallel_layouts_take_the_single_rank_step(single, base_model, world, tp, pp, sp):
+    (ref, ref_weights), (got, got_weights) = single, run_layout(base_model, world, tp, pp, sp)
     first, mine = ref[0], got[0]
     assert mine.metrics["train/loss"] == pytest.approx(first.metrics["train/loss"], rel=0, abs=1e-5)
     assert mine.token_stats.keys() == first.token_stats.keys() and len(first.token_stats) == 16

@@ -51,10 +51,20 @@ def test_the_ranks_must_divide_by_tp_times_pp():
     assert err.flag == "--tensor-model-parallel-size" and "3 training ranks" in str(err)
 
 
-def test_sequence_parallel_is_refused():
-    assert refused(["--sequence-parallel"]).flag == "--sequence-parallel"
-    err = refused([*MEGATRON4, "--tensor-model-parallel-size", "2", "--sequence-parallel"])
-    assert "not supported on this build yet" in str(err)
+def test_sequence_parallel_needs_tensor_parallel():
+    err = refused(["--sequence-parallel"])
+    assert err.flag == "--sequence-parallel" and "--tensor-model-parallel-size > 1" in str(err)
+    assert refused([*MEGATRON4, "--sequence-parallel"]).flag == "--sequence-parallel"
+    sp = parse_config([*MEGATRON4, "--tensor-model-parallel-size", "2", "--sequence-parallel"])
+    assert sp.train.sequence_parallel
+    fsdp = ["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"]
+    assert refused([*fsdp, "--sequence-parallel"]).flag == "--tensor-model-parallel-size"
+
+
+def test_routing_replay_is_refused_with_sequence_parallel():
+    err = refused([*MEGATRON4, "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                   "--use-rollout-routing-replay"])
+    assert err.flag == "--use-rollout-routing-replay" and "--sequence-parallel" in str(err)
 
 
 def test_batch_rules_split_over_data_parallel_ranks():

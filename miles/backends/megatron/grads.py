@@ -9,7 +9,9 @@
   loss the dense weights take (at EP = 1 the expert-data-parallel group is the data-parallel one).
 - Per-head q/k norms under TP: each TP rank applies the replicated weight to its own heads only, so
   its gradient is a partial sum; the partials are summed over the TP group (megatron's
-  `finalize_model_grads` does the same for `q_layernorm` / `k_layernorm`).
+  `finalize_model_grads` does the same for `q_layernorm` / `k_layernorm`). With sequence parallel
+  the same holds for every weight marked `sequence_parallel` (the norms, an MoE router): each TP
+  rank applies it to its own chunk of the sequence.
 - Tied embeddings at PP > 1: the first stage's embedding and the last stage's output layer are one
   HF tensor held twice; their gradients are summed over megatron's embedding group (first and last
   stage), as megatron's `finalize_model_grads` does, so both copies take the same step.
@@ -42,17 +44,24 @@ def _all_reduce_divided(tensors: list[torch.Tensor], group, size: int) -> None:
 QK_NORMS = ("q_layernorm", "k_layernorm")
 
 
+def partial_over_tp(name: str, param) -> bool:
+    """A replicated weight each TP rank applies to its own part of the tokens or heads: its
+    gradient is summed over the TP group."""
+    return any(part in name for part in QK_NORMS) or bool(getattr(param, "sequence_parallel",
+                                                                  False))
+
+
 def reduce_gradients(model, parallel_state) -> None:
-    """Sum the q/k norms' partial gradients over TP, average over the data-parallel group, then sum
-    the tied embedding's two copies."""
+    """Sum the q/k norms' (and with sequence parallel the norms' and routers') partial gradients
+    over TP, average over the data-parallel group, then sum the tied embedding's two copies."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     for p in params:
         if p.grad is None:  # a rank whose micro-batches never reached a parameter still takes part
             p.grad = torch.zeros_like(p)
-    qk = [p.grad for n, p in named if any(part in n for part in QK_NORMS)]
-    if qk and parallel_state.get_tensor_model_parallel_world_size() > 1:
-        _all_reduce_divided(qk, parallel_state.get_tensor_model_parallel_group(), 1)
+    partial = [p.grad for n, p in named if partial_over_tp(n, p)]
+    if partial and parallel_state.get_tensor_model_parallel_world_size() > 1:
+        _all_reduce_divided(partial, parallel_state.get_tensor_model_parallel_group(), 1)
     dp = parallel_state.get_data_parallel_world_size()
     dense = [p.grad for n, p in named if not is_expert(n)]
     experts = [p.grad for n, p in named if is_expert(n)]

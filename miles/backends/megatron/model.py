@@ -4,7 +4,9 @@ Local (torch) layer spec, so neither Transformer Engine nor Apex is needed: RMSN
 (including per-head q/k norms), SwiGLU MLP, no biases, RoPE, grouped-query attention, fp32,
 no dropout. Tensor and pipeline parallel ranks over megatron-core's own groups: each rank builds
 its stage's layers (first stage: the embedding; last: the final norm and the output layer), with
-its vocabulary slice of the logits left vocab-parallel (`parallel_output=True`).
+its vocabulary slice of the logits left vocab-parallel (`parallel_output=True`). With
+`--sequence-parallel` the activations outside the TP regions are split along the sequence
+(`sequence_parallel.py`: its norms, the padding), as megatron-core's MoE layer needs at TP > 1.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from miles.backends.megatron import sequence_parallel as sp_norms
 from miles.backends.megatron import shim
 from miles.backends.megatron.convert import qk_norm
 
@@ -113,13 +116,15 @@ def moe_settings(hf_config, ep: int) -> dict:
     )
 
 
-def transformer_config(hf_config, tp: int = 1, pp: int = 1, ep: int = 1):
+def transformer_config(hf_config, tp: int = 1, pp: int = 1, ep: int = 1, sp: bool = False):
     check_supported(hf_config)
     if ep > 1 and not num_experts(hf_config):
         raise ValueError(f"--expert-model-parallel-size {ep}: the model has no experts")
-    if tp > 1 and num_experts(hf_config):  # megatron-core's MoE layer: TP needs sequence parallel
-        raise ValueError(f"--tensor-model-parallel-size {tp}: a mixture-of-experts model trains "
-                         "at TP = 1 only on this build (sequence parallel is not supported)")
+    if tp > 1 and num_experts(hf_config) and not sp:  # megatron-core's MoE layer refuses it
+        raise ValueError(f"--tensor-model-parallel-size {tp}: a mixture-of-experts model needs "
+                         "--sequence-parallel at TP > 1")
+    if sp and tp == 1:
+        raise ValueError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     _, _, _, TransformerConfig = _megatron()
     heads = hf_config.num_attention_heads
     return TransformerConfig(
@@ -144,8 +149,8 @@ def transformer_config(hf_config, tp: int = 1, pp: int = 1, ep: int = 1):
         cuda_graph_scope=[],  # the default ("full") is deprecated and warns; [] means the same
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        sequence_parallel=sp,  # sequences split over TP outside its regions (sequence_parallel.py)
         # what keeps megatron-core off its CUDA-only paths on CPU (shim.py), the same on GPU:
-        sequence_parallel=False,
         gradient_accumulation_fusion=False,
         pipeline_dtype=torch.float32,  # the activations sent between stages
         variable_seq_lengths=True,  # RL micro-batches differ in length: stages send shapes first
@@ -157,22 +162,28 @@ def transformer_config(hf_config, tp: int = 1, pp: int = 1, ep: int = 1):
     )
 
 
-def build_gpt(hf_config, device: torch.device, vocab_size: int):
+def build_gpt(hf_config, device: torch.device, vocab_size: int, sequence_parallel: bool = False):
     """This rank's pipeline stage of an uninitialised GPTModel on `device` (weights come from
     `convert.hf_to_megatron_shard`), its vocabulary padded to `vocab_size` (a multiple of TP)."""
     parallel_state, GPTModel, local_spec, _ = _megatron()
     config = transformer_config(hf_config, parallel_state.get_tensor_model_parallel_world_size(),
                                 parallel_state.get_pipeline_model_parallel_world_size(),
-                                parallel_state.get_expert_model_parallel_world_size())
+                                parallel_state.get_expert_model_parallel_world_size(),
+                                sequence_parallel)
     if num_experts(hf_config):
         shim.define_te_gemm_absent()  # the router's matmul without Transformer Engine (shim 7)
-        # megatron-core gathers the dispatcher's token counts with all_gather_into_tensor, which
-        # torch marks deprecated: a FutureWarning in every rank's log that no user can act on
+    if num_experts(hf_config) or sequence_parallel:
+        # megatron-core gathers the dispatcher's token counts and sequence parallel's activations
+        # with all_gather_into_tensor (and scatters them with reduce_scatter_tensor), which torch
+        # marks deprecated: a FutureWarning in every rank's log that no user can act on
         warnings.filterwarnings("ignore", category=FutureWarning,
-                                message=r"`torch.distributed.all_gather_into_tensor` is deprecated")
+                                message=r"`torch.distributed.(all_gather_into|reduce_scatter)"
+                                        r"_tensor` is deprecated")
     with _quiet():
         spec = local_spec(num_experts=num_experts(hf_config) or None, moe_grouped_gemm=False,
                           qk_layernorm=qk_norm(hf_config), normalization="RMSNorm")
+    if sequence_parallel:  # megatron-core's torch norms refuse it: ours mark their weights
+        spec = sp_norms.block_spec(spec, config, parallel_state.get_pipeline_model_parallel_rank())
     with shim.cuda_to_cpu():  # the last stage's tied output layer is copied with `.cuda()` (shim 5)
         model = GPTModel(
             config=config,

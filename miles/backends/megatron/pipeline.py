@@ -17,16 +17,27 @@ import torch.distributed as dist
 
 from miles.backends.batch import MicroBatch
 from miles.backends.logprobs import TokenStats
-from miles.backends.megatron import shim
+from miles.backends.megatron import sequence_parallel, shim
 from miles.backends.megatron.pipeline_spans import recording
 
 
 def forward(model, mb: MicroBatch) -> torch.Tensor:
-    """This stage's output: (B, T, V/TP) logits on the last stage, (T, B, H) activations before."""
-    b, t = mb.input_ids.shape
-    positions = torch.arange(t, device=mb.input_ids.device).expand(b, t)
+    """This stage's output: (B, T, V/TP) logits on the last stage, (T, B, H) activations before
+    (T/TP with sequence parallel, T padded to a multiple of TP there: sequence_parallel.py)."""
+    config = model.config
+    tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+    ids, padding = sequence_parallel.pad_right(mb.input_ids, tp)
+    b, t = ids.shape
+    positions = torch.arange(t, device=ids.device).expand(b, t)
+    extra = {}
+    if padding is not None and config.num_moe_experts:  # the routers leave the added pads out
+        extra["padding_mask"] = padding if model.pre_process else \
+            sequence_parallel.own_chunk(padding)
     # Right-padded rows: the causal mask alone is exact for the real tokens (pads come after them).
-    return model(mb.input_ids, positions, attention_mask=None)
+    out = model(ids, positions, attention_mask=None, **extra)
+    if model.post_process and padding is not None:
+        return out[:, :mb.input_ids.shape[1]]  # the logits of the real positions
+    return out
 
 
 def run(model, mbs: list[MicroBatch], on_output: Callable[[int, torch.Tensor], torch.Tensor],

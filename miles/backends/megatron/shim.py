@@ -8,7 +8,8 @@ smallest change that lets it through; the math is untouched.
 
 1. `torch.cuda.current_device()` is where megatron-core puts new tensors: RoPE's `inv_freq`,
    the attention-score buffer (`GlobalMemoryBuffer`), the tensor-parallel gathers
-   (`tensor_parallel.mappings`), the pipeline's receive buffers and the shapes it exchanges
+   (`tensor_parallel.mappings`, sequence parallel's all-gathers and reduce-scatters among them),
+   the pipeline's receive buffers and the shapes it exchanges
    (`pipeline_parallel.p2p_communication`). On a CPU-only torch it answers "cpu", process-wide
    (a valid `device=` everywhere megatron passes it; a CPU-only torch has no device to name).
 2. `torch.cuda.synchronize()` is called after every exchange of tensor shapes between pipeline
@@ -39,7 +40,7 @@ smallest change that lets it through; the math is untouched.
    matmul. This one applies on a GPU without Transformer Engine too.
 
 The configuration keeps megatron-core off its other CUDA-only paths
-(`model.transformer_config`): CPU initialisation, no sequence parallelism, no
+(`model.transformer_config`): CPU initialisation, no
 gradient-accumulation fusion, no recompute, no autocast, `batch_p2p_sync=False`, float32
 between stages.
 
