@@ -28,7 +28,9 @@ class TrainConfig:
            "to their experts all-to-all (Megatron only, MoE models only; carved out of the data "
            "parallel ranks, which it must divide, as must the experts)", minimum=1)
     sequence_parallel: bool = flag(False, "split activations along the sequence within a TP group "
-                                          "(not supported on this build yet: refused)")
+                                          "(Megatron; needs `--tensor-model-parallel-size` > 1, "
+                                          "else refused; a MoE model at TP > 1 needs it; refused "
+                                          "with `--use-rollout-routing-replay`)")
     colocate: bool = flag(False, "engines and trainer share devices; weights sync in memory")
     global_batch_size: int | None = flag(None, "samples per optimizer step (default: rollout batch / steps)",
                                          minimum=1)
