@@ -17,7 +17,7 @@ from miles.config import parse_config
 from miles.moe.replay import METRIC
 from tests.support.actors import LOSS
 from tests.support.moe import engine_rollout, moe_checkpoint
-from tests.support.replay_ranks import strays, watching_ranks
+from tests.moe.replay_ranks import strays, watching_ranks
 
 PROMPTS = ["12+13=", "1+2=", "99+1=", "7+8="]
 PER_PROMPT = 4
