@@ -115,21 +115,22 @@ class MismatchTally:
         beyond = (r > self.high) | (r < self.low)
         # sign(A) against sign(r - 1), past the float noise of a matched pair (else a coin flip)
         opposed = ((advantages[on] * log_r) < 0) & (log_r.abs() > OPPOSED_MIN_LOG_RATIO)
-        parts = [-log_r, log_r ** 2 / 2, k3, log_r.abs(), beyond.float(), opposed.float()]
-        count = torch.tensor(float(log_r.numel()), dtype=torch.float64, device=log_r.device)
-        self.sums += torch.stack([p.double().sum() for p in parts] + [count])
+        # SUM_KEYS' order, then a 1 per token (the count): one reduction for all seven
+        parts = torch.stack([-log_r, log_r ** 2 / 2, k3, log_r.abs(), beyond.float(),
+                             opposed.float(), torch.ones_like(log_r)])
+        self.sums += parts.double().sum(-1)
         if log_r.numel():
             self.peak = torch.maximum(self.peak, r.max().double())
         self.hist += torch.bincount(torch.bucketize(log_r, self.edges), minlength=len(self.hist))
-        self._add_positions(on, k3, log_r.abs())
+        self._add_positions(on, parts[[6, 2, 3]])
 
-    def _add_positions(self, on: torch.Tensor, k3: torch.Tensor, abs_diff: torch.Tensor) -> None:
-        """Bucket each token by its place in its response (0 = the first token the model wrote)."""
+    def _add_positions(self, on: torch.Tensor, values: torch.Tensor) -> None:
+        """Add (3, N) token values (count, k3, |log r|) to the bucket of each token's place in its
+        response (0 = the first token the model wrote)."""
         start = on.int().argmax(-1, keepdim=True)  # a response's first position
         cols = torch.arange(on.shape[-1], device=on.device).expand_as(on)
         bucket = torch.bucketize((cols - start)[on], self.pos_edges, right=True)
-        for row, values in enumerate((torch.ones_like(k3), k3, abs_diff)):
-            self.by_pos[row].index_add_(0, bucket, values.double())
+        self.by_pos.index_add_(1, bucket, values.double())
 
     def result(self) -> MismatchSums:
         sums = self.sums.tolist()
