@@ -10,10 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import ray
+import torch
 
 from miles.backends.group import ActorGroup
 from miles.backends.pack import split_for_ranks
 from miles.config import parse_config
+from miles.moe.megatron_replay import MegatronRoutingReplay
 from miles.moe.replay import METRIC
 from tests.support.actors import LOSS
 from tests.support.moe import engine_rollout, moe_checkpoint
@@ -94,3 +96,24 @@ def test_two_stages_count_the_mismatch_and_score_as_one_rank(runs, replay):
 def test_replay_brings_the_pipelines_log_probs_closer_to_the_engines(runs):
     key = "train/train_rollout_logprob_abs_diff"
     assert runs[2][True][0].sums[key] < runs[2][False][0].sums[key]
+
+
+def test_a_schedule_out_of_step_with_the_records_stops_the_pass():
+    """The queue's order is the schedule's: a stage whose forwards came in another order (here the
+    second micro-batch's shape first) or fewer than the records stops with an error, rather than
+    replaying one micro-batch's experts on another's tokens."""
+    replay = MegatronRoutingReplay({}, num_layers=2)  # a stage with its model hook, no routers
+    stage = torch.nn.Identity()
+    stage.register_forward_pre_hook(replay._next_micro_batch)
+    records = [torch.zeros((2, 5, 2, 2), dtype=torch.int8),
+               torch.zeros((2, 7, 2, 2), dtype=torch.int8)]
+    with pytest.raises(RuntimeError, match="out of step with the schedule"):
+        with replay.passing(records, replay=True):
+            stage(torch.zeros(2, 7))
+    with pytest.raises(RuntimeError, match="ran 1 of this pass's 2 micro-batches"):
+        with replay.passing(records, replay=True):
+            stage(torch.zeros(2, 5))
+    with replay.passing(records, replay=True):
+        stage(torch.zeros(2, 5))
+        stage(torch.zeros(2, 7))
+    assert [c.shape for c in replay.counts] == [(2, 5), (2, 7)]
