@@ -165,4 +165,6 @@ def test_training_loop_runs_on_megatron_tensor_parallel(ray_cluster, tmp_path):
     assert rows[0]["train/train_rollout_logprob_abs_diff"] <= 1e-3
     # later rollouts come from the synced weights: engine and ranks still agree
     assert all(r["train/train_rollout_logprob_abs_diff"] <= 1e-3 for r in rows[1:])
+    # the mismatch figures from the replica's reporting rank (miles.backends.mismatch), as on FSDP
+    assert all(0 <= r["train/mismatch_k3"] <= 1e-6 and r["train/mismatch_ratio_max"] < 1.01 for r in rows)
     assert summary.checkpoint is not None and (summary.checkpoint / "model.safetensors").exists()
