@@ -159,21 +159,34 @@ def moe_model(tmp_path_factory):
     return out
 
 
+def with_records(samples):
+    """The samples with made-up routed-experts records (tokens - 1, 2 MoE layers, top-2), as an
+    engine fills them."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for s in samples:
+        s.routed_experts = rng.integers(0, 4, (len(s.tokens) - 1, 2, 2)).astype(np.int8)
+    return samples
+
+
 def run_layout(model_dir, world: int, ep: int, pp: int = 1, then=None, tp: int = 1):
     """The HF state exported before training, STEPS one-step trainings, the weights after;
     `then(group, cfg)` runs on the group before it stops. TP > 1 runs with sequence parallel
-    (megatron-core's MoE layer needs it)."""
+    (megatron-core's MoE layer needs it), on samples carrying the engine's routed experts, which
+    it leaves alone (no replay there)."""
     cfg = config(world, train_backend="megatron", num_steps_per_rollout=1,
                  expert_model_parallel_size=ep, pipeline_model_parallel_size=pp,
                  tensor_model_parallel_size=tp, sequence_parallel=str(tp > 1).lower(), **LOSS)
     group = ActorGroup(cfg, str(model_dir))
     try:
         places = [info.extra["parallel"] for info in group.call("info")]
-        assert [p["ep_rank"] for p in places] == list(range(ep)) * (world // ep)
+        assert [p["ep_rank"] for p in places] == [(r // tp) % ep for r in range(world)]
         exported = group.call("export_weights", None)[0]
         summaries = []
         for seed in range(STEPS):
             samples, advantages = rollout_like(seed=seed)
+            samples = with_records(samples) if tp > 1 else samples
             batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
                                       rollout_id=seed, return_token_stats=True)
             summaries.append(combine(group.train(batches)))

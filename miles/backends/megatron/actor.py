@@ -106,9 +106,13 @@ class MegatronTrainActor(PPORank):
 
     def routing_replay_of(self, model):
         """megatron-core's RouterReplay on each router of an MoE model (R3): this stage's layers,
-        their mismatches added over the pipeline group."""
+        their mismatches added over the pipeline group. None with sequence parallel: each TP
+        rank's routers see their own chunk of the sequence, which the records are not cut for
+        (--use-rollout-routing-replay is refused there; no r3_mismatch_fraction is logged)."""
         from miles.moe.megatron_replay import MegatronRoutingReplay
 
+        if self.config.train.sequence_parallel:
+            return None
         group = self.ps.get_pipeline_model_parallel_group() if self.par.pp_size > 1 else None
         return MegatronRoutingReplay.attach(model, self.layout.num_layers, group)
 

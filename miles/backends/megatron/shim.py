@@ -38,6 +38,13 @@ smallest change that lets it through; the math is untouched.
    defines `te_general_gemm`, which the router's gating linear tests against None on every call
    (NameError). `define_te_gemm_absent()` defines it as None, so the router takes its torch
    matmul. This one applies on a GPU without Transformer Engine too.
+8. Not CUDA but NCCL: with sequence parallel and expert parallel together, the all-to-all
+   dispatcher gathers (and in the backward pass reduce-scatters) each TP rank's tokens along the
+   first dimension with uneven sizes per rank (`output_split_sizes` / `input_split_sizes` in
+   `tensor_parallel.mappings`), as lists of unequal tensors, which gloo refuses ("invalid tensor
+   size"). On the CPU those two branches become: the gather pads every rank's part to the
+   largest, gathers equal parts and cuts the padding off; the reduce-scatter all-reduces the
+   whole tensor and keeps this rank's part. The equal-size branches are untouched.
 
 The configuration keeps megatron-core off its other CUDA-only paths
 (`model.transformer_config`): CPU initialisation, no
@@ -128,6 +135,7 @@ def install() -> None:
     torch.cuda.synchronize = lambda *args, **kwargs: None
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
     _host_token_counts()
+    _uneven_first_dim_on_gloo()
     _installed = True
 
 
@@ -152,6 +160,34 @@ def _host_token_counts() -> None:
 
     MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "no stream: the counts are on the host"
     MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = counts_on_host
+
+
+def _uneven_first_dim_on_gloo() -> None:
+    """Uneven first-dimension gathers and reduce-scatters as gloo can do them (8)."""
+    from megatron.core.tensor_parallel import mappings
+
+    gather, reduce_scatter = mappings._gather_along_first_dim, \
+        mappings._reduce_scatter_along_first_dim
+
+    def gather_uneven(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        most = max(output_split_sizes)
+        part = input_.new_zeros((most, *input_.shape[1:]))
+        part[:input_.shape[0]] = input_
+        parts = [torch.empty_like(part) for _ in output_split_sizes]
+        torch.distributed.all_gather(parts, part.contiguous(), group=group)
+        return torch.cat([p[:n] for p, n in zip(parts, output_split_sizes)])
+
+    def reduce_scatter_uneven(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return reduce_scatter(input_, group, input_split_sizes, use_global_buffer)
+        whole = input_.contiguous().clone()
+        torch.distributed.all_reduce(whole, group=group)
+        return torch.split(whole, input_split_sizes, dim=0)[group.rank()].clone()
+
+    mappings._gather_along_first_dim = gather_uneven
+    mappings._reduce_scatter_along_first_dim = reduce_scatter_uneven
 
 
 def seed_model_parallel_rng(seed: int, tp_rank: int = 0, ep_rank: int = 0,
