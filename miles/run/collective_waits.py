@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from miles.record import layout
+from miles.record.files import write_atomic
+from miles.serving.process import pid_alive
 
 WAITING, WORKING, DONE, FAILED = "waiting", "working", "done", "failed"
 PUSH, TRAIN = "push", "train"  # a weight push's collectives; training's phases and barriers
@@ -71,11 +73,7 @@ def record_path(run_dir: str | Path, rank: int, kind: str = PUSH) -> Path:
 
 def write_state(run_dir: str | Path, state: CollectiveState) -> None:
     """Atomically: a reader never sees half a file."""
-    path = record_path(run_dir, state.rank, state.kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(state)))
-    os.replace(tmp, path)
+    write_atomic(record_path(run_dir, state.rank, state.kind), json.dumps(asdict(state)))
 
 
 def read_states(run_dir: str | Path, kind: str = PUSH) -> dict[int, CollectiveState]:
@@ -112,15 +110,7 @@ def silent(state: CollectiveState, now: float) -> bool:
 
 def _process_gone(state: CollectiveState) -> bool:
     """The rank's process no longer exists (judged only on its own host)."""
-    if state.host != socket.gethostname():
-        return False
-    try:
-        os.kill(state.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return state.host == socket.gethostname() and not pid_alive(state.pid)
 
 
 def why_not_done(me: CollectiveState, peer: CollectiveState | None, now: float) -> str | None:
