@@ -7,19 +7,17 @@ import textwrap
 
 import pytest
 from synthetic import make_samples
+from tests.support.hook_calls import CALLS
 
 from miles.config import ConfigError, parse_config
 from miles.record.journal import read_journal
 from miles.rollout.metrics import rollout_metrics
 from miles.tracking import open_tracking, validate_tracking_config
 
-CALLS: list[tuple] = []
-
-
 @pytest.fixture
 def hook_module(tmp_path, monkeypatch):
     (tmp_path / "my_hooks.py").write_text(textwrap.dedent("""
-        from test_hooks import CALLS
+        from tests.support.hook_calls import CALLS
 
         def replace_all(rollout_id, args, samples, extra, rollout_time):
             CALLS.append(("rollout", rollout_id, len(samples), rollout_time, args.num_rollout))
