@@ -7,8 +7,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from miles.tiny.tokenizer import EOS, PAD, build_tokenizer
 
 
-def tiny_qwen3_config(vocab_size: int, pad_id: int, eos_id: int) -> Qwen3Config:
-    return Qwen3Config(
+def tiny_shape_fields(vocab_size: int, pad_id: int, eos_id: int) -> dict:
+    """What the tiny policies share, dense and MoE: size, attention, tokens, dtype."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=384,
@@ -25,6 +26,10 @@ def tiny_qwen3_config(vocab_size: int, pad_id: int, eos_id: int) -> Qwen3Config:
     )
 
 
+def tiny_qwen3_config(vocab_size: int, pad_id: int, eos_id: int) -> Qwen3Config:
+    return Qwen3Config(**tiny_shape_fields(vocab_size, pad_id, eos_id))
+
+
 def tiny_shape(tool_markers: bool = False) -> tuple:
     """(tokenizer, model config) of the tiny policy, in memory: fixed by its recipe, known before the warm
     start makes its weights (a run's flags are checked against its context length before that wait)."""
@@ -36,8 +41,13 @@ def tiny_shape(tool_markers: bool = False) -> tuple:
 def build_tiny_model(seed: int = 0, tool_markers: bool = False):
     """A freshly initialised tiny Qwen3 and its tokenizer (with the tool tokens if asked)."""
     tokenizer, config = tiny_shape(tool_markers)
+    return seeded_model(Qwen3ForCausalLM, config, seed), tokenizer
+
+
+def seeded_model(model_class, config, seed: int):
+    """`model_class(config)` initialised from `seed`, generating until the config's EOS."""
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = model_class(config)
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
-    return model, tokenizer
+    return model

@@ -6,9 +6,9 @@ the dense model's 384. Small enough for CPU tests, big enough that routing is a 
 """
 from __future__ import annotations
 
-import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from miles.tiny.model import seeded_model, tiny_shape_fields
 from miles.tiny.tokenizer import EOS, PAD, build_tokenizer
 
 NUM_EXPERTS = 4
@@ -17,26 +17,14 @@ TOP_K = 2
 
 def tiny_qwen3_moe_config(vocab_size: int, pad_id: int, eos_id: int) -> Qwen3MoeConfig:
     return Qwen3MoeConfig(
-        vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=384,  # unused: every layer is sparse (decoder_sparse_step=1)
-        moe_intermediate_size=192,
+        **tiny_shape_fields(vocab_size, pad_id, eos_id),  # its intermediate_size is unused here:
+        moe_intermediate_size=192,  # every layer is sparse (decoder_sparse_step=1)
         num_experts=NUM_EXPERTS,
         num_experts_per_tok=TOP_K,
         norm_topk_prob=True,  # as Qwen3-30B-A3B: the chosen experts' weights sum to 1
         decoder_sparse_step=1,
         mlp_only_layers=[],
         router_aux_loss_coef=0.001,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-        bos_token_id=None,
-        torch_dtype="float32",
     )
 
 
@@ -50,8 +38,4 @@ def tiny_moe_shape() -> tuple:
 def build_tiny_moe_model(seed: int = 0):
     """A freshly initialised tiny Qwen3-MoE and its tokenizer."""
     tokenizer, config = tiny_moe_shape()
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(config)
-    model.generation_config.eos_token_id = config.eos_token_id
-    model.generation_config.pad_token_id = config.pad_token_id
-    return model, tokenizer
+    return seeded_model(Qwen3MoeForCausalLM, config, seed), tokenizer
