@@ -13,6 +13,7 @@ from miles.health import RED, replay
 from miles.health.cli import main as doctor
 from miles.health.watch import health_metrics
 from tests.health.synthetic_streams import CFG, RUN, START, stream
+from tests.support.runs import recorded
 
 W = CFG.health_straggler_window
 
@@ -44,22 +45,6 @@ def with_ranks(seed: int = 0, slow=None, ranks: int = 2) -> list:
                    **phase_metrics("optimizer", optimizer, list(range(ranks)))}
         out.append(dataclasses.replace(r, metrics=metrics))
     return out
-
-
-def recorded(run_dir, rollouts):
-    """A run dir holding `rollouts` as its journal and the default config (what `miles doctor`
-    reads)."""
-    import yaml
-
-    from miles.config import parse_config, redacted_flat_dict
-    from miles.record.journal import JournalLine
-    from miles.tracking.state import CONFIG_ARTIFACT
-
-    run_dir.mkdir()
-    lines = [JournalLine(r.rollout_id, float(r.rollout_id), r.metrics) for r in rollouts]
-    (run_dir / "metrics.jsonl").write_text("".join(line.to_json() + "\n" for line in lines))
-    (run_dir / CONFIG_ARTIFACT).parent.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_ARTIFACT).write_text(yaml.safe_dump(redacted_flat_dict(parse_config([]))))
 
 
 def stragglers(rollouts, cfg=CFG):

@@ -18,6 +18,7 @@ from miles.moe.capture import RouterCapture
 from miles.moe.routing_stats import routing_metrics
 from miles.tiny.moe_model import build_tiny_moe_model
 from miles.tiny.task import all_problems
+from tests.support.runs import recorded
 
 CFG = parse_config([]).health
 RUN = RunFacts(clip_grad=1.0, groups_per_rollout=4, use_kl_loss=False)
@@ -106,22 +107,6 @@ def test_dead_experts_growing_is_a_red_flag_and_dead_from_the_start_is_not():
     missed = layer_rows([0.5] * 6, [0] * 6, [0, 1, 0, 1, 0, 1])  # one rollout missed an expert
     assert collapses(missed) == []
     assert collapses(layer_rows([0.5] * 6, [0] * 6, [2] * 6)) == []
-
-
-def recorded(run_dir, rollouts):
-    """A run dir with `rollouts` as its journal and the default config (what `miles doctor`
-    reads)."""
-    import yaml
-
-    from miles.config import redacted_flat_dict
-    from miles.record.journal import JournalLine
-    from miles.tracking.state import CONFIG_ARTIFACT
-
-    run_dir.mkdir()
-    lines = [JournalLine(r.rollout_id, float(r.rollout_id), r.metrics) for r in rollouts]
-    (run_dir / "metrics.jsonl").write_text("".join(line.to_json() + "\n" for line in lines))
-    (run_dir / CONFIG_ARTIFACT).parent.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_ARTIFACT).write_text(yaml.safe_dump(redacted_flat_dict(parse_config([]))))
 
 
 def test_doctor_row_and_the_reactions(tmp_path, capsys):

@@ -26,3 +26,20 @@ def extract(bundle: Path, into: Path) -> Path:
         tar.extractall(into, filter="data")
     (root,) = into.iterdir()
     return root
+
+
+def recorded(run_dir: Path, rollouts) -> Path:
+    """A run dir holding `rollouts` (health.Rollout) as its journal and the default config: what
+    `miles doctor` reads."""
+    import yaml
+
+    from miles.config import parse_config, redacted_flat_dict
+    from miles.record.journal import JournalLine
+    from miles.tracking.state import CONFIG_ARTIFACT
+
+    run_dir.mkdir()
+    lines = [JournalLine(r.rollout_id, float(r.rollout_id), r.metrics) for r in rollouts]
+    (run_dir / "metrics.jsonl").write_text("".join(line.to_json() + "\n" for line in lines))
+    (run_dir / CONFIG_ARTIFACT).parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_ARTIFACT).write_text(yaml.safe_dump(redacted_flat_dict(parse_config([]))))
+    return run_dir
