@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from miles.moe import expert_files
+
 EMBED = ("embedding.word_embeddings.weight", "model.embed_tokens.weight")
 FINAL_NORM = ("decoder.final_layernorm.weight", "model.norm.weight")
 OUTPUT = ("output_layer.weight", "lm_head.weight")
@@ -171,22 +173,10 @@ def _layer_to_hf(mg: dict[str, torch.Tensor], lay: Layout, index: int) -> dict[s
 
 
 def fuse_expert_files(hf: dict[str, torch.Tensor], lay: Layout) -> dict[str, torch.Tensor]:
-    """A checkpoint as `save_pretrained` writes a Qwen3-MoE (one tensor per expert and projection:
-    `mlp.experts.{e}.gate_proj.weight`, `up_proj`, `down_proj`) in the in-memory names the
-    conversion reads (`gate_up_proj`, `down_proj`); a checkpoint already fused is returned as
-    it is."""
-    if not lay.num_experts:
-        return hf
-    out = dict(hf)
-    for i in range(lay.num_layers):
-        h = f"model.layers.{i}.mlp.experts."
-        if h + "0.gate_proj.weight" not in hf:
-            continue
-        parts = [[out.pop(f"{h}{e}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
-                 for e in range(lay.num_experts)]
-        out[h + "gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u, _ in parts])
-        out[h + "down_proj"] = torch.stack([d for _, _, d in parts])
-    return out
+    """A checkpoint as `save_pretrained` writes a Qwen3-MoE (one tensor per expert and projection)
+    in the fused in-memory names the conversion reads (miles/moe/expert_files.py); a checkpoint
+    already fused is returned as it is."""
+    return expert_files.fuse_experts(hf) if lay.num_experts else hf
 
 
 def hf_to_megatron(hf: dict[str, torch.Tensor], lay: Layout) -> dict[str, torch.Tensor]:
