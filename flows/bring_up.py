@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from miles.cluster.local import timeline_args, timeline_flag
+from miles.cluster.local import engine_args, timeline_flag
 from miles.cluster.names import run_names
 from miles.cluster.service_actors import engine_alive
 from miles.config import MilesConfig
@@ -24,9 +24,9 @@ def bring_up_services(config: MilesConfig) -> RunServices:
     ranks = with_run_retries(start_training_ranks, o).submit(config, names)
     router = with_run_retries(start_router, o).submit(config.router, names, log_dir(config),
                                                       tuple(timeline_flag(Path(config.train.run_dir))))
-    engines = [with_run_retries(launch_engine, o).submit(config.engine, config.rollout.hf_checkpoint, names, i,
-                                                         log_dir(config), engine_args(config))
-               for i in range(config.rollout.rollout_num_engines)]
+    engines = [with_run_retries(launch_engine, o).submit(
+        config.engine, config.rollout.hf_checkpoint, names, i, log_dir(config),
+        tuple(engine_args(config, i))) for i in range(config.rollout.rollout_num_engines)]
     services = RunServices(names, router.result().url, [e.result().url for e in engines])
     register_all(config, services.router_url, services.engine_urls)
     ranks.result()
@@ -35,11 +35,6 @@ def bring_up_services(config: MilesConfig) -> RunServices:
 
 def log_dir(config: MilesConfig) -> str:
     return str(RunLayout(config.train.run_dir).logs)
-
-
-def engine_args(config: MilesConfig) -> tuple[str, ...]:
-    """Serve flags of the run's engines: their decoding goes to the run's timeline (embedded engines)."""
-    return tuple(timeline_args(config.engine.engine, Path(config.train.run_dir)))
 
 
 def register_all(config: MilesConfig, router_url: str, engine_urls: list[str]) -> None:
@@ -57,6 +52,7 @@ def heal_engines(config: MilesConfig, services: RunServices) -> None:
         return
     get_run_logger().warning(f"engines {dead} are down: relaunching and re-registering them")
     relaunched = [with_run_retries(launch_engine, config.orchestration).submit(
-        config.engine, config.rollout.hf_checkpoint, services.names, i, log_dir(config), engine_args(config))
+        config.engine, config.rollout.hf_checkpoint, services.names, i, log_dir(config),
+        tuple(engine_args(config, i)))
         for i in dead]
     register_all(config, services.router_url, [r.result().url for r in relaunched])

@@ -25,7 +25,8 @@ def preflight(config) -> None:
     read_prompts(r.prompt_data, r.input_key, r.label_key)
     if r.eval_interval is not None:
         load_eval_sets(r)
-    check_faults(config.orchestration.inject_fault, config.world_size)
+    check_faults(config.orchestration.inject_fault, config.world_size,
+                 engines=r.rollout_num_engines, embedded=config.engine.engine == "embedded")
     check_baselines(config.tracking.baseline_run_dirs, config.train.run_dir)
     _check_load(config)
 

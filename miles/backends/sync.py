@@ -29,10 +29,12 @@ import httpx
 
 from miles.backends.group import ActorGroup, RankCallError
 from miles.backends.weight_broadcast import DEFAULT_BUFFER_BYTES, SendTarget
+from miles.record import layout
 from miles.serving.auth import bearer
 from miles.serving.router_client import RouterClient
 from miles.serving.control_http import control_client
 from miles.run.collective_waits import gone
+from miles.run.engine_stragglers import SpanTail, engine_own_seconds, engine_time_metrics
 
 
 class WeightSyncError(RuntimeError):
@@ -165,9 +167,11 @@ class WeightSync:
     def push(self, version: int, pause_mode: str | None = None) -> None:
         """Export the ranks' weights and load them into every engine as `version`; with `pause_mode`
         (async training) the engines are paused in that mode around the load."""
+        tail = SpanTail(self._timeline())  # the engines write their spans of this push after it
         if self.supervisor is not None:
             with self.lock:
                 self._push_supervised(version, pause_mode)
+            self._engine_own_times(tail)
             return
         if self.transfer_mode == "broadcast" and not self.in_memory:
             self._push_broadcast(version, pause_mode)
@@ -191,6 +195,7 @@ class WeightSync:
             if failures:
                 raise next(iter(failures.values()))
             self._keep_only(target)
+        self._engine_own_times(tail)
         self._set_version(version)
         self.announce(version)
 
@@ -264,6 +269,15 @@ class WeightSync:
         for url, s in seconds.items():
             if url in self.engine_urls:
                 self.last_times[f"perf/update_weights_engine_{self.engine_urls.index(url)}_time"] = s
+
+    def _timeline(self) -> Path | None:
+        return Path(self.run_dir) / layout.TIMELINE if self.run_dir is not None else None
+
+    def _engine_own_times(self, tail: SpanTail) -> None:
+        """The spread of the engines' own receive+apply seconds in this push, from their spans
+        (`miles.run.engine_stragglers`); the sender's clock gives a broadcast's engines one time."""
+        own = engine_own_seconds(tail.spans(), self.engine_urls)
+        self.last_times.update(engine_time_metrics(own))
 
     def _push_supervised(self, version: int, pause_mode: str | None = None) -> None:
         """Push to the ready engines only; an engine that fails is marked stale for the supervisor, which

@@ -83,9 +83,16 @@ def timeline_flag(run_dir: Path) -> list[str]:
     return ["--timeline-path", str(run_dir / TIMELINE_NAME)]
 
 
-def timeline_args(engine: str, run_dir: Path) -> list[str]:
-    """The timeline flag for an engine: embedded engines only (SGLang cannot write spans)."""
-    return timeline_flag(run_dir) if engine == "embedded" else []
+def engine_args(config, index: int) -> list[str]:
+    """The serve flags of the run's engine `index`: for an embedded engine, the run's timeline, its
+    index (its coordinate on its push spans) and a slow-engine-apply fault aimed at it."""
+    from miles.engines.push_spans import slow_apply_of
+
+    if config.engine.engine != "embedded":
+        return []
+    args = [*timeline_flag(Path(config.train.run_dir)), "--engine-index", str(index)]
+    slow = slow_apply_of(config.orchestration.inject_fault, index)
+    return args + (["--inject-slow-apply", slow] if slow else [])
 
 
 def start_inference(config, use_router: bool = True) -> InferenceServices:
@@ -101,7 +108,7 @@ def start_inference(config, use_router: bool = True) -> InferenceServices:
         return launch_engine(config.rollout.hf_checkpoint, config.engine, host="127.0.0.1", port=port,
                              log_path=RunLayout(run_dir).log(f"engine-{i}.log"),
                              env=engine_token_env(),  # the run's token (miles.train made it); relaunches too
-                             serve_args=timeline_args(config.engine.engine, run_dir), wait=wait)
+                             serve_args=engine_args(config, i), wait=wait)
 
     services = InferenceServices(rollout_url="", launch=launch, admin_token=resolve_admin_token(config.router))
     try:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import ray
 
-from miles.cluster.local import timeline_args, timeline_flag
+from miles.cluster.local import engine_args, timeline_flag
 from miles.cluster.names import RunNames
 from miles.cluster.service_actors import EngineActor, RouterActor, ServiceInfo, find, get_or_start
 from miles.record.layout import RunLayout
@@ -49,7 +49,6 @@ class ActorServices:
         self.config, self.names = config, names
         run_dir = Path(config.train.run_dir)
         self.layout = RunLayout(run_dir)
-        self.engine_args = tuple(timeline_args(config.engine.engine, run_dir))
         self.router_args = tuple(timeline_flag(run_dir))
 
     def _service(self, name: str, start: Callable[[], ray.actor.ActorHandle]) -> ActorService:
@@ -61,7 +60,7 @@ class ActorServices:
         name = self.names.engine(index)
         return self._service(name, lambda: get_or_start(
             EngineActor, name, self.config.rollout.hf_checkpoint, self.config.engine,
-            str(self.layout.log(f"engine-{index}.log")), self.engine_args))
+            str(self.layout.log(f"engine-{index}.log")), tuple(engine_args(self.config, index))))
 
     def router(self, port: int | None = None) -> ActorService:
         name = self.names.router

@@ -28,6 +28,9 @@ class OrchestrationConfig:
                                           "kill-rank[:N]@ITER SIGKILLs and stall-rank[:N]@ITER "
                                           "SIGSTOPs training rank N as it enters the weight "
                                           "gather of the push after rollout ITER; "
+                                          "slow-engine-apply:N[:SECONDS]@ITER makes engine N "
+                                          "sleep SECONDS (default 1) in its apply of every weight "
+                                          "push from the one after rollout ITER on (embedded); "
                                           "a comma-separated list fires "
                                           "each once (raise@1,kill-engine:1@3), one fault per rollout")
     use_fault_tolerance: bool = flag(False, "supervise the engines and the router (both drivers): "

@@ -22,6 +22,13 @@ class EngineServeConfig:
                           choices=("critical", "error", "warning", "info", "debug"))
     timeline_path: str | None = flag(None, "append the engine's decoding (one span per stretch of back-to-back batches) to this file (the run's "
                                            "RUN_DIR/timeline.jsonl; embedded engine only)")
+    engine_index: int | None = flag(None, "the engine's index in the run's engine list, written on "
+                                          "its timeline spans as its coordinate (a run's launcher "
+                                          "passes it)", minimum=0)
+    inject_slow_apply: str | None = flag(None, "test hook: SECONDS@VERSION sleeps SECONDS in the apply "
+                                               "of every weight push from version VERSION on "
+                                               "(--inject-fault slow-engine-apply passes it; "
+                                               "embedded engine only)")
     engine_admin_token: str | None = flag(None, "token required by the engine's state-changing endpoints (weights, "
                                                 "pause, abort, flush; env MILES_ENGINE_ADMIN_TOKEN); required off "
                                                 "loopback", secret=True)

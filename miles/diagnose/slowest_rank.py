@@ -5,6 +5,10 @@ in each phase (its waits for the others left out) and by how much. A rollout str
 when that rank is past the health watch's bounds (--health-straggler-slowdown and -lag-s); the rank
 and phase that straggled in the most rollouts are the run's straggler. A run whose ranks are even
 gets one line saying so, with its largest slowdown; a run without the metrics (one rank) none.
+
+The same for the weight push over the receiving engines (`slowest_engine_lines`), from each push's
+`perf/update_weights_engine_time/*` (each engine's own receive+apply seconds): the engine that
+straggled in the most pushes, named by its index in the run's engine list.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 from miles.config.health import HealthConfig
 from miles.record import layout
 from miles.record.journal import JournalLine, read_journal
+from miles.health.straggler import ENGINES, engine_slowdown, engine_straggler_in
 from miles.run.stragglers import slowest, straggling
 
 
@@ -50,9 +55,34 @@ def slowest_rank_lines(lines: list[JournalLine], cfg: HealthConfig) -> list[str]
             f"`{phase}`{where} at rollout {line.rollout_id}, {_figures(line.metrics, phase)})"]
 
 
+def slowest_engine_lines(lines: list[JournalLine], cfg: HealthConfig) -> list[str]:
+    """One line naming the engine the weight pushes waited for most often, or one saying the
+    engines were even; none when no push recorded two engines' own times."""
+    rows = [ln for ln in lines if engine_slowdown(ln.metrics) is not None]
+    if not rows:
+        return []
+    hits = Counter(who for ln in rows if (who := engine_straggler_in(ln.metrics, cfg)))
+    if hits:
+        engine, count = hits.most_common(1)[0]
+        line = [ln for ln in rows if engine_straggler_in(ln.metrics, cfg) == engine][-1]
+        return [f"slowest engine: {engine} in the weight push, the straggler in {count} of "
+                f"{len(rows)} pushes (rollout {line.rollout_id}: {_engine_figures(line.metrics)})"]
+    line = max(rows, key=lambda ln: engine_slowdown(ln.metrics))
+    return [f"engines even: no weight-push straggler in {len(rows)} pushes (largest: engine "
+            f"{int(line.metrics[ENGINES + 'slowest'])} at rollout {line.rollout_id}, "
+            f"{_engine_figures(line.metrics)})"]
+
+
+def _engine_figures(metrics: dict[str, float]) -> str:
+    return (f"{metrics[ENGINES + 'max']:.3g} s of own receive+apply vs the engines' median "
+            f"{metrics[ENGINES + 'p50']:.3g} s, {engine_slowdown(metrics):.2f}x")
+
+
 def read_slowest_rank(run_dir: Path, cfg: HealthConfig) -> list[str]:
-    """`slowest_rank_lines` of RUN_DIR's journal (none when it cannot be read)."""
+    """`slowest_rank_lines` and `slowest_engine_lines` of RUN_DIR's journal (none when it cannot
+    be read)."""
     try:
-        return slowest_rank_lines(read_journal(layout.RunLayout(run_dir).journal), cfg)
+        lines = read_journal(layout.RunLayout(run_dir).journal)
     except (OSError, ValueError):
         return []
+    return slowest_rank_lines(lines, cfg) + slowest_engine_lines(lines, cfg)

@@ -72,6 +72,8 @@ def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
         raise ConfigError("--model", "--engine sglang needs --model (an HF checkpoint directory or hub id)")
     if serve.timeline_path:
         raise ConfigError("--timeline-path", "only the embedded engine writes timeline spans (SGLang does not)")
+    if serve.inject_slow_apply:
+        raise ConfigError("--inject-slow-apply", "only the embedded engine takes this test hook")
     try:
         sglang_launcher.check_available()
     except sglang_launcher.SGLangUnavailable as exc:
@@ -86,6 +88,9 @@ def _run_sglang(serve: EngineServeConfig, engine: EngineConfig) -> int:
 
 
 def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
+    from miles.engines.push_spans import EngineCoords, parse_slow_apply
+
+    slow_apply = parse_slow_apply(serve.inject_slow_apply)  # a bad spec is refused before loading
     model_dir = _model_dir(serve)
     check_model_dir(model_dir)  # before torch and transformers load: a wrong path is refused in a blink
 
@@ -108,8 +113,10 @@ def _run_embedded(serve: EngineServeConfig, engine: EngineConfig) -> int:
         raise ConfigError("--model", f"cannot load {model_dir}: {type(exc).__name__}: {first}") from None
     timeline = TimelineWriter(Path(serve.timeline_path) if serve.timeline_path else None,
                               lane=f"engine {serve.host}:{serve.port}")
+    coords = EngineCoords(serve.engine_index, f"http://{serve.host}:{serve.port}")
     server = EngineServer(runner, engine, weight_version=serve.weight_version, timeline=timeline,
-                          admin_token=resolve_admin_token(serve))
+                          admin_token=resolve_admin_token(serve), coords=coords,
+                          slow_apply=slow_apply)
     print(f"miles engine: serving {model_dir} on http://{serve.host}:{serve.port} ({runner.device}, "
           f"max batch {engine.engine_max_batch_size})", file=sys.stderr, flush=True)
     # a weight push is as large as the model: its own bound, from the served model's parameters

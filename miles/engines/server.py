@@ -34,6 +34,7 @@ from miles.engines.openai_api import add_openai_routes
 from miles.engines.sglang_request import (GenerateItem, GenerationResult, RequestError, SamplingParams, parse_generate)
 from miles.engines.scheduler import Scheduler, TokenEvent
 from miles.engines.profiler import EngineProfiler, parse_profile_request
+from miles.engines.push_spans import EngineCoords, PushSpans, SlowApply
 from miles.engines.fused_experts import fuse_experts
 from miles.engines import routing_capture
 from miles.record.timeline import TimelineWriter
@@ -42,7 +43,8 @@ log = logging.getLogger(__name__)
 HEALTH_GENERATE_TIMEOUT_S = 60.0
 class EngineServer:
     def __init__(self, runner: ModelRunner, config: EngineConfig, weight_version: str = "default",
-                 timeline: TimelineWriter | None = None, admin_token: str | None = None):
+                 timeline: TimelineWriter | None = None, admin_token: str | None = None,
+                 coords: EngineCoords | None = None, slow_apply: SlowApply | None = None):
         self.runner = runner
         self.config = config
         self.admin_token = admin_token  # when set, every state-changing endpoint needs it
@@ -54,6 +56,9 @@ class EngineServer:
         self.started_at = self.frontend.started_at
         self.profiler = EngineProfiler()
         self.receiver = WeightReceiver(runner.model)  # the groups of /init_weights_update_group
+        # its own phases of each weight push, on its timeline lane (push_spans.py)
+        self.push_spans = PushSpans(timeline or TimelineWriter(None),
+                                    coords or EngineCoords(None, ""), slow_apply)
         self.app = FastAPI(title="miles embedded engine", lifespan=self._lifespan)
         self.app.add_exception_handler(RequestError, self._request_error)
         self._add_routes()
@@ -243,16 +248,21 @@ class EngineServer:
         """No body (or no mode): queued requests wait, running ones finish. SGLang's `{"mode": "abort" |
         "retract" | "in_place"}`: answered once the running requests are ended, retracted or frozen, so a
         weight update sent next swaps the weights under requests in flight."""
+        start = time.time()
         body = await read_json(request) if await request.body() else {}
         mode = body.get("mode") if isinstance(body, dict) else None
         if mode is None:
             self.scheduler.set_paused(True)
+            self.push_spans.paused(start, mode)
             return {"success": True, "message": "Generation paused; queued requests wait."}
         paused = await asyncio.wrap_future(self.scheduler.pause(mode))
+        self.push_spans.paused(start, mode)
         return {"success": True, "message": f"Generation paused ({mode}).", "num_paused_requests": paused}
 
     async def continue_generation(self):
+        start = time.time()
         self.scheduler.set_paused(False)
+        self.push_spans.continued(start)
         return {"success": True, "message": "Generation continued."}
 
     async def update_weights_from_disk(self, request: Request):
@@ -270,7 +280,8 @@ class EngineServer:
         path = body["model_path"]
         started = time.perf_counter()
         try:
-            named = await run_in_threadpool(self._read_checked_dir, path)
+            with self.push_spans.span("receive", version, source="disk"):
+                named = await run_in_threadpool(self._read_checked_dir, path)
         except weight_update.WeightUpdateError as exc:
             self.metrics.weight_update_failures.labels("disk").inc()
             return weight_failure(str(exc))
@@ -283,10 +294,12 @@ class EngineServer:
         version = request.query_params.get("weight_version") or request.headers.get("x-weight-version")
         if version is not None and len(version) > MAX_VERSION_CHARS:
             return weight_failure(_long_version(version))  # before the body: it is as large as the model
-        data = await request.body()  # bounded by the model's size (BodyLimit's own limit for this path)
-        started = time.perf_counter()  # from the received bytes: the transfer is the trainer's side of the sync
         try:
-            named = await run_in_threadpool(self._read_checked_bytes, data)
+            # the receive span holds the bytes arriving too; the update's own seconds start after
+            with self.push_spans.span("receive", version, source="tensor"):
+                data = await request.body()  # bounded by the model's size (BodyLimit's own limit)
+                started = time.perf_counter()  # the transfer is the trainer's side of the sync
+                named = await run_in_threadpool(self._read_checked_bytes, data)
         except weight_update.WeightUpdateError as exc:
             self.metrics.weight_update_failures.labels("tensor").inc()
             return weight_failure(str(exc))
@@ -308,7 +321,8 @@ class EngineServer:
     async def update_weights_from_distributed(self, request: Request):
         """SGLang's: one bucket by broadcast; staged, or applied with all staged ones when it is
         the last (`flush_cache` true; see weight_receiver)."""
-        started = time.perf_counter()
+        started, arrived = time.perf_counter(), time.time()
+        spans, req = self.push_spans, None
         try:
             req = parse_bucket(await read_json(request))
             version = req.weight_version  # bounded as on the other weight paths, before any receive
@@ -316,10 +330,15 @@ class EngineServer:
                 return weight_failure("weight_version is not valid Unicode text (a lone surrogate)")
             if version is not None and len(version) > MAX_VERSION_CHARS:
                 return weight_failure(_long_version(version))
-            ready = await run_in_threadpool(self.receiver.receive_bucket, req)
+            spans.bucket_arrived(req.group_name, arrived)
+            with spans.span("receive", version, source="broadcast", tensors=len(req.names)):
+                ready = await run_in_threadpool(self.receiver.receive_bucket, req)
         except weight_update.WeightUpdateError as exc:
+            if req is not None:
+                spans.bucket_answered(req.group_name, staged=False)  # none follows a failed one
             self.metrics.weight_update_failures.labels("distributed").inc()
             return weight_failure(str(exc))
+        spans.bucket_answered(req.group_name, staged=not req.flush_cache)  # more of it follow
         if ready is None:
             staged = self.receiver.staged_buckets(req.group_name)
             return {"success": True, "weight_version": self.scheduler.weight_version,
@@ -369,7 +388,8 @@ class EngineServer:
             if version is not None:
                 self.scheduler.weight_version = version
 
-        await asyncio.wrap_future(self.scheduler.call_between_batches(apply))
+        timed = self.push_spans.timed_apply(apply, version)  # its wait for the batch, its swap
+        await asyncio.wrap_future(self.scheduler.call_between_batches(timed))
 
     async def prometheus_metrics(self):
         self.metrics.set_weight_version(self.scheduler.weight_version)

@@ -9,6 +9,10 @@ shared machine); the red flag needs the same rank straggling in the same phase f
 --health-straggler-window rollouts in a row, so one slow step (a page fault, a noisy neighbour)
 never counts. A run with one rank, or whose ranks record no phase spans, logs none of these keys:
 the signal is off there.
+
+The weight push is judged the same way over the receiving engines: its figures are each engine's
+own receive+apply seconds (`perf/update_weights_engine_time/{p50,max,slowest}`,
+`miles.run.engine_stragglers`), and the straggler is named `engine <index>`.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from miles.health.signals import RED, Verdict
 
 PREFIX = "straggler/"
 COORDINATES = ("node", "dp", "pp", "tp")  # the axes `straggler/<phase>/slowest_<axis>` names
+ENGINES = "perf/update_weights_engine_time/"  # the engines' own push seconds (engine_stragglers)
+PUSH = "weight push (engine receive+apply)"  # how messages name the engines' phase
 
 
 def phases(metrics: dict[str, float]) -> list[str]:
@@ -47,11 +53,52 @@ def straggler_in(metrics: dict[str, float], phase: str, cfg: HealthConfig) -> st
     return None
 
 
+def engine_slowdown(metrics: dict[str, float]) -> float | None:
+    """The slowest engine's own push time over the engines' median (None: not recorded)."""
+    high, mid = metrics.get(ENGINES + "max"), metrics.get(ENGINES + "p50")
+    if high is None or mid is None or ENGINES + "slowest" not in metrics:
+        return None
+    return high / mid if mid > 0 else 1.0
+
+
+def engine_straggler_in(metrics: dict[str, float], cfg: HealthConfig) -> str | None:
+    """`engine <index>` when one engine straggled in this rollout's weight push, by the rank
+    signal's bounds."""
+    slowdown = engine_slowdown(metrics)
+    if slowdown is None or slowdown <= cfg.health_straggler_slowdown:
+        return None
+    if metrics[ENGINES + "max"] - metrics[ENGINES + "p50"] < cfg.health_straggler_lag_s:
+        return None
+    return f"engine {int(metrics[ENGINES + 'slowest'])}"
+
+
+def _engine_held(history: Sequence, cfg: HealthConfig) -> Verdict | None:
+    """Red when one engine straggled in the weight push for the last window of rollouts."""
+    w = cfg.health_straggler_window
+    window = history[-w:]
+    now = window[-1].metrics
+    engine = engine_straggler_in(now, cfg)
+    if len(window) < w or engine is None:
+        return None
+    if any(engine_straggler_in(r.metrics, cfg) != engine for r in window):
+        return None
+    slowdown, high, mid = engine_slowdown(now), now[ENGINES + "max"], now[ENGINES + "p50"]
+    message = (f"{engine} is the straggler of the {PUSH} for {w} rollouts in a row: its own "
+               f"receive+apply {high:.3g}s, {slowdown:.2f}x the engines' median {mid:.3g}s")
+    values = {ENGINES + k: now[ENGINES + k] for k in ("max", "p50", "slowest")}
+    return Verdict(history[-1].rollout_id, "straggler", RED, message, values)
+
+
 def check_straggler(history: Sequence, cfg: HealthConfig, run) -> Verdict | None:
-    """Red when one rank straggled in one phase for the last --health-straggler-window rollouts (the
-    phase with the largest slowdown now, when several did)."""
+    """A rank's red flag (`_rank_held`), else an engine's in the weight push (`_engine_held`)."""
     if not history:
         return None
+    return _rank_held(history, cfg) or _engine_held(history, cfg)
+
+
+def _rank_held(history: Sequence, cfg: HealthConfig) -> Verdict | None:
+    """Red when one rank straggled in one phase for the last --health-straggler-window rollouts (the
+    phase with the largest slowdown now, when several did)."""
     w = cfg.health_straggler_window
     window = history[-w:]
     now = window[-1].metrics
@@ -78,6 +125,8 @@ def evidence(rollouts: Sequence) -> str | None:
     when no rollout holds straggler figures."""
     seen = [(r.metrics[f"{PREFIX}{p}/slowdown"], p, r.rollout_id)
             for r in rollouts for p in phases(r.metrics)]
+    seen += [(slowdown, PUSH, r.rollout_id) for r in rollouts
+             if (slowdown := engine_slowdown(r.metrics)) is not None]
     if not seen:
         return None
     slowdown, phase, rollout_id = max(seen)

@@ -18,6 +18,12 @@ rollout R, inside the rank (`miles.backends.rank_phases`); the loop's injector l
 inside the weight push after rollout R, as it enters the push's weight gather (a collective): the
 other ranks are in it and wait for it until the push's deadline (--update-weight-timeout) fails them
 (`miles.backends.push_deadline`). Also fired inside the rank, not by the loop's injector.
+
+`slow-engine-apply:N[:SECONDS]@R` makes engine N (its index in the run's engine list; embedded
+engines) a weight-sync straggler: it sleeps SECONDS (default 1) in its apply of every push from
+the one after rollout R on (weight version R + 1), inside the engine (`miles engine
+--inject-slow-apply`, `miles.engines.push_spans.slow_apply_of`); the loop's injector leaves it
+alone.
 """
 from __future__ import annotations
 
@@ -29,12 +35,14 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from miles.config import ConfigError
+from miles.engines.push_spans import SLOW_ENGINE_SPEC
 from miles.record import layout
 from miles.run.observer import Observer
 from miles.run.stragglers import RANK_PHASES
 
 KINDS = ("raise", "kill", "kill-engine", "stop-engine", "abort-engine", "kill-router", "slow-rank",
-         "kill-rank", "stall-rank")
+         "kill-rank", "stall-rank", "slow-engine-apply")
+INSIDE = ("slow-rank", "kill-rank", "stall-rank", "slow-engine-apply")  # fired by a rank or engine
 ENGINE_KINDS = ("kill-engine", "stop-engine", "abort-engine")
 PUSH_RANK_KINDS = ("kill-rank", "stall-rank")  # fired inside a training rank's weight push
 NUMBERED = ENGINE_KINDS + PUSH_RANK_KINDS
@@ -73,6 +81,8 @@ class Fault:
     def name(self) -> str:
         if self.kind == "slow-rank":
             return f"slow-rank:{self.engine}:{self.phase}:{self.seconds:g}@{self.rollout_id}"
+        if self.kind == "slow-engine-apply":
+            return f"slow-engine-apply:{self.engine}:{self.seconds:g}@{self.rollout_id}"
         return f"{self.kind}:{self.engine}@{self.rollout_id}" if self.kind in NUMBERED else \
             f"{self.kind}@{self.rollout_id}"
 
@@ -102,6 +112,15 @@ def push_fault(spec: str | None, rank: int) -> Fault | None:
     return None
 
 
+def _parse_slow_engine(spec: str) -> Fault:
+    match = SLOW_ENGINE_SPEC.match(spec)
+    if match is None:
+        raise ConfigError("--inject-fault", "expected slow-engine-apply:ENGINE[:SECONDS]@ITER, "
+                                            f"got {spec!r}")
+    return Fault("slow-engine-apply", int(match["at"]), int(match["engine"]),
+                 seconds=float(match["seconds"] or 1.0))
+
+
 def _parse_slow_rank(spec: str) -> Fault:
     match = SLOW_SPEC.match(spec)
     if match is None or match["phase"] not in RANK_PHASES:
@@ -117,14 +136,17 @@ def parse_fault(spec: str | None) -> Fault | None:
         return None
     if spec.strip().startswith("slow-rank"):
         return _parse_slow_rank(spec.strip())
+    if spec.strip().startswith("slow-engine-apply"):
+        return _parse_slow_engine(spec.strip())
     match = SPEC.match(spec.strip())
     numbered = match is not None and match["engine"] and match["kind"] not in NUMBERED
     if match is None or match["kind"] not in KINDS or numbered:
         raise ConfigError("--inject-fault",
                           "expected raise@ITER, kill@ITER, kill-engine[:N]@ITER, "
                           "stop-engine[:N]@ITER, abort-engine[:N]@ITER, kill-router@ITER, "
-                          "slow-rank:RANK:PHASE[:SECONDS]@ITER, kill-rank[:N]@ITER or "
-                          f"stall-rank[:N]@ITER, got {spec!r}")
+                          "slow-rank:RANK:PHASE[:SECONDS]@ITER, kill-rank[:N]@ITER, "
+                          "stall-rank[:N]@ITER or slow-engine-apply:ENGINE[:SECONDS]@ITER, "
+                          f"got {spec!r}")
     return Fault(match["kind"], int(match["at"]), int(match["engine"] or 0))
 
 
@@ -144,12 +166,21 @@ def parse_faults(spec: str | None) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
-def check_faults(spec: str | None, world_size: int) -> None:
-    """Before a run starts: the spec parses, and a slow rank is one of the run's training ranks."""
+def check_faults(spec: str | None, world_size: int, engines: int | None = None,
+                 embedded: bool = True) -> None:
+    """Before a run starts: the spec parses, a slow rank is one of the run's training ranks and a
+    slow engine one of its (embedded) engines."""
     for fault in parse_faults(spec):
         if fault.kind in ("slow-rank", *PUSH_RANK_KINDS) and fault.engine >= world_size:
             raise ConfigError("--inject-fault", f"{fault.name}: there is no training rank {fault.engine} "
                                                 f"(ranks 0..{world_size - 1})")
+        if fault.kind != "slow-engine-apply":
+            continue
+        if not embedded:
+            raise ConfigError("--inject-fault", f"{fault.name}: only the embedded engine takes it")
+        if engines is not None and fault.engine >= engines:
+            raise ConfigError("--inject-fault", f"{fault.name}: there is no engine {fault.engine} "
+                                                f"(engines 0..{engines - 1})")
 
 
 def require_healable(spec: str | None, supervised: bool) -> None:
@@ -177,8 +208,7 @@ class FaultInjector(Observer):
 
     def before_iteration(self, rollout_id: int) -> None:
         for fault in self.faults:
-            inside_rank = fault.kind == "slow-rank" or fault.kind in PUSH_RANK_KINDS
-            if fault.rollout_id == rollout_id and not inside_rank:
+            if fault.rollout_id == rollout_id and fault.kind not in INSIDE:
                 self._fire(fault, rollout_id)
 
     def _fire(self, fault: Fault, rollout_id: int) -> None:

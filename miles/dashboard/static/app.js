@@ -8,6 +8,8 @@ const PHASE_COLORS = {rollout: "#60a5fa", train: "#a78bfa", log_probs: "#34d399"
                       // a training rank's own phases, and its waits for the other ranks (light grey)
                       ref_log_probs: "#6ee7b7", forward: "#fbbf24", backward: "#d97706", grad_reduce: "#8b5cf6",
                       optimizer: "#c084fc", wait: "#e5e7eb",
+                      // an engine's own phases of a weight push (its waits are `wait` spans too)
+                      receive: "#0ea5e9", apply: "#be185d", pause: "#facc15", continue: "#4ade80",
                       // the router's lane: bursts of proxied requests, and its admin events (instants)
                       proxy: "#fdba74", add_worker: "#15803d", readmit: "#15803d", remove_worker: "#b91c1c",
                       quarantine: "#b91c1c", update_weight_version: "#db2777",
