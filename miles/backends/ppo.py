@@ -39,7 +39,7 @@ from miles.backends.rank_activity import RankActivity
 from miles.backends.rank_phases import RankPhaseRecorder
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
-from miles.backends.weight_broadcast import RankSender, SendTarget
+from miles.backends.weight_broadcast import PushStats, RankSender, SendTarget
 from miles.moe.capture import RouterCapture
 from miles.moe.replay import METRIC as R3_MISMATCH
 from miles.moe.replay import RoutingReplay, require_records, require_routers
@@ -55,6 +55,9 @@ GROUP_TIMEOUT = timedelta(minutes=30)
 # What a weight push's gather is, per backend, for a failed push's message
 PUSH_GATHERS = {"fsdp": "all-gather of the FSDP shards (get_model_state_dict)",
                 "megatron": "all_gather_object of the TP/PP shards (model-parallel group)"}
+# ... and a broadcast push's, where each pipeline stage gathers only its own layers
+STAGE_GATHERS = {**PUSH_GATHERS,
+                 "megatron": "all_gather_object of the stage's TP shards (tensor-parallel group)"}
 
 
 def open_master_store(master_addr: str, world_size: int, port: int = 0) -> dist.TCPStore:
@@ -417,24 +420,41 @@ class PPORank:
         except Exception as exc:  # disk full, export error: reported by the trainer, training goes on
             return [], f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
-    def push_export(self, directory: str | None, version: int) -> dict | None:
-        """`export_weights` as a weight push's: its gather bounded by --update-weight-timeout
-        and recorded for whoever waits on it (`miles.backends.push_deadline`)."""
+    def push_export(self, directory: str | None, version: int, stage: bool = False) -> dict | None:
+        """`export_weights` (with `stage`: `export_stage`) as a weight push's: its gather bounded
+        by --update-weight-timeout and recorded for whoever waits on it
+        (`miles.backends.push_deadline`)."""
         watch = self.push_watch
         watch.rollout_id = self.rank_phases.rollout_id  # faults aim at the rollout just trained
-        gather = PUSH_GATHERS.get(self.config.train.train_backend, "gather of the HF weights")
+        gathers = STAGE_GATHERS if stage else PUSH_GATHERS
+        gather = gathers.get(self.config.train.train_backend, "gather of the HF weights")
         with watch.collective(version, "weight_gather", gather):
-            return self.export_weights(directory)
+            return self.export_stage() if stage else self.export_weights(directory)
+
+    # ---- broadcast weight sync (--update-weight-transfer-mode broadcast) -------------------
+    def weight_source(self) -> tuple[int, int] | None:
+        """(stage, stages): this rank sends pipeline stage `stage` of `stages` over its own weight
+        update group; None: it sends nothing. One stage here: rank 0 sends everything."""
+        return (0, 1) if self.rank == 0 else None
+
+    def export_stage(self) -> dict | None:
+        """Collective: the HF tensors this rank sends (`weight_source`), a tied head left out
+        (the engine ties it); None on the other ranks."""
+        return self.export_weights(None)
 
     def stage_weights(self, version: int = 0) -> None:
-        """Collective (FSDP gathers on every rank): the source rank keeps its HF export for
-        `send_weights` (--update-weight-transfer-mode broadcast)."""
-        self._sender().stage(self.push_export(None, version))
+        """Collective (FSDP gathers on every rank; Megatron each stage over its TP group): each
+        source rank keeps its stage's HF tensors for `send_weights`."""
+        self._sender().stage(self.push_export(None, version, stage=True))
 
-    def send_weights(self, target: SendTarget, version: int) -> dict[str, float]:
-        """The source rank: stream the staged weights to `target`'s engines in buckets; the
-        push's metrics."""
-        return self._sender().send(target, version)
+    def send_weights(self, target: SendTarget, version: int) -> tuple[int, PushStats] | None:
+        """A source rank streams its staged stage to `target`'s engines in buckets, over its
+        stage's group (every stage's source at once): (stage, the send's stats). None: this rank
+        sends nothing."""
+        source = self.weight_source()
+        if source is None:
+            return None
+        return source[0], self._sender().send(target.for_stage(*source), version)
 
     def _sender(self) -> RankSender:
         if getattr(self, "weight_sender", None) is None:

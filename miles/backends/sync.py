@@ -1,9 +1,13 @@
 """Weight sync from the training ranks to every engine, with a new weight version (Miles' "p2p").
 
 Across processes the ranks write an HF checkpoint directory and each engine loads it
-(`/update_weights_from_disk`), or with `--update-weight-transfer-mode broadcast` rank 0 streams the
-HF tensors in buckets over SGLang's `/update_weights_from_distributed` (weight_broadcast.py);
-co-located, rank 0's full state dict is pushed in memory.
+(`/update_weights_from_disk`), or with `--update-weight-transfer-mode broadcast` the source rank of
+each pipeline stage streams its stage's HF tensors in buckets over its own group
+(`miles-pp_<stage>`, SGLang's `/update_weights_from_distributed`; weight_broadcast.py), all
+stages at once, and the engines apply the push once every stage is in; co-located, rank 0's full state dict
+is pushed in memory. With --use-fault-tolerance a broadcast push also writes the checkpoint
+directory: the supervisor brings a relaunched engine, or one that missed a push, up to date from
+it (the disk path).
 The router is told the new version so it can report which weights serve traffic.
 
 Nothing in a push waits forever: each collective on the ranks (the weight gather) and each engine
@@ -28,7 +32,7 @@ from typing import Iterator
 import httpx
 
 from miles.backends.group import ActorGroup, RankCallError
-from miles.backends.weight_broadcast import DEFAULT_BUFFER_BYTES, SendTarget
+from miles.backends.weight_broadcast import DEFAULT_BUFFER_BYTES, SendTarget, merge_stats
 from miles.record import layout
 from miles.serving.auth import bearer
 from miles.serving.router_client import RouterClient
@@ -39,6 +43,11 @@ from miles.run.engine_stragglers import SpanTail, engine_own_seconds, engine_tim
 
 class WeightSyncError(RuntimeError):
     """An engine or the router did not accept new weights."""
+
+
+class RanksFailedError(WeightSyncError):
+    """A training rank failed mid-push; the ranks were ended (the run's relaunch path starts them
+    afresh from the last checkpoint, with or without engine supervision)."""
 
 
 def _engine_weights():
@@ -200,31 +209,56 @@ class WeightSync:
         self.announce(version)
 
     def _push_broadcast(self, version: int, pause_mode: str | None) -> None:
-        """Every rank exports (FSDP gathers), then rank 0 streams the HF tensors to every engine
-        in buckets over their weight update group (weight_broadcast.py); the engines apply them
-        with the last bucket. Only the transfer runs paused."""
+        """The broadcast push to every engine; any engine that did not apply it fails the push."""
         self.last_times = {}
+        failures = self._broadcast(self.engine_urls, version, pause_mode)
+        if failures:
+            raise WeightSyncError(f"the broadcast of weight version {version} failed: "
+                                  f"{next(iter(failures.values()))}")
+
+    def _broadcast(self, urls: list[str], version: int, pause_mode: str | None) -> dict[str, str]:
+        """Every rank gathers what it sends (FSDP: rank 0 the whole model; Megatron: each pipeline
+        stage's source rank its own stage, over its TP group), then every stage's source streams
+        its part to the engines `urls` at once, each over its own group (weight_broadcast.py); an
+        engine applies the push once every stage's last bucket is in. Only the transfer runs
+        paused. The engines that do not serve `version` after it, with why; a training rank that
+        died or stopped fails the push on the ranks (`_on_ranks`)."""
         _, seconds = self._on_ranks("stage_weights", version)
-        self.last_times.update({f"perf/update_weights_rank_{r}_time": s
-                                for r, s in enumerate(seconds)})
-        target = SendTarget(tuple(self.engine_urls), self.admin_token, self.buffer_bytes,
+        self._add_rank_times(seconds)
+        target = SendTarget(tuple(urls), self.admin_token, self.buffer_bytes,
                             timeout_s=self.timeout_s)
         start = time.perf_counter()
-        with paused(self.engine_urls, pause_mode, self.admin_token, self.timeout_s):
-            try:
-                metrics = self._on_rank0("send_weights", target, version)
-            except Exception as exc:  # a Ray task error wraps the rank's WeightBroadcastError
-                lines = [line for line in str(exc).splitlines() if "WeightBroadcastError" in line]
-                raise WeightSyncError(f"the broadcast of weight version {version} failed: "
-                                      f"{(lines or [str(exc)])[-1].strip()}") from exc
-        sent = time.perf_counter() - start
-        self.last_times.update(metrics)
-        self._engine_times({url: sent for url in self.engine_urls})  # they receive together
+        with paused(urls, pause_mode, self.admin_token, self.timeout_s):
+            reports, failed = self._send_on_ranks(target, version)
+        if failed is not None:  # no engine is known to have applied the whole push
+            return {url: failed for url in urls}
+        stages = sorted(report for report in reports if report is not None)
+        merged = merge_stats([stats for _, stats in stages], time.perf_counter() - start)
+        self.last_times.update(merged.metrics())
+        for stage, stats in stages:
+            self.last_times.update(stats.stage_metrics(stage))
+        self._engine_times({url: merged.seconds for url in urls})  # they receive together
+        return {url: f"engine {url} did not apply weight version {version}: not every one of the "
+                     f"{len(stages)} stages' groups delivered its part"
+                for url in urls if url not in merged.applied}
 
-    def _on_rank0(self, method: str, *args):
-        import ray
-
-        return ray.get(getattr(self.group.actors[0], method).remote(*args))
+    def _send_on_ranks(self, target: SendTarget, version: int) -> tuple[list, str | None]:
+        """`send_weights` on every rank (each stage's source sends, the others answer at once):
+        their answers, and why the send failed (None: it did not). A rank that died or stopped
+        ends the ranks (WeightSyncError, as in `_on_ranks`); a failed send leaves them in step
+        (no collective spans the ranks meanwhile)."""
+        try:
+            reports, _ = self.group.call_bounded(
+                "send_weights", target, version, grace_s=self.timeout_s + 10.0,
+                gone=lambda rank: gone(self.run_dir, rank, version))
+        except RankCallError as exc:
+            if exc.silent or any(e.startswith("its process died") for e in exc.errors.values()):
+                self.group.kill()
+                raise RanksFailedError(f"the weight push of version {version} failed on the "
+                                      f"training ranks and they were ended (a relaunch starts "
+                                      f"them from the last checkpoint): {exc}") from None
+            return [], "; ".join(f"rank {rank}: {error}" for rank, error in exc.errors.items())
+        return reports, None
 
     def _export_to_disk(self, version: int) -> Path:
         """Every rank exports `version`'s weights to their directory under export_root, which is returned."""
@@ -246,8 +280,14 @@ class WeightSync:
         """Every rank's export (rank 0 writes or returns the full state), timed per rank."""
         self.last_times = {}
         results, seconds = self._on_ranks("push_export", version, directory)
-        self.last_times.update({f"perf/update_weights_rank_{r}_time": s for r, s in enumerate(seconds)})
+        self._add_rank_times(seconds)
         return results
+
+    def _add_rank_times(self, seconds: list[float]) -> None:
+        """Each rank's seconds in the push's collectives (a supervised broadcast has two)."""
+        for rank, s in enumerate(seconds):
+            key = f"perf/update_weights_rank_{rank}_time"
+            self.last_times[key] = self.last_times.get(key, 0.0) + s
 
     def _on_ranks(self, method: str, version: int, *args) -> tuple[list, list[float]]:
         """A collective step of the push of `version` on every rank, bounded: the ranks fail their
@@ -259,7 +299,7 @@ class WeightSync:
                                            gone=lambda rank: gone(self.run_dir, rank, version))
         except RankCallError as exc:
             self.group.kill()
-            raise WeightSyncError(f"the weight push of version {version} failed on the training "
+            raise RanksFailedError(f"the weight push of version {version} failed on the training "
                                   f"ranks and they were ended (a relaunch starts them from the "
                                   f"last checkpoint): {exc}") from None
 
@@ -281,14 +321,20 @@ class WeightSync:
 
     def _push_supervised(self, version: int, pause_mode: str | None = None) -> None:
         """Push to the ready engines only; an engine that fails is marked stale for the supervisor, which
-        brings it (and any engine that is relaunching) up to `version` from the kept directory."""
+        brings it (and any engine that is relaunching) up to `version` from the kept directory (with
+        broadcast too: the ranks write it as well, for the relaunched and the stale engines)."""
         target = self._export_to_disk(version)
         ready = self.supervisor.ready_urls()
         try:
-            with paused(ready, pause_mode, self.admin_token, self.timeout_s):
-                failures, seconds = push_disk_each(ready, target, version, self.admin_token,
-                                                   self.timeout_s)
-            self._engine_times(seconds)
+            if self.transfer_mode == "broadcast" and not self.in_memory:
+                failures = self._broadcast(ready, version, pause_mode) if ready else {}
+            else:
+                with paused(ready, pause_mode, self.admin_token, self.timeout_s):
+                    failures, seconds = push_disk_each(ready, target, version, self.admin_token,
+                                                       self.timeout_s)
+                self._engine_times(seconds)
+        except RanksFailedError:  # the ranks' failure is not the supervisor's to heal
+            raise
         except WeightSyncError as exc:  # an engine refused the pause: the supervisor's to heal, like a failed push
             failures = {url: exc for url in ready}
         for url, exc in failures.items():

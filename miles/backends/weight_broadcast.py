@@ -10,14 +10,18 @@ others and swaps everything in with the last (see miles/engines/weight_receiver.
 each as it comes.
 
 The sender takes any `(name, tensor)` list in HF names, so a pipeline stage's source rank sends its
-own layers through its own group. A failure leaves the group: the next push builds it again.
+own layers through its own group. With pipeline parallelism every stage's source rank does, over
+`miles-pp_<stage>`, at the same time; each bucket then says how many groups the push has
+(`push_groups`), and the engine applies the push once the last bucket of every group is in (the
+groups' last buckets but one answer with the version served until then). A failure leaves the
+group: the next push builds it again.
 """
 from __future__ import annotations
 
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 from urllib.parse import urlparse
 
@@ -63,6 +67,7 @@ class PushStats:
     bucket_bytes: list[int] = field(default_factory=list)
     seconds: float = 0.0
     connect_seconds: float = 0.0  # building the group (first push, or after a failure); else 0
+    applied: list[str] = field(default_factory=list)  # engines that serve the push's version now
 
     def metrics(self) -> dict[str, float]:
         """Journal keys: per-bucket {min,p50,max} seconds and bytes, the total bytes and GB/s."""
@@ -79,6 +84,23 @@ class PushStats:
                             f"perf/update_weights_{key}/max": float(max(values))})
         return out
 
+    def stage_metrics(self, stage: int) -> dict[str, float]:
+        """One pipeline stage's group: its send's seconds (joining included) and bytes."""
+        return {f"perf/update_weights_pp_{stage}_time": self.connect_seconds + self.seconds,
+                f"perf/update_weights_pp_{stage}_bytes": float(sum(self.bucket_bytes))}
+
+
+def merge_stats(stages: list[PushStats], seconds: float) -> PushStats:
+    """The push over every stage's group as one: their buckets together, `seconds` the wall time
+    of the whole send (the stages send at once), joining the slowest stage's."""
+    merged = PushStats(seconds=seconds)
+    for stats in stages:
+        merged.bucket_seconds += stats.bucket_seconds
+        merged.bucket_bytes += stats.bucket_bytes
+        merged.applied += [url for url in stats.applied if url not in merged.applied]
+    merged.connect_seconds = max((stats.connect_seconds for stats in stages), default=0.0)
+    return merged
+
 
 def sender_address(engine_urls: list[str]) -> str:
     """Where engines reach the sender's store: loopback when they all run here, else this node."""
@@ -94,9 +116,11 @@ class WeightBroadcaster:
     is kept between pushes."""
 
     def __init__(self, engine_urls: list[str], token: str | None = None,
-                 group_name: str = "miles-pp_0", timeout_s: float = DEFAULT_TIMEOUT_S):
+                 group_name: str = "miles-pp_0", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 push_groups: int = 1):
         self.engine_urls, self.token = list(engine_urls), token
         self.group_name, self.timeout_s = group_name, timeout_s
+        self.push_groups = push_groups  # the groups each push comes over (this one among them)
         self.group: WeightGroup | None = None
 
     def push(self, named: Named, buffer_bytes: int, version: str,
@@ -127,9 +151,13 @@ class WeightBroadcaster:
             for index, bucket in enumerate(buckets):
                 last = index == len(buckets) - 1
                 began = time.perf_counter()
-                self._send_bucket(bucket, index + 1, len(buckets), version if last else None)
+                calls = self._send_bucket(bucket, index + 1, len(buckets),
+                                          version if last else None)
                 stats.bucket_seconds.append(time.perf_counter() - began)
                 stats.bucket_bytes.append(sum(t.numel() * t.element_size() for _, t in bucket))
+                if last:  # the last group of the push to finish: its answers carry the version
+                    stats.applied = [c.url for c in calls
+                                     if c.answer.get("weight_version", version) == version]
                 if on_bucket is not None:
                     on_bucket(index + 1, len(buckets))
         except BaseException:
@@ -167,23 +195,28 @@ class WeightBroadcaster:
         for call in calls:
             call.thread.join()
 
-    def _send_bucket(self, bucket: Named, number: int, total: int, version: str | None) -> None:
+    def _send_bucket(self, bucket: Named, number: int, total: int,
+                     version: str | None) -> list["_Call"]:
         tensors = [t.detach().to("cpu").contiguous() for _, t in bucket]
         meta = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for t in tensors],
                 "shapes": [list(t.shape) for t in tensors], "group_name": self.group_name,
                 "flush_cache": version is not None}
         if version is not None:
             meta["weight_version"] = str(version)
+        if self.push_groups > 1:  # ours: SGLang's request has no such field
+            meta["push_groups"] = self.push_groups
         what = f"bucket {number} of {total}"
         calls = self._together("update_weights_from_distributed", [meta] * len(self.engine_urls),
                                lambda: self.group.broadcast(tensors, what), what)
         # the last bucket's answers carry the version now served (the embedded engine's do;
-        # SGLang's carry none): one that differs did not apply the push
+        # SGLang's carry none): one that differs did not apply the push, unless other groups of
+        # the push are still to come (the caller checks that every engine applied it)
         wrong = [f"engine {c.url} serves {c.answer['weight_version']!r}" for c in calls
                  if version is not None and c.answer.get("weight_version", version) != version]
-        if wrong:
+        if wrong and self.push_groups == 1:
             raise WeightBroadcastError(f"weight update group {self.group_name!r}, {what}: "
                                        f"{'; '.join(wrong)}, not {version!r}")
+        return calls
 
     def _together(self, path: str, bodies: list[dict], work: Callable[[], None],
                   what: str) -> list["_Call"]:
@@ -277,6 +310,16 @@ class SendTarget:
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
     group_name: str = "miles-pp_0"
     timeout_s: float = DEFAULT_TIMEOUT_S
+    push_groups: int = 1  # the groups the push comes over: one per pipeline stage
+
+    def for_stage(self, stage: int, stages: int) -> "SendTarget":
+        """The target of pipeline stage `stage`'s source rank: its own group, `stages` in all."""
+        return replace(self, group_name=stage_group(stage), push_groups=stages)
+
+
+def stage_group(stage: int) -> str:
+    """The weight update group of pipeline stage `stage` (Miles' name)."""
+    return f"miles-pp_{stage}"
 
 
 class RankSender:
@@ -290,19 +333,23 @@ class RankSender:
     def stage(self, state: dict[str, torch.Tensor] | None) -> None:
         self.outgoing = None if state is None else list(state.items())
 
-    def send(self, target: SendTarget, version: int) -> dict[str, float]:
-        """Push what was staged as `version`; the push's metrics (PushStats.metrics)."""
+    def send(self, target: SendTarget, version: int) -> PushStats:
+        """Push what was staged as `version` (its buckets' seconds and bytes, the engines that
+        serve it now)."""
         if self.outgoing is None:
             raise WeightBroadcastError("no weights are staged on this rank: stage_weights runs on "
                                        "every rank first, and only the source rank sends")
         b = self.broadcaster
-        wanted = (target.engine_urls, target.token, target.group_name, target.timeout_s)
-        if b is None or (tuple(b.engine_urls), b.token, b.group_name, b.timeout_s) != wanted:
+        wanted = (target.engine_urls, target.token, target.group_name, target.timeout_s,
+                  target.push_groups)
+        if b is None or (tuple(b.engine_urls), b.token, b.group_name, b.timeout_s,
+                         b.push_groups) != wanted:
             if b is not None:
                 b.close()
             b = self.broadcaster = WeightBroadcaster(list(target.engine_urls), target.token,
-                                                     target.group_name, target.timeout_s)
+                                                     target.group_name, target.timeout_s,
+                                                     target.push_groups)
         try:
-            return b.push(self.outgoing, target.buffer_bytes, str(version)).metrics()
+            return b.push(self.outgoing, target.buffer_bytes, str(version))
         finally:
             self.outgoing = None  # sent or not, the next push exports afresh

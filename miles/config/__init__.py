@@ -137,10 +137,6 @@ class MilesConfig:
             raise ConfigError("--update-weight-transfer-mode",
                               "broadcast is built for the embedded engine (gloo); SGLang on GPU "
                               "needs NCCL, not built yet: use disk")
-        if broadcast and self.orchestration.use_fault_tolerance:
-            raise ConfigError("--update-weight-transfer-mode",
-                              "--use-fault-tolerance brings a relaunched engine up to date from the "
-                              "weights on disk: use disk")
         if self.orchestration.use_fault_tolerance and self.train.colocate:
             raise ConfigError("--use-fault-tolerance", "needs the weights on disk to bring a relaunched engine up to "
                                                        "date; --colocate pushes them in memory")

@@ -11,6 +11,15 @@ staged with it in one swap between two batches, and sets `weight_version` if giv
 therefore serves the old weights, whole, until the last bucket of a push, at the cost of holding one
 staged copy of what was sent. A refused bucket drops what was staged; the served weights stay as
 they were.
+
+A push may come over several groups at once (ours, beyond SGLang): Megatron's pipeline stages each
+send their own layers over their own group (`miles-pp_<stage>`), concurrently, every bucket saying
+`push_groups` (how many groups the push has). A group's last bucket then only completes its part
+of the push (keyed by `weight_version`); the last bucket of the last group to finish applies every
+group's part in one swap, so no generation sees one stage's new layers beside another's old ones.
+Its answer carries the new version; the earlier groups' last buckets answer with the version
+served until then. A name sent by two groups is refused (a tied embedding goes once). A group
+that leaves drops its part; a part of another version is dropped when a new push's part arrives.
 """
 from __future__ import annotations
 
@@ -45,13 +54,15 @@ class BucketRequest:
     flush_cache: bool = True  # true: the last bucket of a push (apply what is staged)
     weight_version: str | None = None
     abort_all_requests: bool = False
+    push_groups: int = 1  # ours: the groups the push comes over (one per pipeline stage)
 
 
 JOIN_TYPES = {"master_address": (str,), "master_port": (int,), "rank_offset": (int,),
               "world_size": (int,), "group_name": (str,), "backend": (str,),
               "timeout_s": (int, float)}
 BUCKET_TYPES = {"names": (list,), "dtypes": (list,), "shapes": (list,), "group_name": (str,),
-                "flush_cache": (bool,), "weight_version": (str,), "abort_all_requests": (bool,)}
+                "flush_cache": (bool,), "weight_version": (str,), "abort_all_requests": (bool,),
+                "push_groups": (int,)}
 
 
 @dataclass
@@ -60,6 +71,15 @@ class _Member:
     staged: dict[str, torch.Tensor] = field(default_factory=dict)
     buckets: int = 0  # buckets staged since the last apply (a refused one is named by its number)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one bucket at a time
+
+
+@dataclass
+class _PushParts:
+    """A push over several groups: the parts of the groups whose last bucket is in."""
+
+    version: str
+    groups: int
+    parts: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # group -> tensors
 
 
 def _typed(body, cls, types: dict[str, tuple]):
@@ -104,6 +124,11 @@ def parse_bucket(body) -> BucketRequest:
             parse_dtype(dtype)
         except WeightGroupError as exc:
             raise WeightUpdateError(f"tensor {name!r}: {exc}") from None
+    if req.push_groups < 1:
+        raise WeightUpdateError(f"push_groups must be >= 1, got {req.push_groups}")
+    if req.push_groups > 1 and req.flush_cache and req.weight_version is None:
+        raise WeightUpdateError("a push over several groups (push_groups > 1) needs the "
+                                "weight_version on each group's last bucket (it keys the push)")
     return req
 
 
@@ -119,6 +144,7 @@ class WeightReceiver:
         self.model = model
         self._members: dict[str, _Member] = {}
         self._lock = threading.Lock()
+        self._push: _PushParts | None = None  # a push over several groups, not complete yet
 
     def join(self, req: JoinRequest) -> str:
         """Join (blocking until every member has, or the timeout); a group of that name is
@@ -134,14 +160,16 @@ class WeightReceiver:
     def leave(self, name: str) -> bool:
         with self._lock:
             member = self._members.pop(name, None)
+            if self._push is not None:  # its part would be out of step with what it sends next
+                self._push.parts.pop(name, None)
         if member is not None:
             member.group.close()
         return member is not None
 
     def receive_bucket(self, req: BucketRequest) -> dict[str, torch.Tensor] | None:
         """Receive and check one bucket; stage it, or (the last bucket) return everything staged,
-        to apply. A timeout leaves the group (it is out of step); a refused bucket drops what was
-        staged."""
+        to apply (over several groups: once every group's part is in). A timeout leaves the group
+        (it is out of step); a refused bucket drops what was staged."""
         member = self._members.get(req.group_name)
         if member is None:
             raise WeightUpdateError(f"no weight update group {req.group_name!r}; call "
@@ -167,8 +195,32 @@ class WeightReceiver:
             if not req.flush_cache:
                 return None
             ready, member.staged, member.buckets = member.staged, {}, 0
-            return ready
+        return ready if req.push_groups == 1 else self._add_part(req, ready)
+
+    def _add_part(self, req: BucketRequest,
+                  part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """One group's whole part of a push over `req.push_groups` groups: all parts to apply
+        when it was the last awaited, else None (held until the others are in)."""
+        with self._lock:
+            push = self._push
+            if push is None or (push.version, push.groups) != (req.weight_version,
+                                                                req.push_groups):
+                push = self._push = _PushParts(req.weight_version, req.push_groups)
+            others = [p for group, p in push.parts.items() if group != req.group_name]
+            twice = [n for n in part if any(n in p for p in others)]
+            if twice:
+                self._push = None
+                raise WeightUpdateError(
+                    f"group {req.group_name!r}: {twice[0]!r} was sent by another group of weight "
+                    f"version {req.weight_version!r} too (each tensor comes from one stage); the "
+                    "push is dropped and the served weights are kept")
+            push.parts[req.group_name] = part
+            if len(push.parts) < push.groups:
+                return None
+            self._push = None
+        return {name: t for p in push.parts.values() for name, t in p.items()}
 
     def staged_buckets(self, name: str) -> int:
         member = self._members.get(name)
         return member.buckets if member is not None else 0
+

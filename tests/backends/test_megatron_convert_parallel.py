@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from miles.backends.megatron import convert
+from miles.backends.megatron import convert, gather
 
 VOCAB = 100  # not a multiple of 128: every layout pads the vocab
 SHAPE = dict(hidden_size=24, intermediate_size=36, num_hidden_layers=4, num_attention_heads=12,
@@ -43,6 +43,17 @@ def test_round_trip_is_exact(tp, pp, qk_norm, tied):
     moments = {n: torch.randn_like(p) for n, p in model.named_parameters()}
     back = convert.megatron_shards_to_hf(shard_all(moments, lay, tp, pp), lay, tp, pp)
     assert all(torch.equal(back[k], moments[k]) for k in moments)
+    # a broadcast push: each stage's part (its TP shards gathered) holds only that stage's
+    # tensors, and the parts together are the model once (a tied head goes with neither)
+    parts = [gather.stage_hf([shards[(t, p)] for t in range(tp)], lay,
+                             convert.Parallel(tp, 0, pp, p)) for p in range(pp)]
+    assert sum(len(part) for part in parts) == len({k for part in parts for k in part})
+    head = {"lm_head.weight"} if tied else set()
+    assert {k for part in parts for k in part} == state.keys() - head
+    assert all(torch.equal(part[k], state[k]) for part in parts for k in part)
+    for p, part in enumerate(parts):
+        layers = {int(k.split(".")[2]) for k in part if k.startswith("model.layers.")}
+        assert layers == set(convert.stage_layers(lay.num_layers, pp, p))
 
 
 def test_each_rank_holds_its_slice_of_the_whole_layout():

@@ -105,8 +105,10 @@ def test_the_transfer_flags_validate_naming_the_flag():
     refused = {("--update-weight-buffer-size", "0"): ">= 1",
                ("--update-weight-transfer-mode", "p2p"): "disk, broadcast",
                ("--update-weight-transfer-mode", "broadcast", "--colocate"): "--colocate",
-               ("--update-weight-transfer-mode", "broadcast", "--engine", "sglang"): "NCCL",
-               ("--update-weight-transfer-mode", "broadcast", "--use-fault-tolerance"): "--use-fault-tolerance"}
+               ("--update-weight-transfer-mode", "broadcast", "--engine", "sglang"): "NCCL"}
+    # with supervision a broadcast push also writes the directory relaunched engines load
+    assert parse_config(base + ["--update-weight-transfer-mode", "broadcast",
+                                "--use-fault-tolerance"]).orchestration.use_fault_tolerance
     for argv, why in refused.items():
         with pytest.raises(ConfigError, match=why) as caught:
             parse_config(base + list(argv))

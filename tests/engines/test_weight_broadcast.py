@@ -1,5 +1,6 @@
 """SGLang's distributed weight update on a live embedded engine: a push in buckets over a gloo
-group is served only once its last bucket is in, and then digest-equal to what was sent; a bad
+group is served only once its last bucket is in (over two pipeline stages' groups: once the last
+bucket of both is in), and then digest-equal to what was sent; a bad
 bucket is refused by number and the old weights stay; a side that never comes fails the other
 within the group's timeout."""
 from __future__ import annotations
@@ -14,7 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from miles.backends.weight_broadcast import WeightBroadcaster, WeightBroadcastError, plan_buckets
+from miles.backends.weight_broadcast import (WeightBroadcaster, WeightBroadcastError, plan_buckets,
+                                             stage_group)
 from miles.config import EngineConfig
 from miles.engines.launch import launch_engine
 from miles.serving.weight_group import WeightGroup, WeightGroupError, host_store, state_digest
@@ -98,6 +100,33 @@ def test_a_push_in_buckets_is_served_only_after_the_last_one(engine, base):
         sender.close()
 
 
+def test_a_push_over_two_stage_groups_is_served_only_once_both_are_in(engine, base):
+    """Two pipeline stages each send their half over their own group (push_groups 2): the first
+    stage's whole part is held, so no generation sees its new layers beside the other's old
+    ones; the second's last bucket swaps both in. A tensor sent by both stages is refused."""
+    new, named = perturbed(base, 7)
+    half = len(named) // 2
+    stages = [WeightBroadcaster([engine.url], TOKEN, group_name=stage_group(s), timeout_s=60,
+                                push_groups=2) for s in (0, 1)]
+    before = served(engine.url)
+    probe = {"text": "1+1=", "sampling_params": {"max_new_tokens": 2}}
+    try:
+        assert stages[0].push(named[:half], BUCKET_BYTES, "v-stages").applied == []
+        assert served(engine.url) == before  # held: stage 1 is still to come
+        answer = httpx.post(engine.url + "/generate", json=probe, timeout=60).json()
+        assert answer["meta_info"]["weight_version"] == before[1]
+        assert stages[1].push(named[half:], BUCKET_BYTES, "v-stages").applied == [engine.url]
+        assert served(engine.url) == (state_digest(new), "v-stages")
+        stages[0].push(named[:half], 10**9, "v-twice")
+        stages[1].close()  # a fresh group: a failure over a kept one would be retried
+        with pytest.raises(WeightBroadcastError, match="sent by another group"):
+            stages[1].push(named[half:] + named[:1], 10**9, "v-twice")
+        assert served(engine.url) == (state_digest(new), "v-stages")
+    finally:
+        for sender in stages:
+            sender.close()
+
+
 @pytest.mark.parametrize("bad", ["shape", "name"])
 def test_a_bad_bucket_is_refused_by_number_and_the_old_weights_stay(engine, base, bad):
     before = served(engine.url)
@@ -175,13 +204,19 @@ def test_a_bad_join_request_is_refused(engine, change, why):
 
 
 def test_an_engine_stopped_mid_push_fails_the_push_naming_it_and_its_bucket(engine, base):
-    """SIGSTOP between buckets 1 and 2 (issue 54): the sender's broadcast of bucket 2 fails by
-    the push's deadline, naming the engine that never answered and the bucket; continued, the
-    engine still serves the old weights whole (it applies only with the last bucket)."""
+    """A push over two stages' groups; stage 0's part is in when the engine is SIGSTOPped between
+    stage 1's buckets 1 and 2 (issue 54): stage 1's broadcast of bucket 2 fails by the push's
+    deadline, naming its group, the bucket and the engine that never answered; continued, the
+    engine still serves the old weights whole (it applies only with every stage's last bucket)."""
     before = served(engine.url)
     _, named = perturbed(base, 6)
-    total = len(plan_buckets(named, BUCKET_BYTES))
-    sender = WeightBroadcaster([engine.url], TOKEN, group_name="stalled", timeout_s=3)
+    half = len(named) // 2
+    total = len(plan_buckets(named[half:], BUCKET_BYTES))
+    first = WeightBroadcaster([engine.url], TOKEN, group_name=stage_group(0), timeout_s=3,
+                              push_groups=2)
+    first.push(named[:half], BUCKET_BYTES, "v-stalled")  # held: its group stays to the end
+    sender = WeightBroadcaster([engine.url], TOKEN, group_name=stage_group(1), timeout_s=3,
+                               push_groups=2)
 
     def stop_after_first(number: int, _: int) -> None:
         if number == 1:
@@ -190,13 +225,14 @@ def test_an_engine_stopped_mid_push_fails_the_push_naming_it_and_its_bucket(engi
     started = time.monotonic()
     try:
         with pytest.raises(WeightBroadcastError) as caught:
-            sender.push(named, BUCKET_BYTES, "v-stalled", on_bucket=stop_after_first)
+            sender.push(named[half:], BUCKET_BYTES, "v-stalled", on_bucket=stop_after_first)
         took = time.monotonic() - started
     finally:
         os.kill(engine.pid, signal.SIGCONT)
+        first.close()
     message = str(caught.value)
     print(f"an engine stopped mid-push: the push failed after {took:.1f} s: {message}")
-    assert f"bucket 2 of {total}" in message
+    assert f"weight update group 'miles-pp_1', bucket 2 of {total}" in message
     assert f"engine {engine.url} never answered /update_weights_from_distributed" in message
     assert took < 3 + 10 + 10 + 30  # deadline, the engines' grace, leaving the group; generous
     assert served(engine.url) == before

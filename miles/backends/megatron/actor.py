@@ -226,6 +226,24 @@ class MegatronTrainActor(PPORank):
         W.write_hf_checkpoint(state, Path(directory), self.model_path, self.tied)
         return None
 
+    def weight_source(self) -> tuple[int, int] | None:
+        """Each pipeline stage's source rank (TP rank 0 of the first data-parallel replica; with
+        EP the experts are pooled there first) sends that stage over its own group."""
+        if self.first_replica and self.ps.get_data_parallel_rank() == 0 and self.par.tp_rank == 0:
+            return self.par.pp_rank, self.par.pp_size
+        return None
+
+    def export_stage(self) -> dict | None:
+        """Collective over each stage's TP group (EP group first): the source rank's stage in HF
+        names and layout, nothing of the other stages gathered."""
+        if not self.first_replica:
+            return None
+        ep_group = self.ps.get_expert_model_parallel_group() if self.par.ep_size > 1 else None
+        local = {n: p.detach().cpu() for n, p in self.model.named_parameters()}
+        state = gather.gather_stage_hf(local, self.layout, self.par,
+                                       self.ps.get_tensor_model_parallel_group(), ep_group)
+        return state if self.weight_source() is not None else None
+
     def weights_digest(self) -> str:
         """Each replica's own digest (its group gathers its shards): equal replicas, equal
         digests."""

@@ -9,6 +9,9 @@ member then holds every expert and the model-parallel gather proceeds as without
 moments go the same way, so a checkpoint's optimizer state is in
 HF names whatever the layout: a run resumes with the same layout bit for bit, or with another one
 (its shards cut anew from the HF-named state), and the FSDP backend reads it unchanged.
+
+A broadcast weight push gathers less: each pipeline stage only its own layers, over its TP group
+(`gather_stage_hf`), as Miles' per-stage weight update groups do.
 """
 from __future__ import annotations
 
@@ -35,6 +38,44 @@ def gather_hf(local: dict[str, torch.Tensor], lay: convert.Layout, par: convert.
         dist.all_gather_object(parts, ((par.tp_rank, par.pp_rank), local), group=group)
         shards = dict(parts)
     return convert.megatron_shards_to_hf(shards, lay, par.tp_size, par.pp_size)
+
+
+def gather_stage_hf(local: dict[str, torch.Tensor], lay: convert.Layout, par: convert.Parallel,
+                    tp_group, ep_group=None) -> dict[str, torch.Tensor]:
+    """Collective over the tensor-parallel `tp_group` (and with EP > 1 first over `ep_group`):
+    this rank's pipeline stage in HF names and layout (`stage_hf`), on every member."""
+    if par.ep_size > 1:
+        local = gather_experts(local, lay, ep_group)
+    shards = gather_objects(local, tp_group) if par.tp_size > 1 else [local]
+    return stage_hf(shards, lay, par)
+
+
+def stage_hf(shards: list[dict[str, torch.Tensor]], lay: convert.Layout,
+             par: convert.Parallel) -> dict[str, torch.Tensor]:
+    """Pipeline stage `par.pp_rank`'s part of the HF state dict from its TP ranks' shards (TP
+    rank order): its layers, numbered globally; the embedding on the first stage; the final norm
+    and an untied lm_head on the last. A tied lm_head is not among them (the last stage's copy of
+    the embedding would send the first stage's tensor twice; the engine ties it), so the stages'
+    parts together are the whole model once, as `megatron_shards_to_hf` less a tied head."""
+    def gathered(prefix: str, name: str) -> torch.Tensor:
+        return convert._tp_gather(name, [shard[prefix + name] for shard in shards])
+
+    def vocab(name: str) -> torch.Tensor:
+        return torch.cat([shard[name] for shard in shards])[:lay.vocab_size]
+
+    out = {}
+    if par.first_stage:
+        out[convert.EMBED[1]] = vocab(convert.EMBED[0])
+    if par.last_stage:
+        out[convert.FINAL_NORM[1]] = shards[0][convert.FINAL_NORM[0]]
+        if not lay.tied:
+            out[convert.OUTPUT[1]] = vocab(convert.OUTPUT[0])
+    layers = convert.stage_layers(lay.num_layers, par.pp_size, par.pp_rank)
+    for local, index in enumerate(layers):
+        prefix = f"decoder.layers.{local}."
+        names = [k[len(prefix):] for k in shards[0] if k.startswith(prefix)]
+        out.update(convert._layer_to_hf({n: gathered(prefix, n) for n in names}, lay, index))
+    return out
 
 
 def gather_experts(local: dict[str, torch.Tensor], lay: convert.Layout,
