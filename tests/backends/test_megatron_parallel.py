@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from miles.backends.group import ActorGroup
 from miles.backends.logprobs import stats_from_logits
 from miles.backends.megatron import replica_batch, shim
 from miles.backends.megatron.vocab_parallel import stats_from_vocab_shard
 from miles.backends import pack
 from miles.backends.pack import combine, split_for_ranks
 from tests.support.actors import LOSS, config, max_abs_diff, rollout_like, weights
+from tests.support.groups import KeptGroups
 
 STEPS = 3
 
@@ -154,29 +154,73 @@ def train_steps(group, cfg) -> list:
     return summaries
 
 
-def run_layout(base_model, world: int, tp: int, pp: int, sp: bool = False):
+def run_layout(groups, world: int, tp: int, pp: int, sp: bool = False):
     cfg = parallel_config(world, tp, pp, sp)
-    group = ActorGroup(cfg, str(base_model))
-    try:
+    with groups.started(cfg) as group:
         places = [info.extra["parallel"] for info in group.call("info")]
         # each rank's replica, as megatron-core assigned it, is the one a trainer can compute
         assert [p["dp_rank"] for p in places] == \
             [pack.replica_of_rank(r, tp, pp, world) for r in range(world)]
         return train_steps(group, cfg), weights(group)
-    finally:
-        group.stop()
 
 
 @pytest.fixture(scope="module")
-def single(ray_cluster, base_model):
-    return run_layout(base_model, 1, 1, 1)
+def groups(ray_cluster, base_model):
+    """TP=2 and PP=2 (2 ranks each) serve both the checkpoint test and the layout comparison: each
+    started once, reset to the base weights for its second test and stopped after it
+    (tests/support/groups.py; the checkpoint test comes first, so that at most 5 ranks are up at
+    once, against 4 with a group per test); the other layouts' groups stop when their test ends."""
+    kept = KeptGroups(base_model, [(parallel_config(2, tp=2), 2), (parallel_config(2, pp=2), 2)])
+    yield kept
+    kept.stop_all()
 
 
+@pytest.fixture(scope="module")
+def single(groups):
+    return run_layout(groups, 1, 1, 1)
+
+
+# ---- checkpoints --------------------------------------------------------------------------------
+def one_step(group, cfg, seed: int):
+    samples, advantages = rollout_like(seed=seed)
+    batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
+                              rollout_id=seed)
+    return combine(group.train(batches))
+
+
+def test_a_checkpoint_resumes_bit_exact_and_on_another_layout(groups, tmp_path):
+    """HF-named weights and optimizer state whatever the layout: TP=2 resumes its own checkpoint bit
+    for bit, and PP=2 resumes it too (its shards and moments cut anew), taking the same next
+    step. (Each group, from the base weights, then serves its layout's comparison below.)"""
+    tp_cfg, pp_cfg = parallel_config(2, tp=2), parallel_config(2, pp=2)
+    with groups.started(tp_cfg) as tp:
+        one_step(tp, tp_cfg, seed=0)  # the optimizer's moments are not zero
+        files = tp.call("save", str(tmp_path))
+        assert "optimizer.pt" in files[0] and files[1] == ["rng_rank1.pt"]
+        optim = torch.load(tmp_path / "optimizer.pt", weights_only=True)
+        assert "model.layers.0.self_attn.q_proj.weight" in optim["state"]  # HF names, whole tensors
+        saved = tp.call("weights_digest")
+        after_save = one_step(tp, tp_cfg, seed=1)
+        tp.call("load", str(tmp_path))
+        assert tp.call("weights_digest") == saved
+        again = one_step(tp, tp_cfg, seed=1)
+        assert again.metrics == after_save.metrics  # bit for bit
+        after_weights = weights(tp)
+    with groups.started(pp_cfg) as pp:
+        pp.call("load", str(tmp_path))
+        assert pp.call("weights_digest") == saved
+        other = one_step(pp, pp_cfg, seed=1)
+        for key, value in after_save.metrics.items():
+            assert other.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+        assert max_abs_diff(weights(pp), after_weights) <= 1e-4  # layouts round differently (Adam)
+
+
+# ---- every layout against TP = PP = 1 ---------------------------------------------------------
 @pytest.mark.parametrize("world,tp,pp,sp", [(2, 2, 1, False), (2, 1, 2, False), (4, 2, 2, False),
                                            (4, 2, 1, False), (2, 2, 1, True)],
                          ids=["tp2", "pp2", "tp2xpp2", "tp2xdp2", "tp2-sequence-parallel"])
-def test_parallel_layouts_take_the_single_rank_step(single, base_model, world, tp, pp, sp):
-    (ref, ref_weights), (got, got_weights) = single, run_layout(base_model, world, tp, pp, sp)
+def test_parallel_layouts_take_the_single_rank_step(single, groups, world, tp, pp, sp):
+    (ref, ref_weights), (got, got_weights) = single, run_layout(groups, world, tp, pp, sp)
     first, mine = ref[0], got[0]
     assert mine.metrics["train/loss"] == pytest.approx(first.metrics["train/loss"], rel=0, abs=1e-5)
     assert mine.token_stats.keys() == first.token_stats.keys() and len(first.token_stats) == 16
@@ -191,44 +235,3 @@ def test_parallel_layouts_take_the_single_rank_step(single, base_model, world, t
         for key, value in a.metrics.items():
             assert b.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     assert max_abs_diff(ref_weights, got_weights) <= 1e-4  # after STEPS optimizer steps (HF names)
-
-
-# ---- checkpoints --------------------------------------------------------------------------------
-def one_step(group, cfg, seed: int):
-    samples, advantages = rollout_like(seed=seed)
-    batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
-                              rollout_id=seed)
-    return combine(group.train(batches))
-
-
-def test_a_checkpoint_resumes_bit_exact_and_on_another_layout(ray_cluster, base_model, tmp_path):
-    """HF-named weights and optimizer state whatever the layout: TP=2 resumes its own checkpoint bit
-    for bit, and PP=2 resumes it too (its shards and moments cut anew), taking the same next
-    step."""
-    tp_cfg, pp_cfg = parallel_config(2, tp=2), parallel_config(2, pp=2)
-    tp = ActorGroup(tp_cfg, str(base_model))
-    try:
-        one_step(tp, tp_cfg, seed=0)  # the optimizer's moments are not zero
-        files = tp.call("save", str(tmp_path))
-        assert "optimizer.pt" in files[0] and files[1] == ["rng_rank1.pt"]
-        optim = torch.load(tmp_path / "optimizer.pt", weights_only=True)
-        assert "model.layers.0.self_attn.q_proj.weight" in optim["state"]  # HF names, whole tensors
-        saved = tp.call("weights_digest")
-        after_save = one_step(tp, tp_cfg, seed=1)
-        tp.call("load", str(tmp_path))
-        assert tp.call("weights_digest") == saved
-        again = one_step(tp, tp_cfg, seed=1)
-        assert again.metrics == after_save.metrics  # bit for bit
-        after_weights = weights(tp)
-    finally:
-        tp.stop()
-    pp = ActorGroup(pp_cfg, str(base_model))
-    try:
-        pp.call("load", str(tmp_path))
-        assert pp.call("weights_digest") == saved
-        other = one_step(pp, pp_cfg, seed=1)
-        for key, value in after_save.metrics.items():
-            assert other.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
-        assert max_abs_diff(weights(pp), after_weights) <= 1e-4  # layouts round differently (Adam)
-    finally:
-        pp.stop()
