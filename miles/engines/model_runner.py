@@ -104,7 +104,23 @@ class ModelRunner:
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, StepState]:
-        """Left-pad the prompts into one batch, run it, return the last-position logits (B, V)."""
+        """Left-pad the prompts into one batch, run it, return the last-position logits (B, V).
+
+        Equal rows (a GRPO group's samples share their prompt) are run once and their logits, cache
+        rows and routing records copied to each (SGLang shares such a prefix through its radix cache):
+        the default rollout's 256 rows are 32 prompts, and the prefill was a third of the engine's time."""
+        unique, rows = _distinct(prompts)
+        if len(unique) == len(prompts):
+            return self._prefill(prompts)
+        logits, state = self._prefill(unique)
+        index = torch.tensor(rows, device=self.device)
+        state.attention_mask, state.next_positions = state.attention_mask[index], state.next_positions[index]
+        for layer in state.cache.layers:
+            layer.batch_select_indices(index)
+        self.routing.select_rows(index, len(unique))
+        return logits[index], state
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, StepState]:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -136,6 +152,14 @@ class ModelRunner:
         live = self.model.state_dict()
         for name, tensor in named.items():
             live[name].copy_(tensor.to(device=live[name].device, dtype=live[name].dtype))
+
+
+def _distinct(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts in first-seen order, and for each prompt the index of its distinct one."""
+    first: dict[tuple[int, ...], int] = {}
+    rows = [first.setdefault(tuple(p), len(first)) for p in prompts]
+    unique = [list(key) for key in first]
+    return unique, rows
 
 
 def model_context_length(config, tokenizer) -> int:

@@ -68,6 +68,14 @@ class RoutingCapture:
             self._last[layer] = output[2].detach() if fits else None  # (batch * time, top_k)
         return keep
 
+    def select_rows(self, index: torch.Tensor, batch: int) -> None:
+        """Make the last forward of `batch` rows read as one of rows `index` (a prefill that ran each
+        distinct prompt once and copied it to every row holding it)."""
+        for i, kept in enumerate(self._last):
+            if kept is not None:
+                k = kept.shape[-1]
+                self._last[i] = kept.reshape(batch, -1, k)[index].reshape(-1, k)
+
     def last(self, batch: int) -> np.ndarray:
         """The last forward's choices as (batch, time, layers, top_k) in the compact dtype."""
         if any(t is None for t in self._last):

@@ -197,3 +197,27 @@ def test_a_router_of_another_shape_never_breaks_a_forward_and_is_named_when_aske
     with pytest.raises(RuntimeError, match="return_routed_experts: this model's routers "
                                            r"\(PairRouter\) do not return expert"):
         capture.last(1)
+
+
+def test_each_sample_of_a_group_gets_the_whole_record(moe_runner):
+    """The samples of one prompt arrive together, their prefill runs the prompt once: every
+    sample's record still covers its prompt and its own tokens as the routers choose them alone."""
+    scheduler = Scheduler(moe_runner, EngineMetrics(model_name="t"), max_batch_size=8,
+                          max_queued=64)
+    ids = prompt(moe_runner, "what is 12+13? 12+13=")
+    tracked = [Tracked(scheduler, f"s{i}", ids, params(6, seed=i)) for i in range(4)]
+    for t in tracked:
+        t.request.return_routed_experts = True
+        t.submit()  # all queued before the scheduler starts: one prefill group
+    scheduler.start()
+    try:
+        results = [t.result() for t in tracked]
+    finally:
+        scheduler.stop()
+    assert len({tuple(r.output_ids) for r in results}) > 1  # the samples parted ways
+    for i, r in enumerate(results):
+        read = r.prompt_ids + r.output_ids[:-1]
+        alone, margin = alone_routing(moe_runner, read)
+        clear = margin > 1e-5
+        assert r.routed_experts.shape[0] == len(read)
+        assert (np.sort(r.routed_experts, -1) == alone).all(-1)[clear].all(), f"sample {i}"
