@@ -24,7 +24,7 @@ from miles.health.signals import RED, Verdict
 PREFIX = "straggler/"
 COORDINATES = ("node", "dp", "pp", "tp")  # the axes `straggler/<phase>/slowest_<axis>` names
 ENGINES = "perf/update_weights_engine_time/"  # the engines' own push seconds (engine_stragglers)
-PUSH = "weight push (engine receive+apply)"  # how messages name the engines' phase
+PUSH = "weight push"  # how messages name the engines' phase
 
 
 def phases(metrics: dict[str, float]) -> list[str]:

@@ -94,10 +94,13 @@ class TimelineWriter:
         self._fd = self._starts_fd = None
 
 
-def read_spans(path: Path) -> list[Span]:
-    """Every complete, well-formed span line (a line still being written, or torn, is left out)."""
+def read_spans(path: Path, offset: int = 0) -> list[Span]:
+    """Every complete, well-formed span line from byte `offset` on (a line still being written, or
+    torn, is left out)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
     except FileNotFoundError:
         return []
     spans = []

@@ -16,7 +16,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from miles.record.timeline import Span
+from miles.record.timeline import Span, read_spans
 
 KEY = "perf/update_weights_engine_time/"
 OWN_PHASES = ("receive", "apply")
@@ -31,21 +31,7 @@ class SpanTail:
 
     def spans(self) -> list[Span]:
         """Every whole span line written since (a torn last line is left for the next reader)."""
-        if self.path is None:
-            return []
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        out = []
-        for line in data[: data.rfind(b"\n") + 1].splitlines():
-            try:
-                out.append(Span.from_json(line.decode()))
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-                continue
-        return out
+        return [] if self.path is None else read_spans(self.path, self.offset)
 
 
 def _size(path: Path | None) -> int:

@@ -10,7 +10,7 @@ from miles.config import ConfigError, parse_config
 from miles.engines.push_spans import (EngineCoords, PushSpans, SlowApply, parse_slow_apply,
                                       slow_apply_of)
 from miles.record.timeline import TimelineWriter, read_spans
-from miles.run.engine_stragglers import KEY, engine_time_metrics
+from miles.run.engine_stragglers import KEY, SpanTail, engine_time_metrics
 from miles.run.faults import FaultInjector, check_faults, parse_faults
 
 
@@ -63,3 +63,15 @@ def test_the_engine_metrics_of_one_and_three_engines():
     assert engine_time_metrics({0: 0.2}) == {KEY + "min": 0.2, KEY + "p50": 0.2, KEY + "max": 0.2}
     three = engine_time_metrics({0: 0.2, 1: 0.9, 2: 0.3})
     assert three == {KEY + "min": 0.2, KEY + "p50": 0.3, KEY + "max": 0.9, KEY + "slowest": 1.0}
+
+
+def test_a_span_tail_reads_only_what_came_after_it(tmp_path):
+    path = tmp_path / "timeline.jsonl"
+    writer = TimelineWriter(path, lane="engine 127.0.0.1:1")
+    writer.add("decode", 1.0, 2.0)  # before the push
+    tail = SpanTail(path)
+    writer.add("receive", 3.0, 4.0, kind="compute")
+    with path.open("a") as f:
+        f.write('{"lane":"engine 127.0.0.1:1","name":"apply"')  # still being written
+    assert [s.name for s in tail.spans()] == ["receive"]
+    assert SpanTail(None).spans() == [] and SpanTail(tmp_path / "none.jsonl").spans() == []
