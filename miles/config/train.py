@@ -74,12 +74,15 @@ class TrainConfig:
                                       choices=("in_place", "retract"))
     update_weight_transfer_mode: str = flag(
         "disk", "how weights reach engines that do not share the trainer's devices: disk (an HF "
-                "checkpoint each engine loads, /update_weights_from_disk) or broadcast (rank 0 "
-                "streams buckets over a gloo group: /update_weights_from_distributed)",
+                "checkpoint each engine loads, /update_weights_from_disk) or broadcast (each "
+                "pipeline stage's source rank streams its own layers in buckets over its own gloo "
+                "group miles-pp_<stage>, all stages at once: /update_weights_from_distributed; the "
+                "engines serve the new version once every stage's last bucket is in; with "
+                "--use-fault-tolerance the push also writes the checkpoint relaunched engines load)",
         choices=("disk", "broadcast"))
     update_weight_buffer_size: int = flag(
-        512 * 2**20, "bytes per weight-sync bucket with --update-weight-transfer-mode broadcast "
-                     "(a larger tensor goes alone)", minimum=1)
+        512 * 2**20, "bytes per weight-sync bucket with --update-weight-transfer-mode broadcast, "
+                     "per pipeline stage's group (a larger tensor goes alone)", minimum=1)
     update_weight_timeout: float = flag(
         300.0, "seconds each collective and engine call of a weight push may wait: a training "
                "rank or engine that died or stopped mid-push fails the push on every rank within "
