@@ -51,7 +51,9 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in [
     Signal("straggler", ("straggler/<phase>/slowdown",),
            "one training rank slower than the others in one phase, every iteration: the message names it "
            "(node/dp/pp/tp) and the phase; look for a slow or throttled device, a noisy neighbour on its "
-           "node, or an uneven batch split (the dashboard's rank x phase heat map shows where)"),
+           "node, or an uneven batch split (the dashboard's rank x phase heat map shows where); or one "
+           "engine slower than the others to receive and apply a weight push (`engine <i>`, its "
+           "index in the run's engine list): look at that engine's device, disk and load"),
     Signal("router_collapse", ("moe/max_expert_share_layer_<l>", "moe/dead_experts_layer_<l>"),
            "a mixture-of-experts layer routing (nearly) every token to one expert, or losing "
            "experts: the message names the layer and expert; raise the model's "
