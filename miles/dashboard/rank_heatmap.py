@@ -40,9 +40,9 @@ def _own_work(rows: list[dict[str, Any]]) -> tuple[dict[Cell, float], dict[str, 
 
 def rank_heatmap(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`ranks` (lane and coordinates, in lane order), `phases` (in the order a step runs them),
-    `seconds[rank][phase]`, `ratio[rank][phase]` (to the phase's median over the ranks; 1.0 when the
-    median is 0), `rollouts` counted and the `hottest` cell; `available` false without rank
-    spans."""
+    `seconds[rank][phase]`, `ratio[rank][phase]` (to the phase's median over the lanes that ran
+    it; 1.0 when the median is 0), `rollouts` counted and the `hottest` cell; `available` false
+    without rank spans."""
     seconds, coords, rollouts = _own_work(rows)
     if not seconds:
         return {"available": False, "ranks": [], "phases": [], "seconds": [], "ratio": [],
@@ -51,7 +51,10 @@ def rank_heatmap(rows: list[dict[str, Any]]) -> dict[str, Any]:
     seen = {phase for _, phase in seconds}
     phases = [p for p in RANK_PHASES if p in seen] + sorted(seen - set(RANK_PHASES))
     table = [[seconds.get((lane, phase), 0.0) for phase in phases] for lane in lanes]
-    medians = [median(row[j] for row in table) for j in range(len(phases))]
+    # each phase's median over the lanes that ran it: an engine lane (its push phases, with
+    # coordinates too) is no 0 s in a training phase, nor a rank in the engine's
+    medians = [median(table[i][j] for i, lane in enumerate(lanes) if (lane, phase) in seconds)
+               for j, phase in enumerate(phases)]
     ratio = [[value / medians[j] if medians[j] > 0 else 1.0 for j, value in enumerate(row)]
              for row in table]
     i, j = max(((i, j) for i in range(len(lanes)) for j in range(len(phases))),

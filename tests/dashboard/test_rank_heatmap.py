@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from miles.dashboard.app import build_app
+from miles.record.timeline import Span
 from tests.support.rank_timelines import COORDS, OWN, rank_spans
 
 
@@ -48,3 +49,21 @@ def test_a_run_without_rank_phase_spans_has_no_heat_map(run_copy):
            "args": {"kind": "compute", "coords": ["not", "text"]}}
     (run_copy / "timeline.jsonl").write_text(json.dumps(odd) + "\n")
     assert ranks_of(run_copy)["available"] is False
+
+
+def test_an_engine_lane_does_not_count_in_the_ranks_medians(run_copy):
+    """Two ranks and an engine lane (its push spans carry coordinates too): a training phase's
+    median is the two ranks', not a third 0 s from the engine, and the engine's own phases are
+    judged among engines."""
+    two = [s for s in rank_spans() if s.lane != "rank2"]
+    engine = {"kind": "compute", "coords": "engine0 http://127.0.0.1:30000"}
+    pushes = [Span("engine0", phase, 1796104101.0 + k, 1796104101.1 + k, 0, engine)
+              for k, phase in enumerate(("receive", "apply"))]
+    with (run_copy / "timeline.jsonl").open("a") as f:
+        f.write("".join(s.to_json() + "\n" for s in two + pushes))
+    data = ranks_of(run_copy)
+    assert [r["lane"] for r in data["ranks"]] == ["rank0", "rank1", "engine0"]
+    backward = data["phases"].index("backward")
+    assert data["ratio"][1][backward] == pytest.approx(1.5, rel=1e-4)  # 3 s vs the ranks' 2 s
+    assert data["hottest"]["median"] == pytest.approx(2.0, rel=1e-4)
+    assert data["ratio"][2][data["phases"].index("apply")] == pytest.approx(1.0)
