@@ -331,7 +331,8 @@ class EngineServer:
             if version is not None and len(version) > MAX_VERSION_CHARS:
                 return weight_failure(_long_version(version))
             spans.bucket_arrived(req.group_name, arrived)
-            with spans.span("receive", version, source="broadcast", tensors=len(req.names)):
+            with spans.span("receive", version, source="broadcast", group=req.group_name,
+                            tensors=len(req.names)):
                 ready = await run_in_threadpool(self.receiver.receive_bucket, req)
         except weight_update.WeightUpdateError as exc:
             if req is not None:

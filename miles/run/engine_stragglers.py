@@ -43,8 +43,9 @@ def _size(path: Path | None) -> int:
 
 def engine_own_seconds(spans: list[Span], engine_urls: list[str]) -> dict[int, float]:
     """Each engine's own receive+apply seconds, by its index (its span's `engine`, else its URL's
-    place in `engine_urls`)."""
-    out: dict[int, float] = defaultdict(float)
+    place in `engine_urls`): the time covered by its compute spans, so the buckets of several
+    pipeline stages' groups received at once count once."""
+    intervals: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for span in spans:
         args = span.args
         if not span.lane.startswith("engine") or span.name not in OWN_PHASES:
@@ -55,8 +56,18 @@ def engine_own_seconds(spans: list[Span], engine_urls: list[str]) -> dict[int, f
         if index is None and args.get("url") in engine_urls:
             index = engine_urls.index(args["url"])
         if index is not None:
-            out[int(index)] += span.end - span.start
-    return dict(out)
+            intervals[int(index)].append((span.start, span.end))
+    return {index: _covered(found) for index, found in intervals.items()}
+
+
+def _covered(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of the intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def engine_time_metrics(own: dict[int, float]) -> dict[str, float]:

@@ -6,6 +6,8 @@ is the one named, by the metrics, the straggler signal and `miles diagnose`."""
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -137,6 +139,39 @@ def test_a_broadcast_push_writes_each_bucket_and_the_waits_between(engines, sent
         assert [s.args["weight_version"] for s in mine if s.name == "apply"] == ["2"]
     metrics = engine_time_metrics(engine_own_seconds(spans, urls))
     assert set(metrics) == {KEY + k for k in ("min", "p50", "max", "slowest")}
+
+
+def test_two_stage_groups_at_once_count_once_per_engine(engines, sent, run_dir):
+    """Two pipeline stages send their halves over their own groups at the same time: each engine's
+    receive spans name their group, it applies once, and its own time is what its spans cover
+    (the stages' buckets overlap), within the push's wall time."""
+    urls = [e.url for e in engines]
+    tail = SpanTail(run_dir / layout.TIMELINE)
+    half = len(sent) // 2
+    stages = [WeightBroadcaster(urls, TOKEN, group_name=f"miles-pp_{s}", timeout_s=60.0,
+                                push_groups=2) for s in (0, 1)]
+    parts = [sent[:half], sent[half:]]
+    threads = [threading.Thread(target=stage.push, args=(part, 300_000, "2b"))
+               for stage, part in zip(stages, parts)]
+    began = time.time()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for stage in stages:
+            stage.close()
+    wall = time.time() - began
+    spans = push_spans(tail.spans())
+    own = engine_own_seconds(spans, urls)
+    for index in range(2):
+        mine = [s for s in spans if s.args.get("engine") == index]
+        groups = {s.args["group"] for s in mine if s.name == "receive"}
+        assert groups == {"miles-pp_0", "miles-pp_1"}
+        assert [s.args["weight_version"] for s in mine if s.name == "apply"] == ["2b"]
+        summed = sum(s.end - s.start for s in mine if s.name in ("receive", "apply"))
+        assert own[index] <= summed + 1e-9 and own[index] <= wall
 
 
 def test_a_slow_engine_is_named_by_the_metrics_the_signal_and_diagnose(engines, base_model,

@@ -9,8 +9,8 @@ from miles.cluster.local import engine_args
 from miles.config import ConfigError, parse_config
 from miles.engines.push_spans import (EngineCoords, PushSpans, SlowApply, parse_slow_apply,
                                       slow_apply_of)
-from miles.record.timeline import TimelineWriter, read_spans
-from miles.run.engine_stragglers import KEY, SpanTail, engine_time_metrics
+from miles.record.timeline import Span, TimelineWriter, read_spans
+from miles.run.engine_stragglers import KEY, SpanTail, engine_own_seconds, engine_time_metrics
 from miles.run.faults import FaultInjector, check_faults, parse_faults
 
 
@@ -75,3 +75,13 @@ def test_a_span_tail_reads_only_what_came_after_it(tmp_path):
         f.write('{"lane":"engine 127.0.0.1:1","name":"apply"')  # still being written
     assert [s.name for s in tail.spans()] == ["receive"]
     assert SpanTail(None).spans() == [] and SpanTail(tmp_path / "none.jsonl").spans() == []
+
+
+def test_buckets_of_two_stage_groups_received_at_once_count_once():
+    def span(start, end, name="receive", kind="compute", engine=0):
+        return Span("engine 127.0.0.1:1", name, start, end, None, {"kind": kind, "engine": engine})
+
+    spans = [span(0.0, 1.0), span(0.5, 1.5), span(2.0, 2.5, "apply"),  # stages 0 and 1 overlap
+             span(1.5, 2.0, "wait", "wait"), span(0.0, 9.0, "decode", "compute"),
+             span(0.0, 0.25, engine=1)]
+    assert engine_own_seconds(spans, []) == {0: 2.0, 1: 0.25}
