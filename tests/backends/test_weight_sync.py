@@ -149,3 +149,33 @@ def test_an_engine_that_refuses_the_connection_is_not_blamed_on_the_deadline(tmp
     message = str(failures[DEAD])
     assert "engine http://127.0.0.1:2 could not be reached to load weight version 3" in message
     assert "deadline" not in message
+
+
+@pytest.mark.parametrize("error, ends_ranks", [("its process died (SIGKILL)", True),
+                                               ("WeightBroadcastError: weight update group "
+                                                "'miles-pp_1', bucket 2 of 4: engine URL never "
+                                                "answered", False)])
+def test_a_broadcast_send_that_loses_a_rank_ends_the_ranks(tmp_path, error, ends_ranks):
+    """A source rank that dies (or stops) mid-send is the ranks' failure: they are ended, as for a
+    failed gather (the relaunch path); an engine's failure leaves them in step and is reported."""
+    from miles.backends.group import RankCallError
+    from miles.backends.weight_broadcast import SendTarget
+
+    class Sending(Ranks):
+        killed = False
+
+        def call_bounded(self, method, *args, grace_s, gone):
+            raise RankCallError(method, {1: error}, [])
+
+        def kill(self):
+            self.killed = True
+
+    ranks = Sending()
+    weight_sync = WeightSync(ranks, ["http://127.0.0.1:1"], None, tmp_path, in_memory=False)
+    target = SendTarget(("http://127.0.0.1:1",), None)
+    if ends_ranks:
+        with pytest.raises(sync.RanksFailedError, match="rank 1: its process died"):
+            weight_sync._send_on_ranks(target, 3)
+    else:
+        assert weight_sync._send_on_ranks(target, 3) == ([], f"rank 1: {error}")
+    assert ranks.killed == ends_ranks
