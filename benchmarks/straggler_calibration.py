@@ -14,7 +14,8 @@ design no flag at the default window, so that run sets `--health-straggler-windo
 are also judged at the default window, by `miles doctor`'s replay). Per run, from its journal and
 `health.jsonl`: each phase's largest slowdown (max / median of the ranks' own work) and largest lag
 (max - median, seconds) over its rollouts, the rollouts in which one phase straggled past both
-bounds (what a window of 1 would flag), and the straggler flags the live watch raised; for the
+bounds (what a window of 1 would flag), the rollouts flagged when the journal is replayed at
+windows 1 to 5, and the straggler flags the live watch raised; for the
 injected run the rank and phase the flag, `miles doctor` and `miles diagnose` name. Prints a table,
 then one JSON line with every run's figures. A rerun with the same --out reuses the runs that
 finished there (a loaded machine can time out Ray's start: such a run is tried twice).
@@ -28,13 +29,15 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from miles.config.health import HealthConfig  # noqa: E402
-from miles.health.straggler import phases, slowest_rank, straggler_in  # noqa: E402
+from miles.health.detectors import Rollout  # noqa: E402
+from miles.health.straggler import check_straggler, phases, slowest_rank, straggler_in  # noqa: E402
 from miles.record.journal import count_rollouts, read_journal  # noqa: E402
 from miles.record.layout import RunLayout  # noqa: E402
 
@@ -84,6 +87,19 @@ def phase_figures(run_dir: Path) -> dict:
     return {"max_slowdown": slowdown, "max_lag_s": lag, "straggles": straggles}
 
 
+def flags_by_window(run_dir: Path, windows=(1, 2, 3, 4, 5)) -> dict[int, int]:
+    """How many rollouts the straggler signal would flag, replayed at each window with the default
+    bounds (the live watch ran at the run's own window)."""
+    history = [Rollout(ln.rollout_id, ln.metrics) for ln in read_journal(RunLayout(run_dir).journal)
+               if ln.rollout_id >= 0]
+    counts = {}
+    for w in windows:
+        cfg = replace(HealthConfig(), health_straggler_window=w)
+        counts[w] = sum(check_straggler(history[: i + 1], cfg, None) is not None
+                        for i in range(len(history)))
+    return counts
+
+
 def live_flags(run_dir: Path) -> list[dict]:
     """The straggler red flags the run's own health watch raised (health.jsonl)."""
     path = RunLayout(run_dir).health
@@ -119,6 +135,7 @@ def one_run(out: Path, backend: str, seed: int, fault: str | None, extra: list[s
     row = {"run": name, "backend": backend, "seed": seed, "fault": fault,
            "load_before": os.getloadavg()[0], "wall_s": train(run_dir, seed, flags)}
     row.update(phase_figures(run_dir), flags=live_flags(run_dir), run_dir=str(run_dir),
+               flags_by_window=flags_by_window(run_dir),
                load_after=os.getloadavg()[0])
     if fault:
         row["doctor_window_1"] = doctor_row(run_dir, [])
@@ -132,12 +149,13 @@ def one_run(out: Path, backend: str, seed: int, fault: str | None, extra: list[s
 
 def table(rows: list[dict]) -> None:
     names = sorted({p for r in rows for p in r["max_slowdown"]})
-    print(f"\n{'run':<24}{'flags':>6}{'1-roll.':>8}  " + "".join(f"{p:>18}" for p in names))
-    print(f"{'':<24}{'':>6}{'':>8}  " + "".join(f"{'slowdown / lag s':>18}" for _ in names))
+    print(f"\n{'run':<24}{'flags':>6}{'w=1..5':>11}  " + "".join(f"{p:>18}" for p in names))
+    print(f"{'':<24}{'':>6}{'':>11}  " + "".join(f"{'slowdown / lag s':>18}" for _ in names))
     for r in rows:
         cells = "".join(f"{r['max_slowdown'].get(p, 0):>10.2f} / {r['max_lag_s'].get(p, 0):>5.2f}"
                         for p in names)
-        print(f"{r['run']:<24}{len(r['flags']):>6}{len(r['straggles']):>8}  {cells}")
+        by_window = ",".join(str(n) for n in r["flags_by_window"].values())
+        print(f"{r['run']:<24}{len(r['flags']):>6}{by_window:>11}  {cells}")
     for r in rows:
         for f in r["flags"]:
             print(f"{r['run']}: flag at rollout {f['rollout']}: {f['message']}")
