@@ -6,7 +6,12 @@ do PP=2 (the MoE layers in two pipeline stages) and TP=2 with sequence parallel 
 over TP, each TP rank routing its own chunk of the sequence, the router's gradient summed); the
 export gathers every expert into the HF state dict, exactly, and an EP=2 checkpoint resumes bit
 for bit; bad --expert-model-parallel-size values (and a MoE model at TP > 1 without
---sequence-parallel) are refused by name."""
+--sequence-parallel) are refused by name. The routing figures of those real training passes: two
+FSDP ranks count each real token once per layer and the driver adds their counts; Megatron at EP=2
+(its routers laying tokens out sequence-major, its forward given no attention mask) counts the same
+routing as FSDP on the same samples and weights, and so do its two pipeline stages at PP=2, each
+counting its own layer (read from the first training call of the EP=2 and PP=2 runs above, whose
+forward sees the base weights: one group per layout serves both checks)."""
 import itertools
 
 import pytest
@@ -17,6 +22,7 @@ from miles.backends.group import ActorGroup
 from miles.backends.megatron import convert
 from miles.backends.pack import combine, split_for_ranks
 from miles.config import ConfigError, MilesConfig, TrainConfig, parse_config
+from miles.moe.routing_stats import merge_ranks, rank_routing_metrics
 from miles.tiny.model import tiny_shape
 from miles.tiny.moe_model import build_tiny_moe_model, tiny_moe_shape
 from tests.support.actors import LOSS, config, max_abs_diff, rollout_like
@@ -171,10 +177,11 @@ def with_records(samples):
 
 
 def run_layout(model_dir, world: int, ep: int, pp: int = 1, then=None, tp: int = 1):
-    """The HF state exported before training, STEPS one-step trainings, the weights after;
-    `then(group, cfg)` runs on the group before it stops. TP > 1 runs with sequence parallel
-    (megatron-core's MoE layer needs it), on samples carrying the engine's routed experts, which
-    it leaves alone (no replay there)."""
+    """The HF state exported before training, STEPS one-step trainings, the weights after, and
+    each rank's result of the first training (its routing counts); `then(group, cfg)` runs on the
+    group before it stops. TP > 1 runs with sequence parallel (megatron-core's MoE layer needs
+    it), on samples carrying the engine's routed experts, which it leaves alone (no replay
+    there)."""
     cfg = config(world, train_backend="megatron", num_steps_per_rollout=1,
                  expert_model_parallel_size=ep, pipeline_model_parallel_size=pp,
                  tensor_model_parallel_size=tp, sequence_parallel=str(tp > 1).lower(), **LOSS)
@@ -183,17 +190,18 @@ def run_layout(model_dir, world: int, ep: int, pp: int = 1, then=None, tp: int =
         places = [info.extra["parallel"] for info in group.call("info")]
         assert [p["ep_rank"] for p in places] == [(r // tp) % ep for r in range(world)]
         exported = group.call("export_weights", None)[0]
-        summaries = []
+        summaries, ranks = [], []
         for seed in range(STEPS):
             samples, advantages = rollout_like(seed=seed)
             samples = with_records(samples) if tp > 1 else samples
             batches = split_for_ranks(samples, advantages, cfg.global_batch_size, cfg.world_size,
                                       rollout_id=seed, return_token_stats=True)
-            summaries.append(combine(group.train(batches)))
+            ranks.append(group.train(batches))
+            summaries.append(combine(ranks[-1]))
         weights = group.call("export_weights", None)[0]
         if then is not None:
             then(group, cfg)
-        return exported, summaries, weights
+        return exported, summaries, weights, ranks[0]
     finally:
         group.stop()
 
@@ -218,7 +226,7 @@ def hf_log_probs(model_dir, samples) -> dict[int, list[float]]:
 
 
 def test_ep1_log_probs_equal_hf_and_the_export_is_the_hf_state(ep1, moe_model):
-    exported, summaries, _ = ep1
+    exported, summaries, _, _ = ep1
     model, _ = build_tiny_moe_model(0)
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     assert exported.keys() == state.keys()
@@ -253,13 +261,26 @@ def one_step(group, cfg):
                                                cfg.world_size, rollout_id=STEPS)))
 
 
+@pytest.fixture(scope="module")
+def layouts(ray_cluster, moe_model, tmp_path_factory):
+    """(ep, pp, tp) -> `run_layout` on 2 ranks, run once when first asked (EP=2's with the resume
+    check): the parallel-step test and the routing tests read the same runs."""
+    done = {}
+
+    def run(ep: int, pp: int, tp: int):
+        if (ep, pp, tp) not in done:
+            then = resumes_bit_exact(tmp_path_factory.mktemp("ep-resume")) if ep > 1 else None
+            done[(ep, pp, tp)] = run_layout(moe_model, 2, ep, pp, then=then, tp=tp)
+        return done[(ep, pp, tp)]
+
+    return run
+
+
 @pytest.mark.parametrize("ep,pp,tp", [(2, 1, 1), (1, 2, 1), (1, 1, 2)],
                          ids=["ep2", "pp2", "tp2-sequence-parallel"])
-def test_ep2_and_pp2_take_the_ep1_steps_and_export_every_expert(ep1, moe_model, tmp_path, ep, pp,
-                                                                tp):
-    (ref_export, ref, ref_weights) = ep1
-    then = resumes_bit_exact(tmp_path) if ep > 1 else None
-    exported, got, weights = run_layout(moe_model, 2, ep, pp, then=then, tp=tp)
+def test_ep2_and_pp2_take_the_ep1_steps_and_export_every_expert(ep1, layouts, ep, pp, tp):
+    (ref_export, ref, ref_weights, _) = ep1
+    exported, got, weights, _ = layouts(ep, pp, tp)
     assert exported.keys() == ref_export.keys()
     assert all(torch.equal(exported[k], ref_export[k]) for k in exported)  # the EP gather
     first, mine = ref[0], got[0]
@@ -278,3 +299,59 @@ def test_ep2_and_pp2_take_the_ep1_steps_and_export_every_expert(ep1, moe_model, 
     assert moved > 1e-3  # the steps changed the weights, experts included
     expert = "model.layers.0.mlp.experts.down_proj"
     assert (weights[expert] - ref_export[expert]).abs().amax(dim=(1, 2)).min() > 0
+
+
+# ---- the routing figures of those training passes -----------------------------------------------
+@pytest.fixture(scope="module")
+def fsdp(ray_cluster, moe_model):
+    """One training call of two FSDP ranks (one optimizer step: its forward sees the base
+    weights), on the samples of the layouts' first call."""
+    cfg = config(2, num_steps_per_rollout=1)
+    samples, advantages = rollout_like()
+    group = ActorGroup(cfg, str(moe_model))
+    try:
+        return group.train(split_for_ranks(samples, advantages, cfg.global_batch_size, 2, 0))
+    finally:
+        group.stop()
+
+
+def test_fsdp_ranks_report_routing_counts(fsdp):
+    """Each rank counts its own half of the samples in both MoE layers (the log-prob pass over
+    the same samples is not counted again); the sum holds every real token once per layer, two
+    top-2 picks each."""
+    tokens = sum(len(s.tokens) for s in rollout_like()[0])
+    assert [sorted(r.routing) for r in fsdp] == [[0, 1], [0, 1]]
+    assert all(0 < r.routing[0].tokens < tokens for r in fsdp)  # each rank routed its own half
+    for layer, r in merge_ranks([r.routing for r in fsdp]).items():
+        assert r.tokens == tokens and sum(r.counts) == 2 * tokens, layer
+    m = rank_routing_metrics(fsdp)
+    assert m["moe/routed_tokens"] == tokens and "moe/load_balancing_loss_layer_1" in m
+    assert 1.0 <= m["moe/load_balancing_loss"] <= 2.0  # between balanced (1) and collapsed (E/k)
+    assert 0.5 <= m["moe/max_expert_share"] <= 1.0  # k/E at best
+
+
+def test_megatron_ep2_counts_the_routing_fsdp_counts(fsdp, layouts):
+    """EP=2's first training call (the reference model's pass, with the KL loss, counts nothing)."""
+    megatron = layouts(2, 1, 1)[3]
+    got, want = merge_ranks([r.routing for r in megatron]), merge_ranks([r.routing for r in fsdp])
+    assert sorted(got) == sorted(want) == [0, 1]
+    for layer in want:
+        assert (got[layer].tokens, got[layer].counts) == (want[layer].tokens, want[layer].counts)
+        assert got[layer].prob_sums == pytest.approx(want[layer].prob_sums, rel=1e-4)
+        assert got[layer].entropy_sum == pytest.approx(want[layer].entropy_sum, rel=1e-4)
+    m, f = rank_routing_metrics(megatron), rank_routing_metrics(fsdp)
+    assert m.keys() == f.keys()
+    assert all(m[k] == pytest.approx(f[k], rel=1e-4) for k in f)
+
+
+@pytest.mark.slow
+def test_megatron_pp2_stages_each_count_their_own_layer(fsdp, layouts):
+    """PP=2: each stage reports its own layer, by its global index, and the counts are FSDP's.
+    (A tensor-parallel peer would route its TP rank 0's tokens again and reports none:
+    routes_own_tokens; with sequence parallel no rank counts.)"""
+    ranks = layouts(1, 2, 1)[3]
+    assert [sorted(r.routing) for r in ranks] == [[0], [1]]
+    got, want = merge_ranks([r.routing for r in ranks]), merge_ranks([r.routing for r in fsdp])
+    for layer in want:
+        assert (got[layer].tokens, got[layer].counts) == (want[layer].tokens, want[layer].counts)
+        assert got[layer].prob_sums == pytest.approx(want[layer].prob_sums, rel=1e-4)
