@@ -2,28 +2,37 @@
 pass, what each rank holds, and the weight push to a live engine by each transfer mode, beside a
 plain in-process copy of the same bytes.
 
-    .venv/bin/python benchmarks/parallel_layouts.py [--steps 3] [--push-rounds 2]
-                                                    [--buckets-mib 0.25,512] [--layouts 1,tp2,...]
+    .venv/bin/python benchmarks/parallel_layouts.py [--steps 5] [--push-rounds 3]
+        [--buckets-mib 0.25,512] [--layouts 1,dp2,...] [--threads-per-rank 1]
+        [--hidden-size 128] [-- RUN FLAGS for every layout]
 
 Layouts (real Megatron rank groups, Ray actors on gloo, the tiny policy; EP on the tiny MoE one):
 1 rank, DP=2, TP=2, TP=2 with sequence parallel, PP=2, TP=2 x PP=2 (4 ranks: on a 2-core machine
-they are oversubscribed, which the table says), and the MoE at 1 rank and at EP=2. Every layout
-trains the same rollout-shaped batch of the default config's shape (256 samples, micro-batches of
-64, one optimizer step per call) from the same seed: one warm-up call, then `--steps` timed ones.
-Step seconds are the slowest rank's forward+backward+optimizer (`actor_train_time`), the log-prob
-pass the slowest rank's no-grad pass; each rank's parameter, gradient and optimizer bytes and peak
-memory are what it reports (`miles.backends.rank_memory`: on CPU the peak is the process's peak
-RSS, interpreter and libraries included).
+they are oversubscribed, which the table marks), and the MoE at 1 rank and at EP=2. Each model's
+1-rank group is started first and held; every other layout is started in turn, trains in turns
+with it and is stopped (so no more than 4 + 2 ranks hold memory at once). Every layout trains the
+same rollout-shaped batch of the default config's shape (256 samples, micro-batches of 64, one
+optimizer step per call) from the same seed: one warm-up call, then `--steps` rounds in which the
+layout and its 1-rank group train once each, the order reversed every other round, so a noisy
+neighbour slows both alike and a layout's step ratio is taken from its own rounds. Each rank
+runs `--threads-per-rank` torch threads (1: a core each, as a GPU each). Step seconds are the
+slowest rank's forward+backward+optimizer (`actor_train_time`), the log-prob pass the slowest
+rank's no-grad pass; each rank's parameter, gradient and optimizer bytes and peak memory are
+what it reports (`miles.backends.rank_memory`: on CPU the peak is the process's peak RSS,
+interpreter and libraries included).
 
-Then each layout pushes its weights through `WeightSync` (as a run does) to an embedded engine on
-loopback serving the same model, `--push-rounds` times per mode, the modes interleaved: the disk
-path (every rank exports, rank 0 writes the HF checkpoint, the engine loads it), and broadcast
-(`--update-weight-transfer-mode broadcast`) at each `--buckets-mib` size (512 MiB is Miles'
-default). Each push is checked digest-equal on the engine. A push's seconds are the whole
-`WeightSync.push` (gather, send, swap); GB/s is the HF state's bytes over them, the same bytes a
-plain in-process copy into touched buffers moves (the floor). Prints a table, then one JSON line:
-the figures and, per layout, its ratios to the 1-rank layout of its model and the push's GB/s
-over the copy's.
+Then each layout's weights go through `WeightSync` (as a run pushes them) to an
+embedded engine on loopback serving the same model: the disk path (every rank exports, rank 0
+writes the HF checkpoint, the engine loads it) and broadcast (`--update-weight-transfer-mode
+broadcast`) at each `--buckets-mib` size (512 MiB is Miles' default), one untimed push each (the
+broadcast group is built once and kept, as in a run), then `--push-rounds` timed rounds of all
+modes, each push checked digest-equal on the engine. A push's seconds are the whole
+`WeightSync.push` (gather, send, the engine's swap); GB/s is the HF state's bytes over them, the
+same bytes a plain in-process copy into touched buffers moves (the floor). The tiny policy's
+1.6 MB is round trips, not bandwidth: `--hidden-size 1024` pushes a freshly initialised model of
+its shape 8x as wide (about 100 MB; pass a smaller batch after `--`). Prints a table, then one
+JSON line: the figures and, per layout, its ratios to its model's 1-rank layout and the push's
+GB/s over the copy's.
 """
 from __future__ import annotations
 
@@ -43,8 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.train import synthetic_rollout  # noqa: E402  (the same rollout-shaped batch)
 from benchmarks.weight_sync import copy_seconds  # noqa: E402  (the same in-process copy)
 
-DEFAULT_BUCKET_MIB = 512.0
-TINY_HIDDEN = 128  # Miles' --update-weight-buffer-size
+DEFAULT_BUCKET_MIB = 512.0  # Miles' --update-weight-buffer-size
+TINY_HIDDEN = 128
+COPIES_PER_ROUND = 5
 MEMORY = ("param_bytes", "grad_bytes", "optimizer_bytes", "peak_memory_bytes")
 
 
@@ -107,12 +117,14 @@ def summarize_memory(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 
 def layout_ratios(row: dict, base: dict) -> dict[str, float]:
-    """A layout's figures over its model's 1-rank layout's (memory: the most one rank holds)."""
+    """A layout's figures over its model's 1-rank layout's: memory, the most one rank holds;
+    seconds, over the 1-rank group's in the rounds they trained in turns (`paired_1rank`)."""
     out = {f"{kind}_vs_1rank": row["memory"][f"max_rank_{kind}"] /
            base["memory"][f"max_rank_{kind}"] for kind in MEMORY
            if base["memory"][f"max_rank_{kind}"] > 0}
-    out["step_vs_1rank"] = row["step_s"] / base["step_s"]
-    out["log_probs_vs_1rank"] = row["log_probs_s"] / base["log_probs_s"]
+    paired = row.get("paired_1rank", base)  # the 1-rank figures of the same rounds
+    out["step_vs_1rank"] = row["step_s"] / paired["step_s"]
+    out["log_probs_vs_1rank"] = row["log_probs_s"] / paired["log_probs_s"]
     return out
 
 
@@ -154,7 +166,7 @@ def train_rounds(groups: dict, steps: int) -> dict[str, dict]:
     rows = {}
     for key, t in times.items():
         per_rank = [r.memory for r in results[key]]
-        rows[key] = {"step_s": statistics.median(t["step"]),
+        rows[key] = {"step_s": statistics.median(t["step"]), "step_s_min": min(t["step"]),
                      "log_probs_s": statistics.median(t["log_probs"]),
                      "train_call_s": statistics.median(t["wall"]), "step_s_all": t["step"],
                      "rank_memory": per_rank, "memory": summarize_memory(per_rank)}
@@ -181,11 +193,24 @@ def timed_push(group, layout: Layout, mode: str, bucket: int | None, engine_url:
     return seconds, dict(sync.last_times)
 
 
+def one_thread_copies(named: list) -> list[float]:
+    """COPIES_PER_ROUND plain copies on one torch thread, as each rank runs (several threads
+    meeting at a barrier per tensor make a 1.6 MB copy wait on a loaded machine's scheduler)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [copy_seconds(named) for _ in range(COPIES_PER_ROUND)]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def push_figures(group, layout: Layout, engine_url: str, args,
                  version: int) -> tuple[dict, int, int]:
     """One untimed push per mode (a broadcast group is built once and kept, as in a run), then
-    `--push-rounds` timed ones per mode, interleaved; per mode its median seconds and GB/s over the HF
-    state's bytes, and the plain copy of the same bytes beside them."""
+    `--push-rounds` timed ones per mode, interleaved; per mode its median seconds and GB/s over
+    the HF state's bytes, and the plain copy of the same bytes beside them."""
     named = list(group.call("export_weights", None)[0].items())
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     digest = group.call("weights_digest")[0]
@@ -195,8 +220,8 @@ def push_figures(group, layout: Layout, engine_url: str, args,
     metrics: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="miles-bench-layouts-") as tmp:
         for round_ in range(args.push_rounds + 1):
-            if round_:
-                seconds["copy"].append(copy_seconds(named))
+            if round_:  # the copy is short: several per round, so one preemption is no median
+                seconds["copy"] += one_thread_copies(named)
             for mode, bucket in modes:
                 version += 1
                 took, last = timed_push(group, layout, mode, bucket, engine_url, Path(tmp),
@@ -205,13 +230,19 @@ def push_figures(group, layout: Layout, engine_url: str, args,
                 if round_:
                     seconds[key].append(took)
                     metrics[key] = last
-                elif "perf/update_weights_connect_time" in last:
-                    metrics["connect_s"] = last["perf/update_weights_connect_time"]
+                else:  # the untimed first push of each mode: the first broadcast joins
+                    connect = last.get("perf/update_weights_connect_time", 0.0)
+                    metrics["connect_s"] = max(connect, metrics.get("connect_s", 0.0))
     figures = {key: {"seconds": statistics.median(s),
                      "gb_per_s": nbytes / statistics.median(s) / 1e9} for key, s in seconds.items()}
     for key in figures:
-        if "perf/update_weights_buckets" in metrics.get(key, {}):
-            figures[key]["buckets"] = int(metrics[key]["perf/update_weights_buckets"])
+        last = metrics.get(key, {})
+        if "perf/update_weights_buckets" in last:
+            figures[key]["buckets"] = int(last["perf/update_weights_buckets"])
+        # a pipeline's stages each send over their own group: each one's seconds and bytes
+        stages = {k: v for k, v in last.items() if k.startswith("perf/update_weights_pp_")}
+        if stages:
+            figures[key]["stages"] = stages
     figures["copy"]["connect_s"] = metrics.get("connect_s", 0.0)
     return figures, nbytes, version
 
@@ -229,42 +260,61 @@ def set_threads(group, threads: int) -> None:
         ray.get([a.__ray_call__.remote(set_num_threads, threads) for a in group.actors])
 
 
-def start_groups(chosen: list[Layout], models: dict, threads: int,
-                 extra: tuple[str, ...]) -> tuple[dict, dict]:
-    """Every layout's ranks, started one group after the other (all held: they train in turns)."""
+def start_group(layout: Layout, models: dict, args):
+    """A layout's ranks, their threads set: (group, its config, seconds to start)."""
     from miles.backends.group import ActorGroup
 
-    groups, started = {}, {}
+    config = layout_config(layout, extra=tuple(args.flags))
+    start = time.perf_counter()
+    group = ActorGroup(config, models[layout.moe])
+    took = time.perf_counter() - start
     try:
-        for layout in chosen:
-            config = layout_config(layout, extra=extra)
-            start = time.perf_counter()
-            groups[layout.key] = (ActorGroup(config, models[layout.moe]), config)
-            started[layout.key] = time.perf_counter() - start
-            set_threads(groups[layout.key][0], threads)
-            print(f"  {layout.label}: ranks up in {started[layout.key]:.0f} s", file=sys.stderr)
+        set_threads(group, args.threads_per_rank)
     except BaseException:
-        for group, _ in groups.values():
-            group.stop()
+        group.stop()
         raise
-    return groups, started
+    print(f"  {layout.label}: ranks up in {took:.0f} s", file=sys.stderr)
+    return group, config, took
+
+
+def measure_layout(layout: Layout, held, base, engine_url: str, args, version: int
+                   ) -> tuple[dict, int]:
+    """A layout's row: trained in turns with its model's 1-rank group `base` (None: it is that
+    group), then its pushes. `held` is its (group, config, start seconds)."""
+    group, config, started = held
+    pair = {layout.key: (group, config)}
+    if base is not None:
+        pair[layout.baseline] = base[:2]
+    timed = train_rounds(pair, args.steps)
+    row = timed[layout.key]
+    if base is not None:  # the 1-rank step of the same rounds: the ratio's other side
+        row["paired_1rank"] = {k: timed[layout.baseline][k] for k in ("step_s", "log_probs_s")}
+    row.update(describe(layout, group, started))
+    pushes, nbytes, version = push_figures(group, layout, engine_url, args, version)
+    copy_ = pushes.pop("copy")
+    row.update(pushes=pushes, bytes=nbytes, copy_gb_per_s=copy_["gb_per_s"],
+               connect_s=copy_["connect_s"], push_ratios=push_ratios(pushes, copy_["gb_per_s"]))
+    return row, version
 
 
 def print_table(rows: dict[str, dict], buckets: list[int]) -> None:
     mb = 1e6
-    print(f"{'layout':<14}{'ranks':>6}{'step s':>8}{'x1rank':>7}{'logp s':>8}{'param MB':>9}"
-          f"{'grad MB':>8}{'optim MB':>9}{'x1rank':>7}{'peak MB':>8}")
+    print(f"{'layout':<14}{'ranks':>6}{'step s':>8}{'1rank s':>8}{'x1rank':>7}{'logp s':>8}"
+          f"{'param MB':>9}{'grad MB':>8}{'optim MB':>9}{'x1rank':>7}{'peak MB':>8}")
     for row in rows.values():
         m, r = row["memory"], row["ratios"]
+        paired = row.get("paired_1rank", row)
         ranks = f"{row['ranks']}{'*' if row['oversubscribed'] else ''}"
-        print(f"{row['label']:<14}{ranks:>6}{row['step_s']:>8.3f}{r.get('step_vs_1rank', 0):>7.2f}"
-              f"{row['log_probs_s']:>8.3f}{m['max_rank_param_bytes'] / mb:>9.3f}"
-              f"{m['max_rank_grad_bytes'] / mb:>8.3f}{m['max_rank_optimizer_bytes'] / mb:>9.3f}"
+        print(f"{row['label']:<14}{ranks:>6}{row['step_s']:>8.3f}{paired['step_s']:>8.3f}"
+              f"{r.get('step_vs_1rank', 0):>7.2f}{row['log_probs_s']:>8.3f}"
+              f"{m['max_rank_param_bytes'] / mb:>9.3f}{m['max_rank_grad_bytes'] / mb:>8.3f}"
+              f"{m['max_rank_optimizer_bytes'] / mb:>9.3f}"
               f"{r.get('param_bytes_vs_1rank', 0):>7.2f}"
               f"{m['max_rank_peak_memory_bytes'] / mb:>8.0f}")
     print_pushes(rows, buckets)
-    print("\n* more ranks than cores: oversubscribed. Memory: the most one rank holds (x1rank: "
-          "over its model's 1-rank layout); peak = the process's peak RSS on CPU.")
+    print("\n* more ranks than cores: oversubscribed. 1rank s: the 1-rank group's step in the "
+          "same rounds (x1rank: the ratio). Memory: the most one rank holds (x1rank: over its "
+          "model's 1-rank layout); peak = the process's peak RSS on CPU.")
 
 
 def print_pushes(rows: dict[str, dict], buckets: list[int]) -> None:
@@ -279,8 +329,8 @@ def print_pushes(rows: dict[str, dict], buckets: list[int]) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=3, help="timed training calls per layout")
-    parser.add_argument("--push-rounds", type=int, default=2, help="pushes per mode and layout")
+    parser.add_argument("--steps", type=int, default=5, help="timed training calls per layout")
+    parser.add_argument("--push-rounds", type=int, default=3, help="pushes per mode and layout")
     parser.add_argument("--buckets-mib", default=f"0.25,{DEFAULT_BUCKET_MIB:g}")
     parser.add_argument("--threads-per-rank", type=int, default=1,
                         help="torch threads per rank (one core each, as one GPU each); 0: the "
@@ -308,47 +358,73 @@ def main(argv=None) -> int:
 
 
 def measure(chosen: list[Layout], args) -> dict[str, dict]:
-    """All chosen layouts' ranks up, trained in turns; then each layout's pushes to the engine
-    of its model, one layout at a time (they share the engine's update group name), and its
-    ranks stopped."""
+    """Each model's 1-rank group is started first and held; every other layout in turn is
+    started, trained in turns with it, pushes, and is stopped (so at most one layout's ranks
+    besides the 1-rank groups hold memory). The layouts push one at a time: they share the
+    engine's update group name."""
     import ray
 
-    from miles.cluster.connect import connect
-    from miles.tiny.warmstart import ensure_base_model, ensure_moe_base_model
-
-    dense = ensure_base_model(progress=False)
-    if args.hidden_size != TINY_HIDDEN:
-        dense = wide_checkpoint(args.hidden_size, Path(tempfile.mkdtemp(prefix="miles-wide-")))
-    models = {False: str(dense)}
-    if any(layout.moe for layout in chosen):
-        models[True] = str(ensure_moe_base_model(progress=False))
+    models = model_dirs(chosen, args.hidden_size)
     engines = start_engines(models)
-    connect(None, log_to_driver=False)  # as a run starts Ray (its workers wait passively)
-    groups: dict = {}
     try:
-        groups, started = start_groups(chosen, models, args.threads_per_rank,
-                                       tuple(args.flags))
-        rows = train_rounds(groups, args.steps)
-        version = 0
-        for layout in chosen:
-            group = groups.pop(layout.key)[0]
+        start_ray()
+    except BaseException:
+        for engine in engines.values():
+            engine.stop()
+        raise
+    bases: dict = {}
+    rows, version = {}, 0
+    try:
+        for moe in models:
+            layout = BY_KEY["moe1" if moe else "1"]
+            bases[layout.key] = start_group(layout, models, args)
+            rows[layout.key], version = measure_layout(layout, bases[layout.key], None,
+                                                       engines[moe].url, args, version)
+        for layout in (la for la in chosen if la.key not in bases):
+            held = start_group(layout, models, args)
             try:
-                rows[layout.key].update(describe(layout, group, started[layout.key]))
-                pushes, nbytes, version = push_figures(group, layout, engines[layout.moe].url,
-                                                       args, version)
+                rows[layout.key], version = measure_layout(
+                    layout, held, bases[layout.baseline], engines[layout.moe].url, args, version)
             finally:
-                group.stop()
-            copy_ = pushes.pop("copy")
-            rows[layout.key].update(pushes=pushes, bytes=nbytes, copy_gb_per_s=copy_["gb_per_s"],
-                                    connect_s=copy_["connect_s"],
-                                    push_ratios=push_ratios(pushes, copy_["gb_per_s"]))
+                held[0].stop()
     finally:
-        for group, _ in groups.values():
+        for group, _, _ in bases.values():
             group.stop()
         ray.shutdown()
         for engine in engines.values():
             engine.stop()
-    return rows
+    return {la.key: rows[la.key] for la in LAYOUTS if la.key in rows}
+
+
+def start_ray(tries: int = 5) -> None:
+    """A local Ray as a run starts it (its workers wait passively). Ray gives its raylet a fixed
+    30 s to register, which a machine with dozens of runnable processes can miss: tried again."""
+    import ray
+
+    from miles.cluster.connect import connect
+
+    for attempt in range(1, tries + 1):
+        try:
+            connect(None, log_to_driver=False)
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == tries:
+                raise
+            ray.shutdown()
+            print(f"  Ray did not start in time ({attempt}/{tries}); again", file=sys.stderr)
+
+
+def model_dirs(chosen: list[Layout], hidden: int) -> dict[bool, str]:
+    """{moe: checkpoint} of the models the chosen layouts train."""
+    from miles.tiny.warmstart import ensure_base_model, ensure_moe_base_model
+
+    dense = ensure_base_model(progress=False)
+    if hidden != TINY_HIDDEN:
+        dense = wide_checkpoint(hidden, Path(tempfile.mkdtemp(prefix="miles-wide-")))
+    models = {False: str(dense)} if any(not la.moe for la in chosen) else {}
+    if any(layout.moe for layout in chosen):
+        models[True] = str(ensure_moe_base_model(progress=False))
+    return models
 
 
 def wide_checkpoint(hidden: int, out: Path) -> Path:
