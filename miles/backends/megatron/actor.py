@@ -206,19 +206,22 @@ class MegatronTrainActor(PPORank):
         return grads.model_norm(dense, self.ps, experts)
 
     # ---- weights, checkpoints -----------------------------------------------------------
-    def _gather_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _gather_hf(self, local: dict[str, torch.Tensor],
+                   to_first: bool = False) -> dict[str, torch.Tensor] | None:
         ep_group = self.ps.get_expert_model_parallel_group() if self.par.ep_size > 1 else None
         return gather.gather_hf(local, self.layout, self.par, self.ps.get_model_parallel_group(),
-                                ep_group)
+                                ep_group, to_first)
 
-    def hf_state(self) -> dict[str, torch.Tensor]:
-        """Collective over the model-parallel group: the replica's whole model in HF names (CPU)."""
-        return self._gather_hf({n: p.detach().cpu() for n, p in self.model.named_parameters()})
+    def hf_state(self, to_first: bool = False) -> dict[str, torch.Tensor] | None:
+        """Collective over the model-parallel group: the replica's whole model in HF names (CPU),
+        on every member, or with `to_first` on the group's first member only (None elsewhere)."""
+        local = {n: p.detach().cpu() for n, p in self.model.named_parameters()}
+        return self._gather_hf(local, to_first)
 
     def export_weights(self, directory: str | None) -> dict | None:
         if not self.first_replica:
             return None
-        state = self.hf_state()
+        state = self.hf_state(to_first=True)  # rank 0 is its group's first member
         if self.rank != 0:
             return None
         if directory is None:
@@ -252,7 +255,7 @@ class MegatronTrainActor(PPORank):
     def save(self, directory: str) -> list[str]:
         """Collective: rank 0 writes model (HF layout), optimizer (HF names) and scheduler; each rank its RNG."""
         if self.first_replica:
-            model, optim = self.hf_state(), self._hf_optimizer_state()
+            model, optim = self.hf_state(to_first=True), self._hf_optimizer_state(to_first=True)
             if self.rank == 0:
                 return self.save_files(Path(directory), model, optim)
         return self.save_files(Path(directory), {}, {})
@@ -267,7 +270,7 @@ class MegatronTrainActor(PPORank):
         dist.barrier()  # the reference model stays the base model: it is never checkpointed
         return self.info()
 
-    def _hf_optimizer_state(self) -> dict:
+    def _hf_optimizer_state(self, to_first: bool = False) -> dict:
         """Collective over the model-parallel group. torch's AdamW state keyed by HF parameter name,
         as FSDP's full optimizer state dict is:
         {"state": {hf_name: {"step", "exp_avg", "exp_avg_sq"}},
@@ -284,9 +287,9 @@ class MegatronTrainActor(PPORank):
                 steps.update(part)
         state = {}
         if by_name:
-            moments = {key: self._gather_hf({n: s[key].cpu() for n, s in by_name.items()})
+            moments = {key: self._gather_hf({n: s[key].cpu() for n, s in by_name.items()}, to_first)
                        for key in MOMENTS}
-            for name in hf_names:
+            for name in hf_names if moments[MOMENTS[0]] is not None else ():  # None: not the writer
                 step = steps[convert.megatron_source(name, self.layout)]
                 state[name] = {"step": step.clone(), **{key: moments[key][name].contiguous() for key in MOMENTS}}
         (group,) = saved["param_groups"]

@@ -26,18 +26,20 @@ _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
 
 
 def gather_hf(local: dict[str, torch.Tensor], lay: convert.Layout, par: convert.Parallel,
-              group, ep_group=None) -> dict[str, torch.Tensor]:
+              group, ep_group=None, to_first: bool = False) -> dict[str, torch.Tensor] | None:
     """Collective over the model-parallel `group` (and with EP > 1 first over `ep_group`): this
-    rank's local-named tensors (CPU) -> the whole HF state dict, on every member."""
+    rank's local-named tensors (CPU) -> the whole HF state dict, on every member; with `to_first`
+    on the group's first member only (None elsewhere). A writer needs it once: gathered on every
+    member, SmolLM2 at TP=3 held four copies of the model per rank and a push ran out of memory."""
     if par.ep_size > 1:
         local = gather_experts(local, lay, ep_group)
     if par.tp_size * par.pp_size == 1:
-        shards = {(0, 0): local}
-    else:
-        parts: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(parts, ((par.tp_rank, par.pp_rank), local), group=group)
-        shards = dict(parts)
-    return convert.megatron_shards_to_hf(shards, lay, par.tp_size, par.pp_size)
+        return convert.megatron_shards_to_hf({(0, 0): local}, lay, 1, 1)
+    mine = ((par.tp_rank, par.pp_rank), local)
+    parts = gather_to_first(mine, group) if to_first else gather_objects(mine, group)
+    if parts is None:
+        return None
+    return convert.megatron_shards_to_hf(dict(parts), lay, par.tp_size, par.pp_size)
 
 
 def gather_stage_hf(local: dict[str, torch.Tensor], lay: convert.Layout, par: convert.Parallel,
@@ -99,6 +101,14 @@ def global_name(local: str, lay: convert.Layout, par: convert.Parallel) -> str:
         first = convert.expert_range(lay, par).start
         (name,) = convert.renumber_experts({name: None}, first)
     return name
+
+
+def gather_to_first(value, group) -> list | None:
+    """Every member's `value` on the group's first member, in group rank order; None elsewhere."""
+    first = dist.get_global_rank(group, 0)
+    parts = [None] * dist.get_world_size(group) if dist.get_rank() == first else None
+    dist.gather_object(value, parts, dst=first, group=group)
+    return parts
 
 
 def gather_objects(value, group) -> list:
