@@ -88,12 +88,15 @@ class ActorGroup:
         return ray.get(refs), [seconds[ref] for ref in refs]
 
     def call_bounded(self, method: str, *args: Any, grace_s: float,
-                     gone: Callable[[int], bool] = lambda rank: False
+                     gone: Callable[[int], bool] = lambda rank: False,
+                     hung: Callable[[int], bool] = lambda rank: False
                      ) -> tuple[list[Any], list[float]]:
         """`call_timed` of a collective whose waits the ranks bound themselves: once one rank has
         failed, the others get `grace_s` to fail too (or answer), and a rank that `gone(rank)`
-        says will never answer (stopped, dead) is not waited for. Raises `RankCallError` naming
-        each rank that failed or did not answer."""
+        says will never answer (stopped, dead) is not waited for. A rank that `hung(rank)` says
+        is stuck (its record silent past the deadline) counts as failed even when no other rank
+        failed: a source rank stopped in its send to the engines has no peer to fail it. Raises
+        `RankCallError` naming each rank that failed or did not answer."""
         start = time.perf_counter()
         refs = [getattr(a, method).remote(*args) for a in self.actors]
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -107,8 +110,7 @@ class ActorGroup:
                 pending = [ref for ref in pending if not gone(rank_of[ref])]
                 if not pending:
                     break
-            done, pending = ray.wait(pending, num_returns=1,
-                                     timeout=None if failed_at is None else 1.0)
+            done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             for ref in done:
                 rank = rank_of[ref]
                 seconds[rank] = time.perf_counter() - start
@@ -117,6 +119,8 @@ class ActorGroup:
                 except Exception as exc:  # named in the RankCallError
                     errors[rank] = rank_error(exc)
                     failed_at = failed_at or time.perf_counter()
+            if failed_at is None and any(hung(rank_of[ref]) for ref in pending):
+                failed_at = time.perf_counter()
         silent = [rank_of[ref] for ref in refs if rank_of[ref] not in seconds]
         if errors or silent:
             raise RankCallError(method, errors, silent)

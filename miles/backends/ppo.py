@@ -454,7 +454,9 @@ class PPORank:
         source = self.weight_source()
         if source is None:
             return None
-        return source[0], self._sender().send(target.for_stage(*source), version)
+        with self.push_watch.working(version, "weight_send", f"send of stage {source[0]} to "
+                                     f"the engines over miles-pp_{source[0]}"):
+            return source[0], self._sender().send(target.for_stage(*source), version)
 
     def _sender(self) -> RankSender:
         if getattr(self, "weight_sender", None) is None:

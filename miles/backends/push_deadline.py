@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 from miles.record import layout
-from miles.run.collective_waits import (BEAT_S, DONE, FAILED, STALE_S, CollectiveState,
-                                        read_states, waited_for, write_state)
+from miles.run.collective_waits import (BEAT_S, DONE, FAILED, STALE_S, WORKING,
+                                        CollectiveState, read_states, waited_for, write_state)
 from miles.run.faults import Fault
 from miles.run.stragglers import RankCoords
 
@@ -65,6 +65,29 @@ class PushWatch:
         except Exception as exc:
             beat.stop()
             raise self._failure(state, exc) from None
+        finally:
+            beat.stop()
+        state.state = DONE
+        self._record(state)
+
+    @contextmanager
+    def working(self, version: int, phase: str, what: str) -> Iterator[None]:
+        """The block is this rank's own part of the push of `version` with no peer rank in it
+        (a source rank's send to the engines, bounded by its engine calls): recorded, heartbeat
+        renewed, so the trainer can tell a rank stopped in it (SIGSTOP) from a slow one and need
+        not wait for it forever. What the block raises passes through as it is."""
+        state = CollectiveState.entering(self.rank, self.coords.name, version, phase, what,
+                                         self.world_size, state=WORKING)
+        self._record(state)
+        beat = _Heartbeat(self, state)
+        beat.start()
+        try:
+            yield
+        except Exception as exc:
+            beat.stop()
+            state.state, state.error = FAILED, _first_line(exc)
+            self._record(state)
+            raise
         finally:
             beat.stop()
         state.state = DONE

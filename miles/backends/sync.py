@@ -37,7 +37,7 @@ from miles.record import layout
 from miles.serving.auth import bearer
 from miles.serving.router_client import RouterClient
 from miles.serving.control_http import control_client
-from miles.run.collective_waits import gone
+from miles.run.collective_waits import STALE_S, gone
 from miles.run.engine_stragglers import SpanTail, engine_own_seconds, engine_time_metrics
 
 
@@ -250,7 +250,7 @@ class WeightSync:
         try:
             reports, _ = self.group.call_bounded(
                 "send_weights", target, version, grace_s=self.timeout_s + 10.0,
-                gone=lambda rank: gone(self.run_dir, rank, version))
+                gone=lambda rank: gone(self.run_dir, rank, version), hung=self._hung(version))
         except RankCallError as exc:
             if exc.silent or any(e.startswith("its process died") for e in exc.errors.values()):
                 self.group.kill()
@@ -296,12 +296,18 @@ class WeightSync:
         ranks (their groups are out of step) and is a WeightSyncError naming each rank's part."""
         try:
             return self.group.call_bounded(method, *args, version, grace_s=self.timeout_s + 10.0,
-                                           gone=lambda rank: gone(self.run_dir, rank, version))
+                                           gone=lambda rank: gone(self.run_dir, rank, version),
+                                           hung=self._hung(version))
         except RankCallError as exc:
             self.group.kill()
             raise RanksFailedError(f"the weight push of version {version} failed on the training "
                                   f"ranks and they were ended (a relaunch starts them from the "
                                   f"last checkpoint): {exc}") from None
+
+    def _hung(self, version: int):
+        """A rank whose record of the push of `version` has been silent past the deadline (and a
+        heartbeat's grace): stopped in its part, with no peer rank to fail it."""
+        return lambda rank: gone(self.run_dir, rank, version, stale_s=self.timeout_s + STALE_S)
 
     def _engine_times(self, seconds: dict[str, float]) -> None:
         """Per engine, named by its index in the run's engine list (a URL is no metric name; a relaunched

@@ -101,11 +101,11 @@ def _well_typed(state: CollectiveState) -> bool:
     return state.rank >= 0 and state.world_size <= 1 << 20
 
 
-def silent(state: CollectiveState, now: float) -> bool:
+def silent(state: CollectiveState, now: float, stale_s: float = STALE_S) -> bool:
     """The rank is in its collective (or its own work) and will not answer: its process died,
-    or its heartbeat stopped."""
+    or its heartbeat stopped (none for `stale_s` seconds)."""
     return state.state in (WAITING, WORKING) and (_process_gone(state) or
-                                                 now - state.beat > STALE_S)
+                                                 now - state.beat > stale_s)
 
 
 def _process_gone(state: CollectiveState) -> bool:
@@ -152,10 +152,11 @@ def waited_for(me: CollectiveState, states: dict[int, CollectiveState], world_si
     return out
 
 
-def gone(run_dir: str | Path | None, rank: int, version: int) -> bool:
+def gone(run_dir: str | Path | None, rank: int, version: int, stale_s: float = STALE_S) -> bool:
     """Rank `rank` is in a collective of the push of `version` and will not answer: its process
-    died or its heartbeat stopped."""
+    died or its heartbeat stopped (none for `stale_s` seconds)."""
     if run_dir is None:
         return False
     state = read_states(run_dir).get(rank)
-    return state is not None and state.version == version and silent(state, time.time())
+    return (state is not None and state.version == version
+            and silent(state, time.time(), stale_s))

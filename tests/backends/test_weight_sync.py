@@ -19,8 +19,8 @@ class Ranks:
     def __init__(self):
         self.version = None
 
-    def call_bounded(self, method, directory, version, grace_s, gone):
-        assert method == "push_export" and grace_s > 0 and not gone(1)
+    def call_bounded(self, method, directory, version, grace_s, gone, hung):
+        assert method == "push_export" and grace_s > 0 and not gone(1) and not hung(1)
         Path(directory).mkdir(parents=True)
         return [None, None], [0.01, 0.02]
 
@@ -164,7 +164,7 @@ def test_a_broadcast_send_that_loses_a_rank_ends_the_ranks(tmp_path, error, ends
     class Sending(Ranks):
         killed = False
 
-        def call_bounded(self, method, *args, grace_s, gone):
+        def call_bounded(self, method, *args, grace_s, gone, hung):
             raise RankCallError(method, {1: error}, [])
 
         def kill(self):
