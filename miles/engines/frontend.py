@@ -27,16 +27,31 @@ def longest_token_chars(tokenizer) -> int:
 
 
 class RequestChannel:
-    """The server side of one submitted request: scheduler events arrive on an asyncio queue."""
+    """The server side of one submitted request: scheduler events arrive on an asyncio queue, or, for a
+    request that is not streamed (it gets no token events), its result on one future, `finished` (a
+    rollout's 256 samples made 256 queues, async generators and tasks on the HTTP thread, whose GIL the
+    scheduler thread shares). Cancelling `finished` (the client went away) aborts the request."""
 
-    def __init__(self, scheduler: Scheduler, rid: str):
+    def __init__(self, scheduler: Scheduler, rid: str, stream: bool = True):
         self.scheduler = scheduler
         self.rid = rid
-        self.queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        self.sink = lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        self.queue: asyncio.Queue | None = asyncio.Queue() if stream else None
+        if stream:
+            self.sink = lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            return
+        self.finished: asyncio.Future = loop.create_future()
+        self.finished.add_done_callback(self._abandoned)
+        self.sink = lambda event: loop.call_soon_threadsafe(_settle, self.finished, event)
+
+    def _abandoned(self, finished: asyncio.Future) -> None:
+        if finished.cancelled():  # nobody waits for it any more: stop spending compute on it
+            self.scheduler.abort(self.rid)
 
     async def events(self) -> AsyncIterator[TokenEvent | FinishEvent]:
+        if self.queue is None:
+            yield FinishEvent(await self.finished)
+            return
         finished = False
         try:
             while not finished:
@@ -48,10 +63,17 @@ class RequestChannel:
                 self.scheduler.abort(self.rid)
 
     async def result(self) -> GenerationResult:
+        if self.queue is None:
+            return await self.finished
         async for event in self.events():
             if isinstance(event, FinishEvent):
                 return event.result
         raise RuntimeError("request ended without a result")  # events() always ends on a FinishEvent
+
+
+def _settle(finished: asyncio.Future, event: TokenEvent | FinishEvent) -> None:
+    if isinstance(event, FinishEvent) and not finished.done():
+        finished.set_result(event.result)
 
 
 class EngineFrontend:
@@ -120,7 +142,7 @@ class EngineFrontend:
         """`routed_experts`: the request asked for `return_routed_experts` (a dense model refuses it)."""
         self.check_length(len(prompt_ids), params)
         check_asked(routed_experts, getattr(self.runner, "routing", None))
-        channel = RequestChannel(self.scheduler, rid)
+        channel = RequestChannel(self.scheduler, rid, stream)
         self.scheduler.submit(EngineRequest(rid=rid, prompt_ids=prompt_ids, params=params, sink=channel.sink,
                                             stream=stream, return_routed_experts=routed_experts))
         return channel

@@ -147,7 +147,8 @@ class EngineServer:
             routing_capture.check_asked(item.return_routed_experts, self.runner.routing)
         channels = self.frontend.submit_all([(ids, item.params, item.rid, item.return_routed_experts)
                                              for ids, item in zip(prompts, call.items)])
-        results = await until_disconnect(request, asyncio.gather(*(c.result() for c in channels)))
+        # the channels' futures themselves, not a task per request (cancelling them aborts the requests)
+        results = await until_disconnect(request, asyncio.gather(*(c.finished for c in channels)))
         if results is None:
             return Response(status_code=499)  # nobody reads it; the requests were aborted
         bodies = [self.render_generate(item, r) for item, r in zip(call.items, results)]
