@@ -5,7 +5,7 @@ logits, and swaps in new weights when the scheduler says it is safe.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,21 +26,38 @@ def pick_device(device: str) -> torch.device:
 
 @dataclass
 class StepState:
-    """A running batch on the device: (B, T) attention mask, (B, 1) next positions, the KV cache.
+    """A running batch on the device: (C, T) attention mask, (C, 1) next positions, the KV cache of C
+    cache rows, and `slots`, the cache row of each of the batch's B rows (B >= C).
 
-    Rows join (`merge`) and leave (`keep_rows`) between decode steps: the continuous batch."""
+    Rows that have read the same tokens (a GRPO group's samples, until they part ways) share one cache
+    row, and the model runs it once per step: their logits are the same. Rows join (`merge`) and
+    leave (`keep_rows`) between decode steps: the continuous batch."""
 
     attention_mask: torch.Tensor
     next_positions: torch.Tensor
     cache: DynamicCache
+    slots: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.slots:
+            self.slots = list(range(self.attention_mask.shape[0]))
 
     def keep_rows(self, rows: list[int]) -> None:
+        self.slots = [self.slots[i] for i in rows]
+        used = sorted(set(self.slots))
+        if len(used) < self.attention_mask.shape[0]:  # cache rows no row reads any more leave
+            renumber = {old: new for new, old in enumerate(used)}
+            self.slots = [renumber[s] for s in self.slots]
+            self.select_cache_rows(used)
+        self._drop_empty_columns()
+
+    def select_cache_rows(self, rows: list[int]) -> None:
+        """Keep (or copy) cache rows `rows`, in that order; the caller renumbers `slots`."""
         index = torch.tensor(rows, device=self.attention_mask.device)
         self.attention_mask = self.attention_mask[index]
         self.next_positions = self.next_positions[index]
         for layer in self.cache.layers:
             layer.batch_select_indices(index)
-        self._drop_empty_columns()
 
     def merge(self, other: "StepState") -> None:
         """Append the rows of `other` (a batch prefilled just now) to this running batch.
@@ -48,6 +65,7 @@ class StepState:
         Both are left-padded; the shorter one gets more left padding (masked out, zero K/V) so the
         time axes line up. Positions are per row, so a row's logits do not depend on the padding."""
         width = max(self.attention_mask.shape[1], other.attention_mask.shape[1])
+        self.slots = self.slots + [s + self.attention_mask.shape[0] for s in other.slots]
         self.attention_mask = torch.cat([_left_pad(self.attention_mask, width), _left_pad(other.attention_mask, width)])
         self.next_positions = torch.cat([self.next_positions, other.next_positions])
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
@@ -106,19 +124,22 @@ class ModelRunner:
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, StepState]:
         """Left-pad the prompts into one batch, run it, return the last-position logits (B, V).
 
-        Equal rows (a GRPO group's samples share their prompt) are run once and their logits, cache
-        rows and routing records copied to each (SGLang shares such a prefix through its radix cache):
-        the default rollout's 256 rows are 32 prompts, and the prefill was a third of the engine's time."""
+        Equal rows (a GRPO group's samples share their prompt) are run once and share one cache row
+        (SGLang shares such a prefix through its radix cache); each gets the logits and routing
+        record: the default rollout's 256 rows are 32 prompts (the prefill was a third of the engine's
+        time)."""
         unique, rows = _distinct(prompts)
-        if len(unique) == len(prompts):
-            return self._prefill(prompts)
         logits, state = self._prefill(unique)
-        index = torch.tensor(rows, device=self.device)
-        state.attention_mask, state.next_positions = state.attention_mask[index], state.next_positions[index]
-        for layer in state.cache.layers:
-            layer.batch_select_indices(index)
-        self.routing.select_rows(index, len(unique))
-        return logits[index], state
+        state.slots = rows
+        return self._rows_of(logits, rows), state
+
+    def _rows_of(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """The batch's rows of a forward over its distinct cache rows (logits and routing records)."""
+        if len(slots) == logits.shape[0] and slots == list(range(len(slots))):
+            return logits
+        index = torch.tensor(slots, device=logits.device)
+        self.routing.select_rows(index, logits.shape[0])
+        return logits[index]
 
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, StepState]:
         width = max(len(p) for p in prompts)
@@ -137,7 +158,18 @@ class ModelRunner:
 
     @torch.no_grad()
     def decode(self, tokens: list[int], state: StepState) -> torch.Tensor:
-        """Feed one new token per row; returns the next logits (B, V)."""
+        """Feed one new token per row; returns the next logits (B, V). Rows that shared a cache row
+        and feed the same token go on sharing one; those that feed different tokens part ways (their
+        cache row is copied)."""
+        first: dict[tuple[int, int], int] = {}
+        slots = [first.setdefault(pair, len(first)) for pair in zip(state.slots, tokens)]
+        parents = [slot for slot, _ in first]
+        if parents != list(range(state.attention_mask.shape[0])):
+            state.select_cache_rows(parents)
+        state.slots = slots
+        return self._rows_of(self._decode([token for _, token in first], state), slots)
+
+    def _decode(self, tokens: list[int], state: StepState) -> torch.Tensor:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
         ones = torch.ones((len(tokens), 1), dtype=torch.long, device=self.device)
         state.attention_mask = torch.cat([state.attention_mask, ones], dim=1)
