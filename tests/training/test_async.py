@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from miles.backends.group import stop_named_group
+from miles.cluster.names import RunNames
 from miles.loop import run_loop
 from miles.prepare import prepare_config
 from miles.run import checkpoint
@@ -17,8 +19,8 @@ ASYNC_ONLY = ("rollout/staleness/", "rollout/mixed_version_ratio", "rollout/buff
               "rollout/reward_by_staleness/", "train/is_weight", "train/ess", "train/mismatch_kl")
 
 
-def train(config, engine, rollouts=None):
-    trainer = RLTrainer.start(prepare_config(config), engine.url, [engine.url])
+def train(config, engine, rollouts=None, names=None):
+    trainer = RLTrainer.start(prepare_config(config), engine.url, [engine.url], names)
     run_loop(trainer, rollouts or range(config.rollout.num_rollout))
     run_dir = Path(trainer.config.train.run_dir)
     journal = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -55,10 +57,18 @@ def test_staleness_zero_through_the_producer_gives_the_synchronous_journal(small
 def test_one_version_stale_stays_in_its_bound_reports_it_and_resumes(small_config, ray_cluster, engine, tmp_path):
     config = small_config(*ROLLOUTS, "--run-dir", str(tmp_path / "k1"), "--fully-async", "--max-weight-staleness",
                           "1", "--use-tis", "--staleness-guard")
-    _, cursors = train(config, engine, range(0, 2))  # the run stops after rollout 1 (a Prefect chunk's end) ...
-    # ... having drawn ahead: its checkpoint keeps the cursor of the 2 rollouts it trained (4 prompts each)
-    assert cursors["iter_0000001"] == {"epoch": 0, "offset": 8}
-    journal, _ = train(config, engine, range(2, 3))  # a new trainer resumes there
+    # Named ranks kept between the two trainers, as a flow's chunks keep them: the ranks start once,
+    # and the resume must overwrite all their state
+    names = RunNames("async-k1")
+    try:
+        # the run stops after rollout 1 (a Prefect chunk's end) ...
+        _, cursors = train(config, engine, range(0, 2), names)
+        # ... having drawn ahead: its checkpoint keeps the cursor of the 2 rollouts it trained
+        # (4 prompts each)
+        assert cursors["iter_0000001"] == {"epoch": 0, "offset": 8}
+        journal, _ = train(config, engine, range(2, 3), names)  # a new trainer attaches: resumes
+    finally:
+        stop_named_group(names, config.world_size)
     assert [r["rollout_id"] for r in journal if r["rollout_id"] >= 0] == [0, 1, 2]
     rows = [r for r in journal if "rollout/staleness/max" in r]
     assert len(rows) == 3
