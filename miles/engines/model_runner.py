@@ -26,12 +26,12 @@ def pick_device(device: str) -> torch.device:
 
 @dataclass
 class StepState:
-    """A running batch on the device: (C, T) attention mask, (C, 1) next positions, the KV cache of C
-    cache rows, and `slots`, the cache row of each of the batch's B rows (B >= C).
+    """A running batch on the device: (C, T) attention mask, (C, 1) next positions, the KV cache
+    of C cache rows, and `slots`, the cache row of each of the batch's B rows (B >= C).
 
-    Rows that have read the same tokens (a GRPO group's samples, until they part ways) share one cache
-    row, and the model runs it once per step: their logits are the same. Rows join (`merge`) and
-    leave (`keep_rows`) between decode steps: the continuous batch."""
+    Rows that have read the same tokens (a GRPO group's samples, until they part ways) share one
+    cache row, and the model runs it once per step: their logits are the same. Rows join
+    (`merge`) and leave (`keep_rows`) between decode steps: the continuous batch."""
 
     attention_mask: torch.Tensor
     next_positions: torch.Tensor
@@ -124,17 +124,17 @@ class ModelRunner:
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, StepState]:
         """Left-pad the prompts into one batch, run it, return the last-position logits (B, V).
 
-        Equal rows (a GRPO group's samples share their prompt) are run once and share one cache row
-        (SGLang shares such a prefix through its radix cache); each gets the logits and routing
-        record: the default rollout's 256 rows are 32 prompts (the prefill was a third of the engine's
-        time)."""
+        Equal rows (a GRPO group's samples share their prompt) are run once and share one cache
+        row (SGLang shares such a prefix through its radix cache); each gets the logits and routing
+        record: the default rollout's 256 rows are 32 prompts (the prefill was a third of the
+        engine's time)."""
         unique, rows = _distinct(prompts)
         logits, state = self._prefill(unique)
         state.slots = rows
         return self._rows_of(logits, rows), state
 
     def _rows_of(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
-        """The batch's rows of a forward over its distinct cache rows (logits and routing records)."""
+        """The batch's rows of a forward over its distinct cache rows (logits, routing records)."""
         if len(slots) == logits.shape[0] and slots == list(range(len(slots))):
             return logits
         index = torch.tensor(slots, device=logits.device)

@@ -49,4 +49,5 @@ def test_equal_rows_run_once_and_each_row_reads_as_alone(runner):
             expected = alone_logits(runner, row[:len(row) - 2 + step])
             assert torch.allclose(logits[i], expected, atol=1e-5), f"row {i} step {step}"
     for i, row in enumerate(read[j] for j in (5, 0, 3)):
-        assert torch.allclose(got[3][i], alone_logits(runner, row + [1]), atol=1e-5), f"kept row {i}"
+        expected = alone_logits(runner, row + [1])
+        assert torch.allclose(got[3][i], expected, atol=1e-5), f"kept row {i}"
