@@ -83,12 +83,13 @@ def figures(name: str, run_dir: Path, wall: float | None) -> dict:
     return {"name": name, "run_dir": str(run_dir), "rollouts": card.iterations,
             "base": card.base_eval, "final": card.final_eval,
             "gain": None if gain is None else round(gain, 5),
-            "pushes_checked": len(diffs), "max_logprob_abs_diff": max(diffs, default=None),
+            "rollouts_checked": len(diffs), "max_logprob_abs_diff": max(diffs, default=None),
             "wall_seconds": None if wall is None else round(wall, 1),
             "training_seconds": card.journal_seconds,
             "tp": config.get("tensor_model_parallel_size"),
             "pp": config.get("pipeline_model_parallel_size"),
-            "ranks": config.get("actor_num_gpus_per_node"), "checkpoint": str(card.checkpoint)}
+            "ranks": config.get("actor_num_gpus_per_node"),
+            "checkpoint": str(card.checkpoint) if card.checkpoint else None}
 
 
 def weights_moved(f: dict) -> dict:
@@ -132,7 +133,7 @@ def table(results: list[dict]) -> str:
         rows.append((name, f"{r['tp']}x{r['pp']}",
                      f"{num(r['base'], '.3f')} -> {num(r['final'], '.3f')}",
                      num(r["gain"], "+.3f"), num(r.get("gain_difference"), "+.3f"),
-                     f"{num(r['max_logprob_abs_diff'], '.1e')} ({r['pushes_checked']})",
+                     f"{num(r['max_logprob_abs_diff'], '.1e')} ({r['rollouts_checked']})",
                      f"{num(r['wall_seconds'], '.0f')} s"))
     lines = ["  ".join(f"{c:<20}" for c in row) for row in rows]
     lines.append(f"bounds: gain within +-{WITHIN} of TP=PP=1's, log-prob diff <= {AGREEMENT} "
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
             driver, flags = runs[name]
             wall, code = run([*driver, *flags, *args.extra], root / name, root / f"{name}.log")
         results.append({**figures(name, (root / name).resolve(), wall), "exit_code": code})
-        if args.smollm2 and code == 0:
+        if args.smollm2 and code == 0 and results[-1]["checkpoint"]:  # a killed run saved none
             results[-1].update(weights_moved(results[-1]))
     compare(results)
     print(table(results))
