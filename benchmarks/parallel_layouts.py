@@ -294,6 +294,7 @@ def measure_layout(layout: Layout, held, base, engine_url: str, args, version: i
     copy_ = pushes.pop("copy")
     row.update(pushes=pushes, bytes=nbytes, copy_gb_per_s=copy_["gb_per_s"],
                connect_s=copy_["connect_s"], push_ratios=push_ratios(pushes, copy_["gb_per_s"]))
+    print(f"  {layout.label}: {json.dumps(row)}", file=sys.stderr)  # kept if a later one fails
     return row, version
 
 
@@ -403,6 +404,9 @@ def start_ray(tries: int = 5) -> None:
 
     from miles.cluster.connect import connect
 
+    # Ray's memory monitor kills this Ray's newest workers once the node is 95% full, whoever
+    # filled it: on a machine shared with other jobs that ended runs here mid-push
+    os.environ.setdefault("RAY_memory_usage_threshold", "0.98")
     for attempt in range(1, tries + 1):
         try:
             connect(None, log_to_driver=False)
