@@ -26,6 +26,37 @@ def _named(names: RunNames, world_size: int) -> list[Any] | None:
     return handles
 
 
+def end_survivors(names: RunNames, world_size: int) -> list[int]:
+    """End the run's named ranks that outlived a lost peer (a rank killed for memory, a node
+    gone): their process group is broken, and a new group cannot take their names while they
+    live. Returns the ranks ended."""
+    ended = []
+    for rank in range(world_size):
+        try:
+            actor = ray.get_actor(names.rank(rank), namespace=NAMESPACE)
+        except ValueError:
+            continue
+        ray.kill(actor, no_restart=True)
+        ended.append(rank)
+    if ended:
+        log.warning("ended the surviving training ranks %s of %s: a peer was gone, so new ranks "
+                    "start in their place", ended, names.prefix)
+    _wait_names_free(names, ended)
+    return ended
+
+
+def _wait_names_free(names: RunNames, ranks: list[int], timeout_s: float = 30.0) -> None:
+    """Ray frees a killed actor's name once the kill is processed."""
+    deadline = time.monotonic() + timeout_s
+    for rank in ranks:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(names.rank(rank), namespace=NAMESPACE)
+            except ValueError:
+                break
+            time.sleep(0.1)
+
+
 class ActorGroup:
     """`world_size` ranks; `attached` says they already existed (a retried task found them).
 
@@ -44,6 +75,8 @@ class ActorGroup:
             # every chunk after the first attaches (the ranks outlive it): routine, so not on stdout
             log.debug("attached to %d existing training actors %s", self.world_size, names.rank(0))
             return
+        if names:
+            end_survivors(names, self.world_size)
         cls = ray.remote(actor_class(config.train.train_backend))
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= self.world_size else 0
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
