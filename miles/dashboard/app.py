@@ -19,6 +19,7 @@ from miles.dashboard import views
 from miles.dashboard.diagnose_action import Busy, Failed, run_diagnose
 from miles.dashboard.mismatch_view import mismatch_view
 from miles.dashboard.rank_heatmap import rank_heatmap
+from miles.dashboard.rank_traces import trace_path, with_traces
 from miles.dashboard.routing_view import routing_view
 from miles.dashboard.run_files import RunFiles
 
@@ -108,7 +109,7 @@ def _timing_routes(app: FastAPI, files: RunFiles) -> None:
 
     @app.get("/api/ranks")
     def ranks() -> dict:
-        return rank_heatmap(files.timeline().rows)
+        return with_traces(rank_heatmap(files.timeline().rows), files.profiler().rows)
 
     @app.get("/api/health")
     def health() -> dict:
@@ -125,6 +126,13 @@ def _timing_routes(app: FastAPI, files: RunFiles) -> None:
     @app.get("/api/profiler")
     def profiler() -> dict:
         return views.profiler(files)
+
+    @app.get("/api/profiler/{index}/trace")
+    def profiler_trace(index: int) -> FileResponse:
+        path = trace_path(files.run_dir, files.profiler().rows, index)
+        if path is None:
+            raise HTTPException(404, f"no trace file for profiler window {index}")
+        return FileResponse(path, filename=path.name, media_type="application/octet-stream")
 
 
 def _rollout_routes(app: FastAPI, files: RunFiles) -> None:

@@ -25,7 +25,8 @@ def test_the_heat_map_sums_own_work_per_rank_and_phase_and_names_the_slow_cell(r
         f.write("".join(s.to_json() + "\n" for s in rank_spans()))
     data = ranks_of(run_copy)
     assert data["available"] and data["rollouts"] == 2
-    assert data["ranks"] == [{"lane": lane, "coords": c} for lane, c in COORDS.items()]
+    assert data["ranks"] == [{"lane": lane, "coords": c, "traces": []}
+                             for lane, c in COORDS.items()]  # no profiler window ran
     # a step's order; waits are no phase
     assert data["phases"] == ["forward", "backward", "optimizer"]
     for i in range(3):
@@ -67,3 +68,26 @@ def test_an_engine_lane_does_not_count_in_the_ranks_medians(run_copy):
     assert data["ratio"][1][backward] == pytest.approx(1.5, rel=1e-4)  # 3 s vs the ranks' 2 s
     assert data["hottest"]["median"] == pytest.approx(2.0, rel=1e-4)
     assert data["ratio"][2][data["phases"].index("apply")] == pytest.approx(1.0)
+
+
+def test_a_rank_lists_its_profiler_windows_and_serves_only_their_traces(run_copy, tmp_path):
+    with (run_copy / "timeline.jsonl").open("a") as f:
+        f.write("".join(s.to_json() + "\n" for s in rank_spans()))
+    (run_copy / "profiler").mkdir()
+    (run_copy / "profiler" / "rank1.json.gz").write_bytes(b"rank 1's trace")
+    (tmp_path / "secret").write_text("outside the run")
+    windows = [{"target": "train_actor", "rank": 1, "start": 3, "end": 4,
+                "trace": "profiler/rank1.json.gz"},
+               {"target": "train_actor", "rank": 0, "start": 3, "end": 4,
+                "trace": str(tmp_path / "secret")},  # a hand-edited summary
+               {"target": "train_actor", "rank": 0, "start": 5, "end": 6,
+                "trace": "../" * 8 + str(tmp_path / "secret")}]
+    (run_copy / "profiler" / "summaries.jsonl").write_text(
+        "".join(json.dumps(w) + "\n" for w in windows))
+    client = TestClient(build_app(run_copy))
+    ranks = {r["lane"]: r["traces"] for r in client.get("/api/ranks").json()["ranks"]}
+    assert ranks["rank1"] == [{"index": 0, "target": "train_actor", "start": 3, "end": 4}]
+    assert [w["index"] for w in ranks["rank0"]] == [1, 2] and ranks["rank2"] == []
+    assert client.get("/api/profiler/0/trace").content == b"rank 1's trace"
+    for index in (1, 2, 3, -1):  # outside the run dir, or no such window
+        assert client.get(f"/api/profiler/{index}/trace").status_code == 404

@@ -3,8 +3,11 @@ one): a hand-made timeline whose rank1 is slow in backward shows that cell redde
 recorded run (no rank phase spans) says the map is not available."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+
+import httpx
 
 import pytest
 from tests.support.dashboard import serve
@@ -28,6 +31,11 @@ def browser():
 def test_the_heat_map_marks_the_slow_rank_and_phase(browser, run_copy):
     with (run_copy / "timeline.jsonl").open("a") as f:
         f.write("".join(s.to_json() + "\n" for s in rank_spans()))
+    (run_copy / "profiler").mkdir()
+    (run_copy / "profiler" / "rank1-train_actor.json.gz").write_bytes(b"a trace")
+    window = {"target": "train_actor", "rank": 1, "start": 1, "end": 2, "top_ops": [],
+              "spans": {}, "trace": "profiler/rank1-train_actor.json.gz"}
+    (run_copy / "profiler" / "summaries.jsonl").write_text(json.dumps(window) + "\n")
     served = serve(run_copy)
     try:
         browser.open(served.url + "/#timeline")
@@ -52,8 +60,18 @@ def test_the_heat_map_marks_the_slow_rank_and_phase(browser, run_copy):
         browser.click(cell)
         assert browser.script(picked) == ["rank1 backward"] * 2  # one per rollout
         assert browser.script(faded) == len(browser.find_all("#timeline-svg rect.span")) - 2
+        # ... and lists rank1's profiler window under the map, a link to its trace
+        assert browser.text("#rank-heatmap-traces") == (
+            f"rank1 ({COORDS['rank1']}): profiler traces: train_actor rollouts 1-2")
+        browser.screenshot(SHOTS / "rank-heatmap-traces.png")
+        href = browser.script("return document.querySelector('a.rank-trace').href")
+        assert httpx.get(href).content == b"a trace"
         browser.click(cell)
         assert browser.script(picked) == [] and browser.script(faded) == 0
+        browser.click("#rank-heatmap tr:nth-child(2) td:nth-child(2)")  # rank0 ran no window
+        assert browser.text("#rank-heatmap-traces").endswith("no profiler window ran on this "
+                                                            "rank (--use-pytorch-profiler, "
+                                                            "--profile-ranks)")
     finally:
         served.stop()
 

@@ -305,11 +305,13 @@ async function showTimeline(view) {
   } else {
     const t = el("table", {}, el("tr", {}, ...["target", "rank", "start", "end", "trace", "top ops"].map(h =>
       el("th", {}, h))));
-    for (const p of data.profiler.summaries) {
+    data.profiler.summaries.forEach((p, i) => {
       const ops = (p.top_ops || []).slice(0, 3).map(o => typeof o === "string" ? o : (o.name || JSON.stringify(o)));
-      t.append(el("tr", {}, ...[p.target, p.rank, p.start, p.end, p.trace, ops.join(", ")].map(v =>
-        el("td", {}, String(fmt(v))))));
-    }
+      const trace = el("a", {href: `/api/profiler/${i}/trace` +
+        (TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "")}, String(fmt(p.trace)));
+      t.append(el("tr", {}, ...[p.target, p.rank, p.start, p.end].map(v =>
+        el("td", {}, String(fmt(v)))), el("td", {}, trace), el("td", {}, ops.join(", "))));
+    });
     view.append(t);
   }
 }
@@ -330,13 +332,33 @@ function markPicked(svg) {
   }
 }
 
-function pickRankPhase(lane, phase) {
+function pickRankPhase(rank, phase) {
+  showRankTraces(rank);
   const svg = document.getElementById("timeline-svg");
   if (!svg) return;
-  const pick = JSON.stringify({lane, phase});
+  const pick = JSON.stringify({lane: rank.lane, phase});
   svg.dataset.pick = svg.dataset.pick === pick ? "" : pick;
   markPicked(svg);
   svg.scrollIntoView({block: "nearest"});
+}
+
+// Under the map: the picked rank's profiler windows, each a download of its Chrome trace
+// (/api/profiler/<i>/trace; open it in Perfetto or chrome://tracing).
+function showRankTraces(rank) {
+  const box = document.getElementById("rank-heatmap-traces");
+  if (!box) return;
+  box.replaceChildren(`${rank.lane} (${rank.coords}): `);
+  if (!rank.traces || !rank.traces.length) {
+    box.append("no profiler window ran on this rank (--use-pytorch-profiler, --profile-ranks)");
+    return;
+  }
+  box.append("profiler traces: ");
+  rank.traces.forEach((w, i) => {
+    if (i) box.append(", ");
+    box.append(el("a", {class: "rank-trace", href: `/api/profiler/${w.index}/trace` +
+      (TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "")},
+      `${w.target} rollouts ${w.start}-${w.end}`));
+  });
 }
 
 async function showRankHeatmap(view) {
@@ -354,7 +376,7 @@ async function showRankHeatmap(view) {
     const name = el("td", {}, `${rank.lane} (${rank.coords})`);
     t.append(el("tr", {}, name, ...data.phases.map((p, j) =>
       el("td", {class: "rank-cell", style: heat(data.ratio[i][j], RANK_RATIO),
-                onclick: () => pickRankPhase(rank.lane, p),
+                onclick: () => pickRankPhase(rank, p),
                 title: `${rank.coords} ${p}: ${data.seconds[i][j].toFixed(3)} s, ` +
                        `${data.ratio[i][j].toFixed(2)}x the ranks' median`},
          data.seconds[i][j].toFixed(3) + " s"))));
@@ -363,7 +385,9 @@ async function showRankHeatmap(view) {
   view.append(el("div", {class: "legend", id: "rank-heatmap-hottest"},
     `slowest: ${h.coords} in ${h.phase}, ${h.seconds.toFixed(3)} s ` +
     `vs median ${h.median.toFixed(3)} s (${h.ratio.toFixed(2)}x) over ${data.rollouts} rollouts `,
-    el("span", {class: "scale"}), " 1x to 2x"), t);
+    el("span", {class: "scale"}), " 1x to 2x"), t,
+    el("div", {class: "legend", id: "rank-heatmap-traces"},
+      "click a cell: that rank's spans of that phase above, and its profiler traces here"));
 }
 
 // The routing panel (/api/routing, MoE runs only): each MoE layer's busiest expert per rollout,
