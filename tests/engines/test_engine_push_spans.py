@@ -62,7 +62,7 @@ class Ranks:
         self.base_model = base_model
         self.config = SimpleNamespace(train=SimpleNamespace(run_dir=str(run_dir)))
 
-    def call_bounded(self, method, directory, version, grace_s, gone):
+    def call_bounded(self, method, directory, version, grace_s, gone, hung):
         shutil.copytree(self.base_model, directory)
         return [None], [0.01]
 
