@@ -16,8 +16,21 @@ from pathlib import Path
 import pytest
 
 from tests.support.dashboard import copy_recorded
+from webdriver import Browser, missing_browser
 
 
 @pytest.fixture
 def run_copy(tmp_path) -> Path:
     return copy_recorded(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per module (skipped where there is none)."""
+    if missing_browser():
+        pytest.skip(missing_browser())
+    b = Browser()
+    try:
+        yield b
+    finally:
+        b.close()

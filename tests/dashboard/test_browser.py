@@ -9,19 +9,10 @@ from pathlib import Path
 
 import pytest
 from tests.support.dashboard import RECORDED, serve
-from webdriver import Browser, missing_browser
+from webdriver import missing_browser
 
 pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))
 SHOTS = Path(os.environ.get("MILES_SCREENSHOT_DIR", Path(__file__).parents[2] / "runs" / "screenshots"))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    b = Browser()
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.dashboard import serve
-from webdriver import Browser, missing_browser
+from webdriver import missing_browser
 
 from miles.engines.push_spans import COMPUTE, WAIT, EngineCoords, PushSpans
 from miles.record.timeline import TimelineWriter
@@ -60,15 +60,6 @@ const x0 = +push.getAttribute('x'), x1 = x0 + +push.getAttribute('width');
 svg.dispatchEvent(new MouseEvent('mousedown', {clientX: x(x0) - 0.2}));
 svg.dispatchEvent(new MouseEvent('mouseup', {clientX: x(x1) + 0.2}));
 """
-
-
-@pytest.fixture(scope="module")
-def browser():
-    b = Browser()
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_the_engine_lanes_show_their_push_phases(browser, run_copy):

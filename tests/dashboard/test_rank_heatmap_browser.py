@@ -12,20 +12,11 @@ import httpx
 import pytest
 from tests.support.dashboard import serve
 from tests.support.rank_timelines import COORDS, rank_spans
-from webdriver import Browser, missing_browser
+from webdriver import missing_browser
 
 pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))
 SHOTS = Path(os.environ.get("MILES_SCREENSHOT_DIR",
                            Path(__file__).parents[2] / "runs" / "screenshots"))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    b = Browser()
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_the_heat_map_marks_the_slow_rank_and_phase(browser, run_copy):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests.support.dashboard import RECORDED, serve
 from fastapi.testclient import TestClient
-from webdriver import Browser, missing_browser
+from webdriver import missing_browser
 
 from miles.dashboard.app import build_app
 from miles.record.samples import samples_due
@@ -107,17 +107,6 @@ def test_per_prompt_evals(tmp_path):
 
 # ---- in the browser ------------------------------------------------------------------------------------
 browser_only = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if missing_browser():
-        pytest.skip(missing_browser())
-    b = Browser()
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 @browser_only
