@@ -10,6 +10,7 @@ import ray
 
 from miles.backends import actor_class
 from miles.backends.base import RankBatch, RankTrainResult
+from miles.backends.rank_phases import settle_waits
 from miles.cluster.names import NAMESPACE, RunNames
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,10 @@ class ActorGroup:
         return ray.get(refs), [seconds[rank] for rank in range(len(refs))]
 
     def train(self, batches: list[RankBatch]) -> list[RankTrainResult]:
-        return ray.get([a.train.remote(b) for a, b in zip(self.actors, batches)])
+        """One iteration on every rank; their phase marks settled into waits (`settle_waits`)."""
+        results = ray.get([a.train.remote(b) for a, b in zip(self.actors, batches)])
+        settle_waits([r.rank_spans for r in results if r.rank_spans is not None])
+        return results
 
     def stop(self) -> None:
         """Leave the process group on every rank, then end the actors (no abort at exit)."""

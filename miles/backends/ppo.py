@@ -36,7 +36,7 @@ from miles.backends.logprobs import TokenStats
 from miles.backends.rank_memory import rank_memory
 from miles.backends.push_deadline import PushWatch
 from miles.backends.rank_activity import RankActivity
-from miles.backends.rank_phases import RankPhaseRecorder
+from miles.backends.rank_phases import RankPhaseRecorder, clock_offset
 from miles.backends.loss import approx_kl, importance_weights, mismatch_kl, ppo_clip_loss, sample_ess, sample_mean
 from miles.backends.schedule import lr_at
 from miles.backends.weight_broadcast import PushStats, RankSender, SendTarget
@@ -222,6 +222,7 @@ class PPORank:
         if self.data_parallel_size < self.world_size:  # model parallel: traces name dp/pp/tp
             self.profiler.coords = self.rank_phases.coords
         self.rank_phases.between_passes = self.collectives_in_passes
+        self.rank_phases.clock_offset = clock_offset()  # 0 on one host; marks compare on rank 0's clock
         t = self.config.train
         self.push_watch = PushWatch(self.rank, self.world_size, self.rank_phases.coords,
                                     t.update_weight_timeout, t.run_dir,
@@ -362,7 +363,7 @@ class PPORank:
     def clip_and_step(self) -> float:
         """Reduce and clip this step's gradients, step optimizer and schedule; return the grad norm."""
         rec = self.rank_phases
-        rec.wait("grad_reduce")  # until every rank's backward passes are done: the others' lateness
+        rec.arrive("grad_reduce")  # the reduction waits for every rank's backward passes: the others' lateness
         with rec.span("grad_reduce"):
             self.reduce_gradients()
         with rec.span("optimizer"):
@@ -492,7 +493,7 @@ class PPORank:
             if self.ref_model is not None:
                 with timed("ref_log_probs", times, phases), rec.span("ref_log_probs"):
                     ref = self._score(self.ref_model, mbs)
-            rec.wait("log_probs")
+            rec.arrive("log_probs", between_passes=True)  # FSDP: param_norm and the forward gather next
         maxes, mismatch = self._log_prob_sums(mbs, old, ref, sums)
 
         self.model.train()
@@ -574,10 +575,10 @@ class PPORank:
                 stats = self.forward_stats(self.model, mbs[i])
                 loss = self.micro_batch_loss(stats, mbs[i], old[i].log_probs,
                                              None if ref is None else ref[i].log_probs, global_step_size, sums)
-            rec.wait("forward", between_passes=True)
+            rec.arrive("forward", between_passes=True)
             with rec.span("backward"):
                 loss.backward()
-            rec.wait("backward", between_passes=True)
+            rec.arrive("backward", between_passes=True)
 
     def micro_batch_loss(self, stats: TokenStats, mb: MicroBatch, old_log_probs, ref_log_probs,
                          global_step_size: int, sums) -> torch.Tensor:

@@ -1,12 +1,14 @@
 """A training rank's long phases, announced for whoever waits on it (`miles diagnose`).
 
 A daemon thread looks at the rank's phase recorder (`RankPhaseRecorder.current`) every BEAT_S. A
-phase that has lasted over ANNOUNCE_S, the rank's own work in it or its wait for the others (a
-barrier, a pipeline receive), is written to RUN_DIR/collectives/train-rank-<N>.json with a
-heartbeat renewed while it lasts, and marked done once it ends (`miles.run.collective_waits`).
-Short phases write nothing: on the rank's own thread the cost is one assignment per span. So
-when training hangs in a collective, the records say which rank is still in its own work, which
-stopped answering (SIGSTOP, a hung process) and which is gone, and the others wait for it.
+phase that has lasted over ANNOUNCE_S, the rank's own work in it or its wait for a pipeline
+neighbour, is written to RUN_DIR/collectives/train-rank-<N>.json with a heartbeat renewed while
+it lasts, and marked done once it ends (`miles.run.collective_waits`). Short phases write
+nothing: on the rank's own thread the cost is one assignment per span. Each record holds how many
+collectives the rank had gone into this rollout (`mark`, the recorder's `arrive`): a rank past
+more of them than a peer waits for that peer. So when training hangs in a collective, the records
+say which rank is still in its own work, which stopped answering (SIGSTOP, a hung process) and
+which is gone, and the others wait for it.
 """
 from __future__ import annotations
 
@@ -69,8 +71,11 @@ class RankActivity:
 
     def _state_for(self, current: tuple[str, str, str, float]) -> CollectiveState:
         phase, kind, what, start = current
+        mark = self.rec.arrivals  # unchanged while `current` is: marks fall between phases
+        if not what and mark:
+            what = f"the ranks' collective after {self.rec.arrived}"
         state = CollectiveState.entering(self.rank, self.rec.coords.name, self.rec.rollout_id or 0,
                                          phase, what, self.world_size, kind=TRAIN,
                                          state=WAITING if kind == WAIT else WORKING)
-        state.entered = start
+        state.entered, state.mark = start, mark
         return state

@@ -1,9 +1,9 @@
 """Whom a collective waits for, in words, from the ranks' records.
 
 Each training rank in a collective of a weight push keeps RUN_DIR/collectives/rank-<N>.json with a
-heartbeat, and announces a training phase of over a second (its own work, or its wait in a
-barrier) in train-rank-<N>.json (`miles.run.collective_waits`). Of the newest push (and the newest
-rollout) recorded, a rank still waiting gets a line naming the peers it waits for (absent from
+heartbeat, and announces a training phase of over a second (its own work, or its wait for a
+pipeline neighbour; with how many collectives it had gone into) in train-rank-<N>.json
+(`miles.run.collective_waits`). Of the newest push (and the newest rollout) recorded, a rank still waiting gets a line naming the peers it waits for (absent from
 the collective, dead in it, silent in it, or still in its own work); a rank whose push failed gets
 its own error (which names them too). Ranks that are themselves dead or silent get no line: the
 others name them.
@@ -48,8 +48,22 @@ def _lines(run_dir: Path, kind: str, now: float) -> list[str]:
                 f"{what}{state.step()}: {state.who()} has waited {now - state.entered:.0f} s "
                 f"in {state.phase} ({state.collective}) for: {whom}", 600))
         elif state.state == WORKING and not silent(state, now):
-            lines += _working_line(state, states, world, now)
+            lines += _behind_line(state, step, now) or _working_line(state, states, world, now)
     return lines
+
+
+def _behind_line(state, step: dict, now: float) -> list[str]:
+    """A training rank that has gone into more collectives this rollout than a live peer (its
+    `mark`) waits in its collective for that peer: a line naming the peers behind it."""
+    behind = [peer for rank, peer in sorted(step.items()) if rank != state.rank
+              and peer.kind == TRAIN and peer.state == WORKING
+              and not silent(peer, now) and peer.mark < state.mark]
+    if not behind:
+        return []
+    whom = "; ".join(f"{peer.who()} is still in its own {peer.phase} work "
+                     f"({now - peer.entered:.0f} s so far)" for peer in behind)
+    return [_printable(f"{state.step()}: {state.who()} has waited {now - state.entered:.0f} s "
+                       f"in {state.phase} ({state.collective}) for: {whom}", 600)]
 
 
 def _working_line(state, states, world: int, now: float) -> list[str]:

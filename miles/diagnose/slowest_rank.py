@@ -46,13 +46,19 @@ def slowest_rank_lines(lines: list[JournalLine], cfg: HealthConfig) -> list[str]
         line = last[(phase, rank)]
         return [f"slowest rank: {rank} in `{phase}`, the straggler in {count} of {len(rows)} "
                 f"rollouts (rollout {line.rollout_id}: {_figures(line.metrics, phase)})"]
-    peak = max(((ln.metrics[k], k.split("/")[1], ln) for ln in rows for k in ln.metrics
-                if k.startswith("straggler/") and k.endswith("/slowdown")), key=lambda t: t[0])
+    # the largest lag (seconds over the median), not slowdown: a phase of microseconds can be 2x
+    peak = max(((_lag(ln.metrics, k.split("/")[1]), k.split("/")[1], ln) for ln in rows
+                for k in ln.metrics if k.startswith("straggler/") and k.endswith("/slowdown")),
+               key=lambda t: t[0])
     _, phase, line = peak
     coords = slowest(line.metrics, phase)
     where = f", {coords.name}" if coords else ""
     return [f"training ranks even: no straggler in {len(rows)} rollouts (largest: "
             f"`{phase}`{where} at rollout {line.rollout_id}, {_figures(line.metrics, phase)})"]
+
+
+def _lag(metrics: dict[str, float], phase: str) -> float:
+    return metrics[f"straggler/{phase}/max"] - metrics[f"straggler/{phase}/median"]
 
 
 def slowest_engine_lines(lines: list[JournalLine], cfg: HealthConfig) -> list[str]:
@@ -67,7 +73,7 @@ def slowest_engine_lines(lines: list[JournalLine], cfg: HealthConfig) -> list[st
         line = [ln for ln in rows if engine_straggler_in(ln.metrics, cfg) == engine][-1]
         return [f"slowest engine: {engine} in the weight push, the straggler in {count} of "
                 f"{len(rows)} pushes (rollout {line.rollout_id}: {_engine_figures(line.metrics)})"]
-    line = max(rows, key=lambda ln: engine_slowdown(ln.metrics))
+    line = max(rows, key=lambda ln: ln.metrics[ENGINES + "max"] - ln.metrics[ENGINES + "p50"])
     return [f"engines even: no weight-push straggler in {len(rows)} pushes (largest: engine "
             f"{int(line.metrics[ENGINES + 'slowest'])} at rollout {line.rollout_id}, "
             f"{_engine_figures(line.metrics)})"]

@@ -121,14 +121,17 @@ def _rank_held(history: Sequence, cfg: HealthConfig) -> Verdict | None:
 
 
 def evidence(rollouts: Sequence) -> str | None:
-    """What an "ok" straggler row was judged on: the largest slowdown of the run and where; None
-    when no rollout holds straggler figures."""
-    seen = [(r.metrics[f"{PREFIX}{p}/slowdown"], p, r.rollout_id)
+    """What an "ok" straggler row was judged on: the largest lag of the run (slowest rank's own work
+    over the median, seconds), where, and its slowdown; None when no rollout holds straggler
+    figures. By lag, not slowdown: a phase of microseconds (FSDP's grad_reduce) can be 2x slower on
+    one of two ranks and mean nothing."""
+    seen = [(r.metrics[f"{PREFIX}{p}/max"] - r.metrics[f"{PREFIX}{p}/median"],
+             r.metrics[f"{PREFIX}{p}/slowdown"], p, r.rollout_id)
             for r in rollouts for p in phases(r.metrics)]
-    seen += [(slowdown, PUSH, r.rollout_id) for r in rollouts
-             if (slowdown := engine_slowdown(r.metrics)) is not None]
+    seen += [(r.metrics[ENGINES + "max"] - r.metrics[ENGINES + "p50"], slowdown, PUSH, r.rollout_id)
+             for r in rollouts if (slowdown := engine_slowdown(r.metrics)) is not None]
     if not seen:
         return None
-    slowdown, phase, rollout_id = max(seen)
-    return (f"slowdown at most {slowdown:.3g} ({phase}, rollout {rollout_id}) over "
-            f"{len({p for _, p, _ in seen})} phases")
+    lag, slowdown, phase, rollout_id = max(seen)
+    return (f"largest lag {lag:.3g}s ({phase}, rollout {rollout_id}: {slowdown:.3g}x) over "
+            f"{len({p for _, _, p, _ in seen})} phases")

@@ -4,7 +4,7 @@ A rank in a collective of a weight push keeps one small JSON file,
 RUN_DIR/collectives/rank-<N>.json: the push's weight version, the phase, the collective, its pid
 and host, when it entered and a heartbeat a background thread renews while the collective runs
 (`miles.backends.push_deadline`), then `done` or `failed` with the error. In training, a rank's
-phase that lasts over a second (its own work, or its wait for the others in a barrier) is
+phase that lasts over a second (its own work, or its wait for a pipeline neighbour) is
 announced the same way in train-rank-<N>.json, the rollout in place of the version
 (`miles.backends.rank_activity`). A rank stopped with SIGSTOP renews nothing, a killed one leaves
 its pid behind: so a rank that fails its deadline, the trainer and `miles diagnose` can all name
@@ -46,6 +46,9 @@ class CollectiveState:
     error: str = ""
     world_size: int = 0  # the ranks taking part (0: not recorded)
     kind: str = PUSH
+    # kind train: the collectives the rank had gone into this rollout when the phase began
+    # (`RankPhaseRecorder.arrive`); a rank with more than a working peer waits for that peer
+    mark: int = 0
 
     @classmethod
     def entering(cls, rank: int, coords: str, version: int, phase: str, collective: str,
@@ -94,7 +97,7 @@ def _well_typed(state: CollectiveState) -> bool:
     for name, kind in (("rank", int), ("version", int), ("pid", int), ("world_size", int),
                        ("entered", (int, float)), ("beat", (int, float)), ("coords", str),
                        ("phase", str), ("collective", str), ("host", str), ("state", str),
-                       ("error", str), ("kind", str)):
+                       ("error", str), ("kind", str), ("mark", int)):
         value = getattr(state, name)
         if not isinstance(value, kind) or isinstance(value, bool):
             return False

@@ -1,8 +1,9 @@
 """Issue 54: whom a hung training collective waits for. Two FSDP ranks; `--inject-fault
-slow-rank:1:forward:6@0` keeps rank 1 in its own forward for 6 s while rank 0 waits in the barrier
-after the forward. While they are in it, `miles diagnose`'s lines (from the ranks' records in
-RUN_DIR/collectives) name rank 1 as still in its own forward work; afterwards every record is
-done. The announcing thread's rules are checked on a recorder alone."""
+slow-rank:1:forward:6@0` keeps rank 1 in its own forward for 6 s while rank 0, past its forward,
+waits in its backward's first collective (FSDP gathers the parameters). While they are in it,
+`miles diagnose`'s lines (from the ranks' records in RUN_DIR/collectives: rank 0 has gone into one
+collective more than rank 1) name rank 1 as still in its own forward work; afterwards every
+record is done. The announcing thread's rules are checked on a recorder alone."""
 from __future__ import annotations
 
 import time
@@ -38,7 +39,7 @@ def test_a_rank_slow_in_its_own_work_is_named_while_the_other_waits(ray_cluster,
         group.stop()
     (line,) = seen
     assert line.startswith("rollout 0: rank 0 (node0/dp0/pp0/tp0) has waited"), line
-    assert "in forward (barrier over the ranks after forward)" in line
+    assert "in backward (the ranks' collective after forward)" in line
     time.sleep(1.0)  # the threads' last beat: each announced phase is marked done once it ends
     assert {s.state for s in read_states(tmp_path, TRAIN).values()} == {DONE}
     assert push_wait_lines(tmp_path) == []

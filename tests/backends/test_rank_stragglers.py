@@ -3,18 +3,20 @@ slows and its phase, and no rank of the healthy iterations around it; the others
 wait spans, not in their own work.
 
 FSDP's passes hold collectives (parameter gathers, gradient reduce-scatters): the fault slows rank
-1's forward, so without the wait after each pass rank 0's next backward would hold that wait and
-name rank 0 in `backward`."""
+1's forward, so without the mark after each pass (settled into waits by the group) rank 0's next
+backward would hold that wait and name rank 0 in `backward`."""
 import pytest
+import ray
 
 from miles.backends.group import ActorGroup
 from miles.backends.pack import split_for_ranks
-from miles.backends.rank_phases import WAIT
+from miles.backends.rank_phases import WAIT, clock_offset
 from miles.run.stragglers import RankCoords, slowest, straggling
 from miles.run.rank_lanes import rank_straggler_metrics
 from tests.support.actors import config, rollout_like
 
 SLOW_ROLLOUT, SLEEP = 1, 1.5
+OFFSETS: list[float] = []
 
 
 def stragglers(metrics):
@@ -28,8 +30,12 @@ def iterations(ray_cluster, base_model):
     group = ActorGroup(cfg, str(base_model))
     samples, advantages = rollout_like()
     try:
-        return [group.train(split_for_ranks(samples, advantages, cfg.global_batch_size,
-                                            cfg.world_size, rollout_id=r)) for r in range(3)]
+        trained = [group.train(split_for_ranks(samples, advantages, cfg.global_batch_size,
+                                               cfg.world_size, rollout_id=r)) for r in range(3)]
+        # the offset a multi-host group measures, forced on one host (one clock: about 0)
+        OFFSETS[:] = ray.get([a.__ray_call__.remote(lambda rank: clock_offset(force=True))
+                              for a in group.actors])
+        return trained
     finally:
         group.stop()
 
@@ -58,3 +64,9 @@ def test_healthy_iterations_name_no_straggler(iterations):
 def test_every_rank_reports_its_coordinates(iterations):
     names = [r.rank_spans.coords.name for r in iterations[0]]
     assert names == ["node0/dp0/pp0/tp0", "node0/dp1/pp0/tp0"]
+
+
+def test_ranks_measure_their_clock_against_rank_0s(iterations):
+    # what ranks on other hosts measure once at the start (here forced: one host, one clock)
+    assert OFFSETS[0] == 0.0 and abs(OFFSETS[1]) < 0.05, OFFSETS
+    assert all(r.rank_spans.clock_offset == 0.0 for r in iterations[0])  # one host: not measured

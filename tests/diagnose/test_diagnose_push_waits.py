@@ -12,7 +12,7 @@ from miles.config.health import HealthConfig
 from miles.diagnose.bundle import collect
 from miles.diagnose.push_waits import push_wait_lines
 from miles.record import layout
-from miles.run.collective_waits import DONE, CollectiveState, write_state
+from miles.run.collective_waits import DONE, TRAIN, WORKING, CollectiveState, write_state
 
 GATHER = "all-gather of the FSDP shards (get_model_state_dict)"
 
@@ -106,3 +106,22 @@ def test_a_rank_long_in_work_that_holds_collectives_names_the_peer_away(tmp_path
                            "work for 30 s"), line
     assert line.endswith("away: rank 1 (node0/dp1/pp0/tp0) is not in it (last in optimizer of "
                          "rollout 5: done)")
+
+
+def marked_record(run_dir, rank: int, phase: str, mark: int, collective: str = "") -> None:
+    s = CollectiveState.entering(rank, f"node0/dp{rank}/pp0/tp0", 2, phase, collective,
+                                 world_size=2, kind=TRAIN, state=WORKING)
+    s.entered, s.mark = time.time() - 9.0, mark
+    write_state(run_dir, s)
+
+
+def test_a_training_rank_past_more_collectives_than_a_working_peer_waits_for_it(tmp_path):
+    # rank 0 went on into its backward after its forward's mark; rank 1 is still in that forward
+    marked_record(tmp_path, 0, "backward", 3, "the ranks' collective after forward")
+    marked_record(tmp_path, 1, "forward", 2)
+    (line,) = push_wait_lines(tmp_path)
+    assert line == ("rollout 2: rank 0 (node0/dp0/pp0/tp0) has waited 9 s in backward (the ranks' "
+                    "collective after forward) for: rank 1 (node0/dp1/pp0/tp0) is still in its own "
+                    "forward work (9 s so far)")
+    marked_record(tmp_path, 1, "backward", 3)  # both past the same collectives: nobody waits
+    assert push_wait_lines(tmp_path) == []

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from miles.backends.rank_phases import COMPUTE, WAIT, RankPhaseRecorder, RankSpans
+from miles.backends.rank_phases import (ARRIVE, COMPUTE, WAIT, RankPhaseRecorder, RankSpans,
+                                       settle_waits)
 from miles.config import ConfigError
 from miles.record.timeline import TimelineWriter
 from miles.run.faults import FaultInjector, SlowRank, check_faults, parse_faults, slow_rank
@@ -69,10 +70,14 @@ def test_spans_waits_and_the_slow_phase_on_one_rank():
                 pass
             with rec.span("backward"):
                 pass
-        rec.wait("grad_reduce")  # no process group: nobody to wait for, no span
+        rec.arrive("grad_reduce")  # a mark only: no process group needed, nothing waited
+        rec.arrive("forward", between_passes=True)  # this backend's passes hold no collectives
         spans = rec.take()
         kinds = [(p, k) for p, k, _, _ in spans.spans]
-        assert kinds == [("forward", COMPUTE), ("backward", COMPUTE)] * 2
+        assert kinds == [("forward", COMPUTE), ("backward", COMPUTE)] * 2 + [("grad_reduce", ARRIVE)]
+        assert rec.arrivals == 1
+        settle_waits([spans])  # one rank: nobody to wait for, the mark goes
+        assert [(p, k) for p, k, _, _ in spans.spans] == kinds[:-1]
         slept = spans.seconds()["backward"] >= 0.05  # once, in rollout 3 only
         assert slept == (rollout_id == 3)
     with pytest.raises(ValueError, match="unknown rank phase"):
