@@ -342,9 +342,14 @@ class EngineServer:
             return weight_failure(str(exc))
         spans.bucket_answered(req.group_name, staged=not req.flush_cache)  # more of it follow
         if ready is None:
-            staged = self.receiver.staged_buckets(req.group_name)
+            if req.flush_cache:  # this group's part is whole; the push's other groups are not
+                message = (f"Group {req.group_name!r} complete; held until the push's other "
+                           f"{req.push_groups - 1} group(s) are in.")
+            else:
+                staged = self.receiver.staged_buckets(req.group_name)
+                message = f"Staged bucket {staged} of group {req.group_name!r} ({len(req.names)} tensors)."
             return {"success": True, "weight_version": self.scheduler.weight_version,
-                    "message": f"Staged bucket {staged} ({len(req.names)} tensors)."}
+                    "message": message}
         if req.abort_all_requests:
             self.scheduler.abort(None)
         await self._swap(ready, req.weight_version)
