@@ -33,3 +33,60 @@ def test_only_the_groups_first_member_receives_the_parts():
     assert answers[0] == (["from 0", "from 1", "from 2"], "not a member")
     assert answers[1] == (None, ["from 1", "from 2"])  # in group rank order, on the group's first
     assert answers[2] == (None, None)
+
+
+def _shards(rank: int, same: bool) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    shards = {"a.weight": torch.randn(3, 4, generator=g),
+              "a.norm": torch.randn(4, generator=g).to(torch.bfloat16),
+              "b.index": torch.arange(5) * (rank + 1),
+              "b.weight": torch.randn(2, 2, generator=g)}
+    if not same and rank == 1:
+        shards["b.weight"] = torch.randn(3, 2, generator=g)  # another shape: sent as objects
+    return shards
+
+
+def _tensor_rank(rank: int, world: int, port: int, queue) -> None:
+    from miles.backends.megatron.gather import gather_tensors_to_first
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        tail = dist.new_group([1, 2])
+        for same in (True, False):
+            whole = gather_tensors_to_first(_shards(rank, same), dist.group.WORLD)
+            part = (gather_tensors_to_first(_shards(rank, same), tail) if rank in (1, 2)
+                    else "not a member")
+            queue.put((rank, same, whole, part))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tensor_shards_reach_the_first_member_as_they_were():
+    """A stage's TP shards (same names, shapes, dtypes) travel as flat buffers per dtype; shards
+    that differ fall back to objects; either way the first member gets each member's tensors
+    bit for bit, in group rank order and in the members' own name order."""
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_tensor_rank, args=(r, 3, port, queue)) for r in range(3)]
+    for p in procs:
+        p.start()
+    answers = {(rank, same): (whole, part) for rank, same, whole, part in
+               (queue.get(timeout=120) for _ in range(2 * len(procs)))}
+    for p in procs:
+        p.join(timeout=60)
+    for same in (True, False):
+        whole, part = answers[(0, same)]
+        assert part == "not a member"
+        expected = [_shards(r, same) for r in range(3)]
+        for got, want in zip(whole, expected):
+            assert list(got) == list(want)
+            for name in want:
+                assert got[name].dtype == want[name].dtype and got[name].equal(want[name]), name
+        assert answers[(1, same)][0] is None and answers[(2, same)] == (None, None)
+        tail = answers[(1, same)][1]
+        assert [list(t) for t in tail] == [list(_shards(1, same)), list(_shards(2, same))]
+        assert all(tail[i][n].equal(_shards(r, same)[n]) for i, r in enumerate((1, 2))
+                   for n in tail[i])

@@ -35,21 +35,26 @@ def gather_hf(local: dict[str, torch.Tensor], lay: convert.Layout, par: convert.
         local = gather_experts(local, lay, ep_group)
     if par.tp_size * par.pp_size == 1:
         return convert.megatron_shards_to_hf({(0, 0): local}, lay, 1, 1)
-    mine = ((par.tp_rank, par.pp_rank), local)
-    parts = gather_to_first(mine, group) if to_first else gather_objects(mine, group)
-    if parts is None:
-        return None
+    if to_first:  # a writer: the TP shards of one stage travel as raw bytes where they can
+        where = gather_to_first((par.tp_rank, par.pp_rank), group)
+        shards = gather_tensors_to_first(local, group)
+        if shards is None:
+            return None
+        parts = list(zip(where, shards))
+    else:
+        parts = gather_objects(((par.tp_rank, par.pp_rank), local), group)
     return convert.megatron_shards_to_hf(dict(parts), lay, par.tp_size, par.pp_size)
 
 
 def gather_stage_hf(local: dict[str, torch.Tensor], lay: convert.Layout, par: convert.Parallel,
-                    tp_group, ep_group=None) -> dict[str, torch.Tensor]:
+                    tp_group, ep_group=None) -> dict[str, torch.Tensor] | None:
     """Collective over the tensor-parallel `tp_group` (and with EP > 1 first over `ep_group`):
-    this rank's pipeline stage in HF names and layout (`stage_hf`), on every member."""
+    this rank's pipeline stage in HF names and layout (`stage_hf`) on the group's first member
+    (the stage's source rank), None on the others."""
     if par.ep_size > 1:
         local = gather_experts(local, lay, ep_group)
-    shards = gather_objects(local, tp_group) if par.tp_size > 1 else [local]
-    return stage_hf(shards, lay, par)
+    shards = gather_tensors_to_first(local, tp_group) if par.tp_size > 1 else [local]
+    return None if shards is None else stage_hf(shards, lay, par)
 
 
 def stage_hf(shards: list[dict[str, torch.Tensor]], lay: convert.Layout,
@@ -109,6 +114,33 @@ def gather_to_first(value, group) -> list | None:
     parts = [None] * dist.get_world_size(group) if dist.get_rank() == first else None
     dist.gather_object(value, parts, dst=first, group=group)
     return parts
+
+
+def gather_tensors_to_first(local: dict[str, torch.Tensor], group) -> list | None:
+    """Collective over `group`: every member's named tensors on the group's first member, in
+    group rank order; None elsewhere. Where the members hold the same names, shapes and dtypes
+    (a stage's TP shards) they travel as one flat buffer per dtype, raw bytes (pickled, a 101 MB
+    stage took 0.26 s more at TP=2 than at TP=1); else as objects (`gather_to_first`)."""
+    size = dist.get_world_size(group)
+    if size == 1:
+        return [local]
+    layout = [(name, tuple(t.shape), t.dtype) for name, t in local.items()]
+    if any(other != layout for other in gather_objects(layout, group)):
+        return gather_to_first(local, group)
+    first = dist.get_rank() == dist.get_global_rank(group, 0)
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    out = [{} for _ in range(size)] if first else None
+    for dtype in dict.fromkeys(t.dtype for t in local.values()):
+        names = [name for name, _, kind in layout if kind == dtype]
+        flat = torch.cat([local[n].reshape(-1) for n in names]).to(device)
+        parts = [torch.empty_like(flat) for _ in range(size)] if first else None
+        dist.gather(flat, parts, dst=dist.get_global_rank(group, 0), group=group)
+        if first:
+            for rank, part in enumerate(parts):
+                for name, piece in zip(names, part.cpu().split([local[n].numel() for n in names])):
+                    out[rank][name] = piece.view(local[name].shape)
+    return [{name: shards[name] for name in local} for shards in out] if first else None
 
 
 def gather_objects(value, group) -> list:
