@@ -17,6 +17,9 @@ from miles.run.stragglers import RANK_PHASES
 
 
 Cell = tuple[str, str]  # (rank lane, phase)
+# a cell this close to its phase's median over the run is even (ratio 1): a phase of microseconds
+# (FSDP's grad_reduce) can be 2x on one rank and mean nothing
+EVEN_S = 0.01
 
 
 def _own_work(rows: list[dict[str, Any]]) -> tuple[dict[Cell, float], dict[str, str], set]:
@@ -41,7 +44,7 @@ def _own_work(rows: list[dict[str, Any]]) -> tuple[dict[Cell, float], dict[str, 
 def rank_heatmap(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`ranks` (lane and coordinates, in lane order), `phases` (in the order a step runs them),
     `seconds[rank][phase]`, `ratio[rank][phase]` (to the phase's median over the lanes that ran
-    it; 1.0 when the median is 0), `rollouts` counted and the `hottest` cell; `available` false
+    it; 1.0 when the median is 0 or the cell within EVEN_S of it), `rollouts` counted and the `hottest` cell; `available` false
     without rank spans."""
     seconds, coords, rollouts = _own_work(rows)
     if not seconds:
@@ -55,8 +58,8 @@ def rank_heatmap(rows: list[dict[str, Any]]) -> dict[str, Any]:
     # coordinates too) is no 0 s in a training phase, nor a rank in the engine's
     medians = [median(table[i][j] for i, lane in enumerate(lanes) if (lane, phase) in seconds)
                for j, phase in enumerate(phases)]
-    ratio = [[value / medians[j] if medians[j] > 0 else 1.0 for j, value in enumerate(row)]
-             for row in table]
+    ratio = [[value / medians[j] if medians[j] > 0 and abs(value - medians[j]) >= EVEN_S else 1.0
+              for j, value in enumerate(row)] for row in table]
     i, j = max(((i, j) for i in range(len(lanes)) for j in range(len(phases))),
                key=lambda ij: (ratio[ij[0]][ij[1]], table[ij[0]][ij[1]]))
     hottest = {"lane": lanes[i], "coords": coords[lanes[i]], "phase": phases[j],
